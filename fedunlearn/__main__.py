@@ -1,0 +1,5 @@
+import sys
+
+from fedunlearn.cli import main
+
+sys.exit(main())

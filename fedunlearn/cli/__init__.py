@@ -1,0 +1,52 @@
+"""The ``fedunlearn`` command line. Each sub-module registers its own sub-commands.
+
+Orchestration (Prefect flows, MLflow, DVC) is imported lazily inside the commands that need it,
+so the core stays importable without them and ``--help`` is quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+COMMAND_MODULES = ("data", "train")
+
+
+def workspace_root(args: argparse.Namespace) -> Path:
+    return Path(args.root).resolve()
+
+
+def configure_environment(root: Path) -> None:
+    """Keep Prefect's state inside the workspace unless the user chose otherwise."""
+    os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedunlearn",
+        description="Federated unlearning pipeline: DVC data versions, Prefect flows, MLflow registry.")
+    parser.add_argument("--root", default=os.environ.get("FEDUNLEARN_ROOT", "."),
+                        help="workspace holding params.yaml, dvc.yaml, data/ and mlflow/ (default: current "
+                             "directory or $FEDUNLEARN_ROOT)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"fedunlearn.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    root = workspace_root(args)
+    if not (root / "params.yaml").is_file():
+        print(f"error: {root} has no params.yaml; run from the project root or pass --root", file=sys.stderr)
+        return 2
+    configure_environment(root)
+    try:
+        return int(args.handler(args, root) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

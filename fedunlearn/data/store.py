@@ -1,0 +1,186 @@
+"""On-disk layout of prepared data and partitions (the DVC stage outputs).
+
+Everything is written byte-deterministically (``.npy`` arrays and sorted JSON, no timestamps),
+so ``dvc repro`` in a fresh clone reproduces the same hashes for the same seed.
+
+    data/raw/<dataset>/            features.npy labels.npy sample_ids.npy meta.json
+    data/partitions/<scenario>/    manifest.json  test/  client_000/ ...   (HFL/DFL)
+                                   manifest.json  test/  party_000/ ...    (VFL; labels at the active party)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedunlearn.config import Params
+from fedunlearn.data.datasets import Dataset, load_source
+from fedunlearn.data.partition import (assign_dirichlet, assign_iid, holdout_mask, slice_features,
+                                       vertical_slices)
+
+LEDGER_PATH = Path("data/ledger/ledger.jsonl")
+RAW_DIR = Path("data/raw")
+PARTITIONS_DIR = Path("data/partitions")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _save_arrays(directory: Path, **arrays: np.ndarray) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, arr in arrays.items():
+        np.save(directory / f"{name}.npy", arr, allow_pickle=False)
+
+
+def _load(directory: Path, name: str) -> np.ndarray:
+    path = directory / f"{name}.npy"
+    if not path.is_file():
+        raise FileNotFoundError(f"missing data file {path}; run `fedunlearn prepare` first")
+    return np.load(path, allow_pickle=False)
+
+
+def deleted_ids(ledger_path: Path) -> set[str]:
+    """Sample IDs the append-only ledger says were deleted."""
+    if not ledger_path.is_file():
+        return set()
+    ids: set[str] = set()
+    for line in ledger_path.read_text().splitlines():
+        if line.strip():
+            ids.update(json.loads(line)["sample_ids"])
+    return ids
+
+
+def prepare_dataset(name: str, params: Params, root: Path) -> Path:
+    """Stage ``prepare``: load the source, drop ledger IDs, write ``data/raw/<name>``."""
+    dataset = load_source(name, params.datasets.get(name))
+    gone = deleted_ids(root / LEDGER_PATH)
+    keep = np.array([sid not in gone for sid in dataset.sample_ids.tolist()], dtype=bool)
+    kept = dataset.subset(keep)
+    out = root / RAW_DIR / name
+    _save_arrays(out, features=kept.features, labels=kept.labels, sample_ids=kept.sample_ids)
+    write_json(out / "meta.json", {"name": name, "kind": kept.kind, "num_classes": kept.num_classes,
+                                   "class_names": kept.class_names, "num_samples": len(kept.labels),
+                                   "deleted_by_ledger": int((~keep).sum())})
+    return out
+
+
+def load_prepared(name: str, root: Path) -> Dataset:
+    directory = root / RAW_DIR / name
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"prepared dataset not found: {directory}; run `fedunlearn prepare`")
+    meta = json.loads(meta_path.read_text())
+    return Dataset(name, _load(directory, "features"), _load(directory, "labels"),
+                   _load(directory, "sample_ids"), meta["kind"], meta["num_classes"], meta["class_names"])
+
+
+def _standardize(features: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
+    mean = features[train_rows].mean(axis=0)
+    std = features[train_rows].std(axis=0)
+    return ((features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+
+
+def partition_scenario(name: str, params: Params, root: Path) -> Path:
+    """Stage ``partition``: split the prepared data into test + clients (or parties)."""
+    cfg = params.scenario(name)
+    data = load_prepared(cfg.dataset, root)
+    part = cfg.partition
+    is_test = holdout_mask(data.sample_ids, params.seed, part.test_fraction)
+    features = data.features
+    if data.kind == "tabular":
+        features = _standardize(features, ~is_test)
+    out = root / PARTITIONS_DIR / name
+    manifest: dict[str, Any] = {
+        "scenario": name, "dataset": cfg.dataset, "setting": cfg.setting, "partition": part.scheme,
+        "seed": params.seed, "num_classes": data.num_classes, "kind": data.kind,
+        "input_shape": list(data.features.shape[1:]), "test": _summary(data.labels[is_test], data.num_classes),
+    }
+    _save_arrays(out / "test", features=features[is_test], labels=data.labels[is_test],
+                 sample_ids=data.sample_ids[is_test])
+    train_ids, train_labels, train_x = data.sample_ids[~is_test], data.labels[~is_test], features[~is_test]
+    if cfg.setting == "vfl":
+        slices = vertical_slices(tuple(data.features.shape[1:]), data.kind, part.num_clients)
+        manifest["parties"] = []
+        for p, spec in enumerate(slices):
+            active = p == len(slices) - 1
+            arrays = {"features": slice_features(train_x, spec), "sample_ids": train_ids,
+                      "test_features": slice_features(features[is_test], spec)}
+            if active:
+                arrays["labels"] = train_labels
+            _save_arrays(out / f"party_{p:03d}", **arrays)
+            manifest["parties"].append({"party": p, "role": "active" if active else "passive",
+                                        "slice": spec, "num_samples": int(len(train_ids))})
+        manifest["train"] = _summary(train_labels, data.num_classes)
+    else:
+        if part.scheme == "iid":
+            clients = assign_iid(train_ids, part.num_clients, params.seed)
+        else:
+            clients = assign_dirichlet(train_ids, train_labels, part.num_clients, part.alpha, params.seed,
+                                       data.num_classes)
+        manifest["alpha"] = part.alpha if part.scheme == "dirichlet" else None
+        manifest["clients"] = []
+        for c in range(part.num_clients):
+            rows = clients == c
+            _save_arrays(out / f"client_{c:03d}", features=train_x[rows], labels=train_labels[rows],
+                         sample_ids=train_ids[rows])
+            manifest["clients"].append({"client": c, **_summary(train_labels[rows], data.num_classes)})
+    write_json(out / "manifest.json", manifest)
+    return out
+
+
+def _summary(labels: np.ndarray, num_classes: int) -> dict[str, Any]:
+    return {"num_samples": int(len(labels)),
+            "label_counts": np.bincount(labels, minlength=num_classes).astype(int).tolist()}
+
+
+@dataclass
+class ClientData:
+    """One client's (or the test set's) arrays, keyed by stable sample IDs."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    sample_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class HorizontalPartition:
+    manifest: dict[str, Any]
+    clients: list[ClientData]
+    test: ClientData
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.manifest["num_classes"])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.manifest["input_shape"])
+
+
+def read_manifest(scenario: str, root: Path) -> dict[str, Any]:
+    path = root / PARTITIONS_DIR / scenario / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"partition not found: {path}; run `fedunlearn prepare --scenario {scenario}`")
+    return json.loads(path.read_text())
+
+
+def _read_split(directory: Path) -> ClientData:
+    return ClientData(_load(directory, "features"), _load(directory, "labels"), _load(directory, "sample_ids"))
+
+
+def load_horizontal(scenario: str, root: Path) -> HorizontalPartition:
+    manifest = read_manifest(scenario, root)
+    if manifest["setting"] == "vfl":
+        raise ValueError(f"scenario {scenario!r} is vertical; load it with the VFL engine")
+    base = root / PARTITIONS_DIR / scenario
+    clients = [_read_split(base / f"client_{c['client']:03d}") for c in manifest["clients"]]
+    return HorizontalPartition(manifest, clients, _read_split(base / "test"))
