@@ -22,7 +22,8 @@ def workspace_root(args: argparse.Namespace) -> Path:
 def configure_environment(root: Path) -> None:
     """Keep Prefect's state inside the workspace unless the user chose otherwise."""
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 
 
 def build_parser() -> argparse.ArgumentParser:

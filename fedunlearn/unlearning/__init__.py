@@ -1,0 +1,19 @@
+"""Unlearning methods behind one interface, found by name in a registry.
+
+Importing this package registers the built-in methods: ``retrain`` (the gold standard),
+``ga`` (projected gradient ascent, PGA) and ``finetune`` (the "Natural" baseline).
+"""
+
+from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.unlearning.base import (REQUEST_KINDS, SETTINGS, DeletionBatch, FederatedState, Monitor, Outcome,
+                                        UnlearningMethod, resolve_request)
+from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class, register
+
+# Imported for their @register side effect.
+from fedunlearn.unlearning.finetune import FineTune  # noqa: E402
+from fedunlearn.unlearning.gradient_ascent import GradientAscent  # noqa: E402
+from fedunlearn.unlearning.retrain import Retrain  # noqa: E402
+
+__all__ = ["REQUEST_KINDS", "SETTINGS", "CostRecord", "DeletionBatch", "FederatedState", "Monitor", "Outcome",
+           "UnlearningMethod", "resolve_request", "available_methods", "get_method", "get_method_class",
+           "register", "FineTune", "GradientAscent", "Retrain"]

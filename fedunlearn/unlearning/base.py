@@ -1,0 +1,348 @@
+"""The one interface every unlearning method follows (scikit-learn-like).
+
+A method is configured with keyword hyperparameters and then applied to a trained federation:
+
+    method = get_method("ga", recovery_rounds=2)
+    outcome = method.unlearn(fed_state, batch)
+
+* ``DeletionBatch`` — which sample IDs to forget at which client (resolved from client IDs,
+  class labels, explicit sample IDs or a seeded fraction of chosen clients' samples).
+* ``FederatedState`` — what a method may use from the original training: the trained state,
+  the ORIGINAL clients' data (including what must be forgotten), the training configuration.
+* ``Outcome`` — the new state, its cost, the numbers its certificate needs and the metrics
+  recorded along the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedunlearn.config import TrainConfig
+from fedunlearn.data.store import HorizontalPartition
+from fedunlearn.evaluation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
+from fedunlearn.federation.fedavg import FedAvg, MapUpdates, RoundResult, map_inline
+from fedunlearn.federation.local import State, Tensors, accuracy
+
+SETTINGS = ("hfl", "vfl", "dfl")
+REQUEST_KINDS = ("sample", "class", "client")
+
+
+@dataclass
+class DeletionBatch:
+    """Sample IDs to forget, per client index. ``clients`` / ``labels`` record the subject of a
+    client or class request (and the chosen clients of a fraction request)."""
+
+    kind: str
+    forget_ids: dict[int, np.ndarray]
+    clients: list[int] | None = None
+    labels: list[int] | None = None
+    batch_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in REQUEST_KINDS:
+            raise ValueError(f"unknown request kind {self.kind!r}; choose one of {', '.join(REQUEST_KINDS)}")
+        self.forget_ids = {int(c): np.asarray(ids) for c, ids in sorted(self.forget_ids.items()) if len(ids)}
+        if not self.forget_ids:
+            raise ValueError(f"the {self.kind} deletion request resolves to no samples")
+        if not self.batch_id:
+            self.batch_id = self._content_id()
+
+    @property
+    def num_forget(self) -> int:
+        return sum(len(ids) for ids in self.forget_ids.values())
+
+    @property
+    def affected_clients(self) -> list[int]:
+        return list(self.forget_ids)
+
+    def _content_id(self) -> str:
+        """Same request content → same ID, so a re-submitted batch is recognisable in the ledger."""
+        digest = hashlib.sha256(self.kind.encode())
+        for client, ids in self.forget_ids.items():
+            digest.update(f"|{client}:".encode() + ",".join(sorted(map(str, ids.tolist()))).encode())
+        return f"batch-{digest.hexdigest()[:12]}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "batch_id": self.batch_id, "clients": self.clients, "labels": self.labels,
+                "forget_ids": {str(c): ids.tolist() for c, ids in self.forget_ids.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DeletionBatch":
+        return cls(data["kind"], {int(c): np.asarray(ids) for c, ids in data["forget_ids"].items()},
+                   data.get("clients"), data.get("labels"), data.get("batch_id", ""))
+
+    @classmethod
+    def for_clients(cls, client_indices: Sequence[int], clients: Sequence[Tensors], *,
+                    batch_id: str = "") -> "DeletionBatch":
+        """Forget every sample of the given clients."""
+        indices = _int_list(client_indices, "client")
+        for c in indices:
+            _check_client_index(c, clients)
+        return cls("client", {c: clients[c].sample_ids for c in indices}, clients=indices, batch_id=batch_id)
+
+    @classmethod
+    def for_classes(cls, labels: Sequence[int], clients: Sequence[Tensors], *, num_classes: int | None = None,
+                    batch_id: str = "") -> "DeletionBatch":
+        """Forget every sample of the given classes, at every client."""
+        labels = _int_list(labels, "class")
+        if num_classes is None:
+            num_classes = 1 + max((int(c.y.max()) for c in clients if len(c)), default=-1)
+        out_of_range = [label for label in labels if not 0 <= label < num_classes]
+        if out_of_range:
+            raise ValueError(f"class label(s) {out_of_range} out of range: labels are 0..{num_classes - 1}")
+        forget = {i: c.sample_ids[np.isin(c.y.cpu().numpy(), labels)] for i, c in enumerate(clients)}
+        return cls("class", forget, labels=labels, batch_id=batch_id)
+
+    @classmethod
+    def for_sample_ids(cls, sample_ids: Sequence[str], clients: Sequence[Tensors], *,
+                       batch_id: str = "") -> "DeletionBatch":
+        """Forget explicit sample IDs, wherever they are held."""
+        if isinstance(sample_ids, str):  # one ID, not a sequence of characters
+            sample_ids = [sample_ids]
+        wanted = np.unique(np.asarray(list(sample_ids)).astype(str))
+        if not len(wanted):
+            raise ValueError("empty sample subject: give at least one sample ID")
+        forget = {i: c.sample_ids[np.isin(c.sample_ids, wanted)] for i, c in enumerate(clients)}
+        unknown = np.setdiff1d(wanted, np.concatenate([ids for ids in forget.values()]))
+        if len(unknown):
+            raise ValueError(f"{len(unknown)} sample ID(s) not held by any client, e.g. {unknown[:5].tolist()}")
+        return cls("sample", forget, batch_id=batch_id)
+
+    @classmethod
+    def for_fraction(cls, client_indices: Sequence[int], fraction: float, clients: Sequence[Tensors], *,
+                     seed: int = 0, batch_id: str = "") -> "DeletionBatch":
+        """Forget a seeded random ``fraction`` (at least one sample) of each chosen client's samples."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        indices = _int_list(client_indices, "client")
+        forget = {}
+        for c in indices:
+            ids = clients[_check_client_index(c, clients)].sample_ids
+            count = min(len(ids), max(1, round(fraction * len(ids))))
+            forget[c] = np.sort(np.random.default_rng([seed, c]).choice(ids, size=count, replace=False))
+        return cls("sample", forget, clients=indices, batch_id=batch_id)
+
+
+def resolve_request(kind: str, subject: Any, clients: Sequence[Tensors], *, num_classes: int | None = None,
+                    batch_id: str = "") -> DeletionBatch:
+    """Turn a request's subject into sample IDs per client.
+
+    ``kind="client"``: a client index or a list of them. ``kind="class"``: a label or a list of
+    labels (checked against ``num_classes``). ``kind="sample"``: a list of sample IDs, or
+    ``{"clients": [...], "fraction": f, "seed": s}`` for a seeded fraction of those clients' samples.
+    """
+    if kind == "client":
+        return DeletionBatch.for_clients(subject, clients, batch_id=batch_id)
+    if kind == "class":
+        return DeletionBatch.for_classes(subject, clients, num_classes=num_classes, batch_id=batch_id)
+    if kind == "sample" and isinstance(subject, Mapping):
+        unexpected = set(subject) - {"clients", "fraction", "seed"}
+        if unexpected or not {"clients", "fraction"} <= set(subject):
+            raise ValueError("a fraction subject is {'clients': [...], 'fraction': f, 'seed': s (optional)}; "
+                             f"got keys {sorted(subject)}")
+        return DeletionBatch.for_fraction(subject["clients"], float(subject["fraction"]), clients,
+                                          seed=int(subject.get("seed", 0)), batch_id=batch_id)
+    if kind == "sample":
+        return DeletionBatch.for_sample_ids(subject, clients, batch_id=batch_id)
+    raise ValueError(f"unknown request kind {kind!r}; choose one of {', '.join(REQUEST_KINDS)}")
+
+
+def _int_list(subject: Any, what: str) -> list[int]:
+    values = [subject] if isinstance(subject, (int, np.integer)) else list(subject)
+    if not values:
+        raise ValueError(f"empty {what} subject: give at least one {what}")
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{what} subject must be integer(s), got {subject!r}")
+    return sorted({int(v) for v in values})
+
+
+def _check_client_index(client: int, clients: Sequence[Tensors]) -> int:
+    if not 0 <= client < len(clients):
+        raise ValueError(f"unknown client {client}: clients are 0..{len(clients) - 1}")
+    return client
+
+
+@dataclass
+class FederatedState:
+    """What an unlearning method may use from the original training.
+
+    ``clients`` are the ORIGINAL clients' data, including the samples to forget; methods ask for
+    ``retained_clients(batch)`` or ``forget_data(batch)``. ``map_updates`` runs client-side work
+    (inline by default; the flows inject Prefect task mapping), as in ``FedAvg.run_round``.
+    """
+
+    setting: str
+    model_fn: Callable[[], nn.Module]
+    state: dict[str, Any]
+    clients: list[Tensors]
+    test: Tensors
+    train_config: TrainConfig
+    seed: int
+    device: torch.device
+    num_classes: int
+    map_updates: MapUpdates = map_inline
+
+    @classmethod
+    def from_partition(cls, partition: HorizontalPartition, *, model_fn: Callable[[], nn.Module],
+                       state: State, train_config: TrainConfig, seed: int, device: torch.device,
+                       setting: str = "hfl") -> "FederatedState":
+        def tensors(split) -> Tensors:
+            return Tensors.from_arrays(split.features, split.labels, split.sample_ids, device)
+
+        return cls(setting, model_fn, state, [tensors(c) for c in partition.clients], tensors(partition.test),
+                   train_config, seed, device, partition.num_classes)
+
+    def engine(self) -> FedAvg:
+        """The training's own FedAvg engine: same model_fn, configuration, seed and device."""
+        return FedAvg(self.model_fn, self.train_config, self.seed, self.device)
+
+    def model_from(self, state: State) -> nn.Module:
+        return self.engine().model_from(state)
+
+    def flops_per_sample(self) -> int:
+        """Training FLOPs (forward + backward) of one sample, the F of PUF Appendix B."""
+        return flops_per_sample(self.model_from(self.state), tuple(self.test.x.shape[1:]))
+
+    def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
+        """Per affected client, a boolean mask over its samples; checks every ID is held there."""
+        masks = {}
+        for client, ids in batch.forget_ids.items():
+            held = self.clients[_check_client_index(client, self.clients)].sample_ids
+            masks[client] = np.isin(held, ids)
+            if masks[client].sum() != len(np.unique(ids)):
+                missing = np.setdiff1d(ids, held)[:5].tolist()
+                raise ValueError(f"batch {batch.batch_id}: client {client} does not hold sample ID(s) {missing}")
+        return masks
+
+    def retained_clients(self, batch: DeletionBatch) -> list[Tensors]:
+        """Every client minus its forget IDs (a fully removed client becomes empty)."""
+        masks = self.forget_masks(batch)
+        return [c.select(~masks[i]) if i in masks else c for i, c in enumerate(self.clients)]
+
+    def forget_by_client(self, batch: DeletionBatch) -> dict[int, Tensors]:
+        return {i: self.clients[i].select(mask) for i, mask in self.forget_masks(batch).items()}
+
+    def forget_data(self, batch: DeletionBatch) -> Tensors:
+        """All forget samples, concatenated in client order."""
+        parts = list(self.forget_by_client(batch).values())
+        return Tensors(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
+                       np.concatenate([p.sample_ids for p in parts]))
+
+
+@dataclass
+class Outcome:
+    """``state``: the new global state dict (for VFL/DFL a dict of states per party/node)."""
+
+    state: dict[str, Any]
+    cost: CostRecord = field(default_factory=CostRecord)
+    certificate_inputs: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Monitor:
+    """Records test and forget accuracy along the way. Its own time is kept so that ``unlearn``
+    can leave it out of the method's wall time: watching a method is not part of its cost."""
+
+    def __init__(self, fed_state: FederatedState, batch: DeletionBatch):
+        self.fed_state = fed_state
+        self.forget = fed_state.forget_data(batch)
+        self.history: list[dict[str, Any]] = []
+        self.seconds = 0.0
+
+    def record(self, phase: str, round_idx: int, state: State, **metrics: float) -> None:
+        start = time.perf_counter()
+        model = self.fed_state.model_from(state)
+        self.history.append({"phase": phase, "round": round_idx, "test_acc": accuracy(model, self.fed_state.test),
+                             "forget_acc": accuracy(model, self.forget), **metrics})
+        self.seconds += time.perf_counter() - start
+
+
+def num_params(state: State) -> int:
+    """P of PUF Appendix B: the floating-point entries of a model (what is exchanged)."""
+    return sum(v.numel() for v in state.values() if torch.is_floating_point(v))
+
+
+def fedavg_rounds(fed_state: FederatedState, clients: Sequence[Tensors], *, state: State | None, rounds: int,
+                  first_round: int, phase: str, monitor: Monitor) -> tuple[State, CostRecord]:
+    """``rounds`` rounds of the training's FedAvg engine, each recorded by ``monitor`` and costed
+    by PUF Appendix B: 2·P·B·|S_t| bytes and F·E·Σ_{i∈S_t} n_i FLOPs per round. ``state=None``
+    starts from the seeded initial model; ``first_round`` keeps later phases' shuffling seeds
+    apart from the original training's."""
+    if rounds == 0:  # FedAvg.fit reads rounds=0 as "the configured number of rounds"
+        return state, CostRecord()
+    participants: list[int] = []
+    samples: list[int] = []
+
+    def after_round(result: RoundResult) -> None:
+        participants.append(len(result.updates))
+        samples.append(sum(u.num_samples for u in result.updates))
+        monitor.record(phase, result.round - first_round + 1, result.state, train_loss=result.train_loss)
+
+    final = fed_state.engine().fit(clients, state=state, rounds=rounds, first_round=first_round,
+                                   map_updates=fed_state.map_updates, on_round=after_round)
+    flops = training_flops(fed_state.flops_per_sample(), sum(samples), fed_state.train_config.local_epochs)
+    return final, CostRecord(flops=flops, comm_bytes=communication_bytes(num_params(final), participants))
+
+
+class UnlearningMethod(ABC):
+    """Base class: set the class attributes, validate hyperparameters in ``__init__`` (keyword
+    only, documented defaults) and implement ``_unlearn``. Register with ``@register``."""
+
+    name: ClassVar[str]
+    settings: ClassVar[frozenset[str]]
+    request_kinds: ClassVar[frozenset[str]]
+    guarantee: ClassVar[str]
+
+    def get_params(self) -> dict[str, Any]:
+        """The hyperparameters, read from ``__init__``'s signature as scikit-learn does."""
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {p: getattr(self, p) for p in names}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    def _require(self, ok: bool, hyperparameter: str, expectation: str) -> None:
+        if not ok:
+            raise ValueError(f"{self.name}: {hyperparameter} must be {expectation}, "
+                             f"got {getattr(self, hyperparameter)!r}")
+
+    @classmethod
+    def supports(cls, setting: str | None = None, kind: str | None = None) -> bool:
+        """Whether the method applies to ``setting`` and ``kind``; ``None`` matches any."""
+        return (setting is None or setting in cls.settings) and (kind is None or kind in cls.request_kinds)
+
+    @classmethod
+    def check_supported(cls, setting: str | None = None, kind: str | None = None) -> None:
+        if not cls.supports(setting, kind):
+            requested = ", ".join(f"{what} {value!r}" for what, value in (("setting", setting), ("kind", kind))
+                                  if value is not None)
+            raise ValueError(f"method {cls.name!r} does not support {requested}; "
+                             f"it supports settings {sorted(cls.settings)} and request kinds "
+                             f"{sorted(cls.request_kinds)}")
+
+    def unlearn(self, fed_state: FederatedState, batch: DeletionBatch) -> Outcome:
+        self.check_supported(fed_state.setting, batch.kind)
+        if batch.num_forget >= sum(len(c) for c in fed_state.clients):
+            raise ValueError(f"batch {batch.batch_id} removes all training data; nothing would be retained")
+        monitor = Monitor(fed_state, batch)  # also checks that every forget ID is held where the batch says
+        start = time.perf_counter()
+        outcome = self._unlearn(fed_state, batch, monitor)
+        outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=time.perf_counter() - start - monitor.seconds)
+        outcome.history = monitor.history
+        return outcome
+
+    @abstractmethod
+    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+        """The method itself: return the new state, its comm/FLOP cost and certificate inputs."""

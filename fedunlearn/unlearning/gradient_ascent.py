@@ -1,0 +1,198 @@
+"""Projected gradient ascent (PGA): Halimi, Kadhe, Rawat and Baracaldo (2022), "Federated
+Unlearning: How to Efficiently Erase a Client in FL?" (arXiv:2207.05521).
+
+The target clients maximise the loss on their forget data, starting from the trained model, with
+the gradient norm clipped and the model projected onto the L2 ball of radius δ around a reference
+model w_ref before the first step and after every step (so every iterate, and the result, lies
+in the ball even if the trained model does not); a client stops as soon as a mini-batch loss
+exceeds the early stopping threshold. The server takes the forget-size weighted average of the ascended models
+(with one target client: its model; the average of points in the ball stays in the ball), then
+optional FedAvg recovery rounds on the retained data follow.
+
+Reference model. PGA's w_ref is the average of the OTHER clients' models, obtained from the
+global model by removing the target's last stored update: w_ref = (n·w − n_u·w_u)/(n − n_u).
+Clients here are not stateful, so w_u is recomputed: each target client replays one local
+FedAvg update on its forget data from the trained model w (n = all training samples, n_u = the
+forget samples). Written as a server step this is ``aggregate(w, updates, server_lr=−n_u/(n−n_u))``,
+i.e. w minus the forget data's pseudo-gradient re-weighted to the retained data. It extends to
+several target clients and to sample/class requests, which the original paper does not cover.
+
+Hyperparameters (default; value in the paper, as reported in PUF Appendix A):
+    lr: ascent step size (None: the clients' own step size, ``TrainConfig.lr``; PUF tunes PGA's
+        local learning rate but does not report the value).
+    epochs: local unlearning epochs over the forget data (5; 5).
+    batch_size: mini-batch size of the ascent (512; 512 or 1024).
+    clip_norm: gradient-norm clipping threshold (5.0; 5.0).
+    stop_loss: early stopping threshold τ on the forget mini-batch loss (2.2, just below
+        ln 10 ≈ 2.30, a uniform guess over 10 classes; PUF tuned τ in [2.2, 10.0] and chose
+        9.0 for IID and 6.5 for non-IID CIFAR).
+    radius: δ, the projection radius around w_ref (None: derived with ``radius_fraction``).
+    radius_fraction: δ = radius_fraction · ‖w_ref − w_random‖ when ``radius`` is None (1/3, as
+        Halimi et al. do); w_random is the training's seeded initial model.
+    recovery_rounds: FedAvg rounds on the retained data after the ascent (2; PGA's few rounds
+        of post-training, reported by PUF as recovery rounds).
+
+Cost (PUF Appendix B): 2·P·B bytes per target client for the ascent (w_ref down, unlearned
+model up; Table VIII) plus 2·P·B·|S_t| per recovery round. FLOPs count the training passes that
+ran: the replayed reference update, the ascent steps taken (early stopping cuts them short)
+and the recovery rounds. The replay stands in for PGA's stored client state, so it costs FLOPs
+but is not charged as communication.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedunlearn.certify.certificate import EMPIRICAL_ONLY
+from fedunlearn.evaluation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.fedavg import ClientUpdate, aggregate
+from fedunlearn.federation.local import State, Tensors
+from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+                                        fedavg_rounds, num_params)
+from fedunlearn.unlearning.registry import register
+
+
+@dataclass
+class AscentUpdate(ClientUpdate):
+    steps: int = 0
+    samples_processed: int = 0  # forward + backward passes, for the FLOP count
+    early_stopped: bool = False
+
+
+@register
+class GradientAscent(UnlearningMethod):
+    name = "ga"
+    settings = frozenset({"hfl"})
+    request_kinds = frozenset({"sample", "class", "client"})
+    guarantee = EMPIRICAL_ONLY
+
+    def __init__(self, *, lr: float | None = None, epochs: int = 5, batch_size: int = 512, clip_norm: float = 5.0,
+                 stop_loss: float = 2.2, radius: float | None = None, radius_fraction: float = 1 / 3,
+                 recovery_rounds: int = 2):
+        self.lr = lr
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.clip_norm = clip_norm
+        self.stop_loss = stop_loss
+        self.radius = radius
+        self.radius_fraction = radius_fraction
+        self.recovery_rounds = recovery_rounds
+        self._require(lr is None or lr > 0, "lr", "> 0 or None")
+        self._require(isinstance(epochs, int) and epochs >= 1, "epochs", "an integer >= 1")
+        self._require(isinstance(batch_size, int) and batch_size >= 1, "batch_size", "an integer >= 1")
+        self._require(clip_norm > 0, "clip_norm", "> 0")
+        self._require(stop_loss > 0, "stop_loss", "> 0")
+        self._require(radius is None or radius > 0, "radius", "> 0 or None")
+        self._require(radius_fraction > 0, "radius_fraction", "> 0")
+        self._require(isinstance(recovery_rounds, int) and recovery_rounds >= 0, "recovery_rounds",
+                      "an integer >= 0")
+
+    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+        trained = fed_state.state
+        forget = fed_state.forget_by_client(batch)
+        reference = self._reference(fed_state, forget)
+        radius = self.radius if self.radius is not None else \
+            self.radius_fraction * _distance(fed_state.engine().initial_state(), reference)
+        jobs = [{"fed_state": fed_state, "reference": reference, "radius": radius, "data": data, "client": c}
+                for c, data in forget.items()]
+        updates: list[AscentUpdate] = fed_state.map_updates(self._ascend, jobs)
+        unlearned = aggregate(trained, updates)  # server_lr 1: the server adopts the ascended models
+        forget_all = fed_state.forget_data(batch)
+        numbers = {"radius": radius, "reference_distance": _distance(trained, reference),
+                   "unlearned_distance": _distance(unlearned, reference),
+                   "forget_loss_before": _loss(fed_state, trained, forget_all),
+                   "forget_loss_after": _loss(fed_state, unlearned, forget_all),
+                   "ascent_steps": sum(u.steps for u in updates),
+                   "early_stopped_clients": sum(u.early_stopped for u in updates),
+                   "recovery_rounds": self.recovery_rounds}
+        monitor.record("unlearn", 1, unlearned, forget_loss=numbers["forget_loss_after"])
+        state, recovery_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=unlearned,
+                                             rounds=self.recovery_rounds,
+                                             first_round=fed_state.train_config.rounds,
+                                             phase="recovery", monitor=monitor)
+        return Outcome(state, _ascent_cost(fed_state, batch, updates) + recovery_cost, certificate_inputs=numbers,
+                       notes={"target_clients": list(forget), "reference": "replayed forget-data update"})
+
+    @staticmethod
+    def _reference(fed_state: FederatedState, forget: dict[int, Tensors]) -> State:
+        """w_ref = (n·w − Σ n_u·w_u)/(n − Σ n_u), with w_u replayed on each client's forget data."""
+        engine = fed_state.engine()
+        jobs = [{"global_state": fed_state.state, "data": data, "client": c,
+                 "round_idx": fed_state.train_config.rounds} for c, data in forget.items()]
+        replayed = fed_state.map_updates(engine.local_update, jobs)
+        n = sum(len(c) for c in fed_state.clients)
+        n_forget = sum(len(d) for d in forget.values())
+        return aggregate(fed_state.state, replayed, server_lr=-n_forget / (n - n_forget))
+
+    def _ascend(self, fed_state: FederatedState, reference: State, radius: float, data: Tensors,
+                client: int) -> AscentUpdate:
+        """One target client's projected gradient ascent on its forget data."""
+        model = fed_state.model_from(fed_state.state)
+        _project(model, reference, radius)
+        optimizer = torch.optim.SGD(model.parameters(), lr=self.lr or fed_state.train_config.lr)
+        # Seeded like a FedAvg client in the first round after training: reproducible per client.
+        seed = int(np.random.SeedSequence([fed_state.seed, fed_state.train_config.rounds, client])
+                   .generate_state(1)[0])
+        generator = torch.Generator().manual_seed(seed)
+        model.train()
+        steps, processed, loss = 0, 0, float("nan")
+        for _ in range(self.epochs):
+            order = torch.randperm(len(data), generator=generator).to(data.x.device)
+            for start in range(0, len(data), self.batch_size):
+                index = order[start:start + self.batch_size]
+                # Plain cross-entropy: ascending the regulariser too would only inflate the weights.
+                batch_loss = F.cross_entropy(model(data.x[index]), data.y[index])
+                loss = float(batch_loss.detach())
+                if loss > self.stop_loss:
+                    return self._update(client, model, data, loss, steps, processed, early_stopped=True)
+                optimizer.zero_grad(set_to_none=True)
+                (-batch_loss).backward()
+                nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
+                optimizer.step()
+                _project(model, reference, radius)
+                steps += 1
+                processed += len(index)
+        return self._update(client, model, data, loss, steps, processed, early_stopped=False)
+
+    @staticmethod
+    def _update(client: int, model: nn.Module, data: Tensors, loss: float, steps: int, processed: int,
+                early_stopped: bool) -> AscentUpdate:
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        return AscentUpdate(client, state, len(data), loss, steps=steps, samples_processed=processed,
+                            early_stopped=early_stopped)
+
+
+def _ascent_cost(fed_state: FederatedState, batch: DeletionBatch, updates: list[AscentUpdate]) -> CostRecord:
+    """Replayed reference updates + the ascent steps taken; one download + upload per target client."""
+    per_sample = fed_state.flops_per_sample()
+    replay = training_flops(per_sample, batch.num_forget, fed_state.train_config.local_epochs)
+    ascent = training_flops(per_sample, sum(u.samples_processed for u in updates), epochs=1)
+    return CostRecord(flops=replay + ascent, comm_bytes=communication_bytes(num_params(fed_state.state), len(updates)))
+
+
+@torch.no_grad()
+def _project(model: nn.Module, reference: State, radius: float) -> None:
+    """Move the parameters back onto the ball ‖θ − w_ref‖₂ ≤ radius if a step left it."""
+    params = dict(model.named_parameters())
+    norm = math.sqrt(sum(float((p - reference[name]).pow(2).sum()) for name, p in params.items()))
+    if norm > radius:
+        for name, p in params.items():
+            p.copy_(reference[name] + (p - reference[name]) * (radius / norm))
+
+
+def _distance(a: State, b: State) -> float:
+    """L2 distance over the floating-point entries (the parameters of the models used here)."""
+    return math.sqrt(sum(float((a[k] - b[k]).pow(2).sum()) for k in a if torch.is_floating_point(a[k])))
+
+
+@torch.no_grad()
+def _loss(fed_state: FederatedState, state: State, data: Tensors) -> float:
+    model = fed_state.model_from(state)
+    model.eval()
+    return float(F.cross_entropy(model(data.x), data.y))

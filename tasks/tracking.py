@@ -1,0 +1,93 @@
+"""MLflow on the workspace's sqlite store: runs, per-round metrics and the model registry.
+
+Tracking URI ``sqlite:///<root>/mlflow/mlflow.db``; artifacts under ``<root>/mlflow/artifacts``.
+Each registered version carries the data version it was trained or unlearned on. Weights are
+also stored as a plain ``state_dict`` (``weights.pt``) and always loaded with
+``torch.load(..., weights_only=True)``: nothing from the store is unpickled.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+WEIGHTS_ARTIFACT = "weights/weights.pt"
+
+
+def tracking_uri(root: Path) -> str:
+    return f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def use_store(root: Path) -> "mlflow.MlflowClient":  # noqa: F821 - imported lazily
+    import mlflow
+
+    (Path(root) / "mlflow").mkdir(exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri(root))
+    mlflow.set_registry_uri(tracking_uri(root))
+    return mlflow.MlflowClient()
+
+
+def experiment_id(root: Path, name: str) -> str:
+    client = use_store(root)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = (Path(root) / "mlflow" / "artifacts" / name).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def start_run(root: Path, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    client = use_store(root)
+    run = client.create_run(experiment_id(root, experiment), run_name=run_name, tags=tags)
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
+    return run.info.run_id
+
+
+def log_metrics(root: Path, run_id: str, metrics: dict[str, float], step: int | None = None) -> None:
+    client = use_store(root)
+    for key, value in metrics.items():
+        if value is not None:
+            client.log_metric(run_id, key, float(value), step=step or 0)
+
+
+def end_run(root: Path, run_id: str, status: str = "FINISHED") -> None:
+    use_store(root).set_terminated(run_id, status=status)
+
+
+def register_model(root: Path, run_id: str, model: nn.Module, input_example: torch.Tensor, name: str,
+                   tags: dict[str, str], alias: str | None) -> str:
+    """Log the model to the run, register it as a new version of ``name``, tag it, set ``alias``.
+    Returns the version number."""
+    import mlflow
+    import mlflow.pytorch
+
+    client = use_store(root)
+    model = model.to("cpu").eval()
+    with mlflow.start_run(run_id=run_id):
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = Path(tmp) / Path(WEIGHTS_ARTIFACT).name
+            torch.save(model.state_dict(), weights)
+            mlflow.log_artifact(str(weights), artifact_path=str(Path(WEIGHTS_ARTIFACT).parent))
+        info = mlflow.pytorch.log_model(model, name="model", input_example=input_example.cpu().numpy(),
+                                        registered_model_name=name)
+    version = str(info.registered_model_version)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, str(value))
+    if alias:
+        client.set_registered_model_alias(name, alias, version)
+    return version
+
+
+def load_weights(root: Path, name: str, alias: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state dict and tags of the version ``name@alias`` (weights_only: no unpickling)."""
+    client = use_store(root)
+    version = client.get_model_version_by_alias(name, alias)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(version.run_id, WEIGHTS_ARTIFACT, tmp)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    return state, dict(version.tags)

@@ -1,0 +1,40 @@
+"""Shared fixtures. Every test gets its own workspace (params, DVC repository, MLflow store)
+and, when it runs a flow, its own Prefect home and temporary Prefect server."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before anything imports Prefect, MLflow or GX: no telemetry, nothing under ~/.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="fedunlearn-prefect-"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["GX_ANALYTICS_ENABLED"] = "False"
+os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="fedunlearn-mlflow-"),
+                                                                "unused.db")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A fresh workspace: the project's params.yaml and dvc.yaml, `dvc init --no-scm`, empty ledger."""
+    from tasks.workspace import init_workspace
+
+    return init_workspace(tmp_path / "workspace", template=PROJECT_ROOT)
+
+
+@pytest.fixture
+def prefect_server(tmp_path: Path):
+    """A temporary Prefect server with its own home and database for this test only."""
+    from prefect.settings import PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    with temporary_settings(updates={PREFECT_HOME: str(home)}):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield home

@@ -1,0 +1,69 @@
+"""DVC stages in fresh workspaces: byte-identical outputs, new data version after a deletion,
+and Great Expectations stopping a corrupted partition."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, load_horizontal
+from tasks.validation import ValidationFailed, validate_partition
+from tasks.workspace import data_version, init_workspace, reproduce
+
+
+def tree_digest(directory) -> dict[str, str]:
+    return {p.relative_to(directory).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_repro_in_two_fresh_workspaces_is_byte_identical(tmp_path, workspace):
+    other = init_workspace(tmp_path / "other")
+    version = reproduce(workspace, "digits-hfl")
+    assert reproduce(other, "digits-hfl") == version == data_version(workspace, "digits-hfl")
+    partition = workspace / PARTITIONS_DIR / "digits-hfl"
+    assert tree_digest(partition) == tree_digest(other / PARTITIONS_DIR / "digits-hfl")
+    report = validate_partition("digits-hfl", workspace)
+    assert report["samples"] == 1797
+
+
+def test_ledger_entries_yield_a_new_version_without_the_deleted_samples(workspace):
+    before = reproduce(workspace, "digits-hfl")
+    old = load_horizontal("digits-hfl", workspace)
+    forget = old.clients[1].sample_ids[:5].tolist()
+    with open(workspace / LEDGER_PATH, "a") as ledger:
+        ledger.write(json.dumps({"request_id": "r1", "batch_id": "b1", "sample_ids": forget}) + "\n")
+    after = reproduce(workspace, "digits-hfl")
+    assert after != before
+    new = load_horizontal("digits-hfl", workspace)
+    assert not set(forget) & set(np.concatenate([c.sample_ids for c in new.clients]).tolist())
+    # Partition minus ledger: every other sample stays with its client.
+    for old_client, new_client in zip(old.clients, new.clients):
+        assert set(old_client.sample_ids.tolist()) - set(forget) == set(new_client.sample_ids.tolist())
+
+
+def test_great_expectations_lists_what_failed(workspace):
+    reproduce(workspace, "digits-hfl")
+    client = workspace / PARTITIONS_DIR / "digits-hfl" / "client_001"
+    labels = np.load(client / "labels.npy")
+    labels[0] = 42
+    np.save(client / "labels.npy", labels)
+    ids = np.load(client / "sample_ids.npy")
+    ids[1] = np.load(workspace / PARTITIONS_DIR / "digits-hfl" / "client_000" / "sample_ids.npy")[0]
+    np.save(client / "sample_ids.npy", ids)
+    with pytest.raises(ValidationFailed) as failure:
+        validate_partition("digits-hfl", workspace)
+    message = str(failure.value)
+    assert "expect_column_values_to_be_between on label" in message and "42" in message
+    assert "expect_column_values_to_be_unique on sample_id" in message
+
+
+def test_vertical_partition_aligns_parties_on_shared_ids(workspace):
+    reproduce(workspace, "wine-vfl")
+    base = workspace / PARTITIONS_DIR / "wine-vfl"
+    manifest = json.loads((base / "manifest.json").read_text())
+    assert [p["role"] for p in manifest["parties"]] == ["passive", "passive", "active"]
+    widths = [np.load(base / f"party_{p:03d}" / "features.npy").shape[1] for p in range(3)]
+    assert sum(widths) == 13
+    assert not (base / "party_000" / "labels.npy").exists() and (base / "party_002" / "labels.npy").exists()
+    assert validate_partition("wine-vfl", workspace)["splits"] == 4
