@@ -38,3 +38,15 @@ def prefect_server(tmp_path: Path):
     with temporary_settings(updates={PREFECT_HOME: str(home)}):
         with prefect_test_harness(server_startup_timeout=120):
             yield home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def single_intra_op_thread():
+    """Test models are tiny: a second intra-op thread gains nothing and, on a shared 2-core
+    machine, makes training many times slower (threads spin-waiting for a busy core)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
