@@ -12,16 +12,6 @@ from fedunlearn.federation.local import Tensors, sgd_epochs
 from models import build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """These models are tiny: a second intra-op thread gains nothing and, on a shared 2-core
-    machine, makes training ~20× slower (threads spin-waiting for a busy core)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_apply_trigger_patches_the_bottom_right_corner_of_a_copy():
     images = np.zeros((2, 3, 8, 8), dtype=np.float32)
     triggered = apply_trigger(images)

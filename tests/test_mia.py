@@ -35,16 +35,6 @@ def overfit_mlp(data: Tensors, seed: int, epochs: int = 100) -> torch.nn.Module:
     return model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """These models are tiny: a second intra-op thread gains nothing and, on a shared 2-core
-    machine, makes training ~20× slower (threads spin-waiting for a busy core)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 MEMBERS, NONMEMBER_POOL = rows(0, 100), rows(100, 1000)
 SHADOW_IN, SHADOW_OUT = rows(1000, 1100), rows(1100, 1200)
 UNSEEN = rows(1200, 1400)
