@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 from prefect import flow, get_run_logger
 
+from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.config import load_params
 from fedunlearn.device import resolve_device
+from fedunlearn.evaluation.backdoor import poison_clients
 from fedunlearn.federation.fedavg import FedAvg, RoundResult, map_inline
 from fedunlearn.federation.local import Tensors
 from models import build_model
@@ -30,9 +32,11 @@ def client_tensors(partition, device: torch.device) -> tuple[list[Tensors], Tens
 @flow(name="train-federated", log_prints=True)
 def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int | None = None,
                     local_epochs: int | None = None, client_tasks: bool = True,
-                    device: str | None = None) -> dict:
+                    device: str | None = None, backdoor_request: str | None = None) -> dict:
     """Train the scenario's federated model from scratch on the current data version and
-    register it as the ``original`` version. ``client_tasks=False`` runs client updates inline."""
+    register it as the ``original`` version. ``client_tasks=False`` runs client updates inline.
+    ``backdoor_request`` (a benchmark request SPEC) puts the 4×4 trigger with target label 0 on
+    those samples before training, so that forgetting them can later be seen in the backdoor."""
     started = time.perf_counter()
     logger = get_run_logger()
     workspace = Path(root).resolve()
@@ -49,6 +53,12 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
     partition = load_partition(workspace, scenario)
     dev = resolve_device(device or params.device)
     clients, test = client_tensors(partition, dev)
+    tags = {"role": "original", "scenario": scenario, "data_version": data_version}
+    if backdoor_request:
+        batch = parse_request(backdoor_request).resolve(clients, partition.num_classes, params.seed)
+        clients = poison_clients(clients, batch.forget_ids)
+        tags["backdoor"] = backdoor_request
+        print(f"backdoor trigger on {batch.num_forget} samples of clients {batch.affected_clients}")
     engine = FedAvg(lambda: build_model(cfg.model, partition.input_shape, partition.num_classes, l2=cfg.l2),
                     train_cfg, params.seed, dev)
 
@@ -57,7 +67,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
                         "device": str(dev), "data_version": data_version,
                         **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
                         **{f"train.{k}": v for k, v in train_cfg.model_dump().items()}},
-                       {"role": "original", "scenario": scenario, "data_version": data_version})
+                       tags)
 
     def report(result: RoundResult) -> None:
         test_acc = engine.test_accuracy(result.state, test)
@@ -67,9 +77,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
 
     state = engine.fit(clients, map_updates=map_with_prefect if client_tasks else map_inline, on_round=report)
     test_acc = engine.test_accuracy(state, test)
-    version = register_model(workspace, run_id, engine.model_from(state), test.x[:2], scenario,
-                             {"role": "original", "scenario": scenario, "data_version": data_version},
-                             "original")
+    version = register_model(workspace, run_id, engine.model_from(state), test.x[:2], scenario, tags, "original")
     logger.info("registered %s version %s (alias 'original'), test_acc=%.4f", scenario, version, test_acc)
     return {"scenario": scenario, "data_version": data_version, "test_acc": test_acc, "model_version": version,
             "run_id": run_id, "device": str(dev), "wall_seconds": time.perf_counter() - started}

@@ -76,15 +76,15 @@ def test_unknown_guarantee_class_is_rejected():
         Certificate(method="x", guarantee="certified", claimed=EMPIRICAL_ONLY)
 
 
-RETRAIN_ROW = {"test_acc": 0.90, "forget_acc": 0.80, "mia_auc": 0.52, "backdoor_asr": 0.01}
+RETRAIN_ROW = {"test_acc": 0.90, "forget_acc": 0.80, "mia_auc": 0.52, "bd_asr": 0.01}
 
 
 def test_gates_pass_within_tolerances():
-    row = {"test_acc": 0.89, "forget_acc": 0.83, "mia_auc": 0.55, "backdoor_asr": 0.05}
+    row = {"test_acc": 0.89, "forget_acc": 0.83, "mia_auc": 0.55, "bd_asr": 0.05}
     result = evaluate_gates(row, RETRAIN_ROW, Gates(max_backdoor_asr=0.1))
     assert result.passed
     assert [c["name"] for c in result.checks] == ["abs_gap_test_acc", "abs_gap_forget_acc", "abs_gap_mia_auc",
-                                                 "backdoor_asr"]
+                                                 "bd_asr"]
     assert result.checks[1]["value"] == pytest.approx(0.03) and result.checks[1]["limit"] == 0.05
 
 
@@ -96,7 +96,7 @@ def test_gates_fail_on_a_gap_a_missing_metric_or_nan():
     assert not missing.passed and missing.checks[2] == {"name": "abs_gap_mia_auc", "value": None, "limit": 0.05,
                                                         "passed": False}
     assert not evaluate_gates({**RETRAIN_ROW, "test_acc": float("nan")}, RETRAIN_ROW, Gates()).passed
-    assert not evaluate_gates({**RETRAIN_ROW, "backdoor_asr": 0.6}, RETRAIN_ROW, Gates(max_backdoor_asr=0.1)).passed
+    assert not evaluate_gates({**RETRAIN_ROW, "bd_asr": 0.6}, RETRAIN_ROW, Gates(max_backdoor_asr=0.1)).passed
 
 
 def test_gates_can_be_switched_off_and_pick_the_mia_metric():

@@ -153,9 +153,9 @@ def evaluate_gates(row: dict[str, Any], retrain_row: dict[str, Any], gates: Gate
     gaps = gaps_to_reference(row, retrain_row, keys=limits)
     checks = [_check(f"abs_gap_{key}", gaps[f"abs_gap_{key}"], limit) for key, limit in limits.items()]
     if gates.max_backdoor_asr is not None:
-        asr = row.get("backdoor_asr")
+        asr = row.get("bd_asr")
         measured = asr is not None and not math.isnan(float(asr))
-        checks.append(_check("backdoor_asr", float(asr) if measured else None, gates.max_backdoor_asr))
+        checks.append(_check("bd_asr", float(asr) if measured else None, gates.max_backdoor_asr))
     return GateResult(all(c["passed"] for c in checks), checks)
 
 

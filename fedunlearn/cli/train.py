@@ -33,6 +33,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", choices=["thread", "dask", "ray"], default="thread",
                         help="Prefect task runner for client updates (dask/ray need prefect-dask/prefect-ray)")
     parser.add_argument("--runner-address", help="address of an existing Dask scheduler or Ray cluster")
+    parser.add_argument("--backdoor", action="store_true",
+                        help="put the 4×4 trigger with target label 0 on the --request samples before training")
+    parser.add_argument("--request", metavar="SPEC", help="with --backdoor: which samples carry the trigger "
+                                                          "(benchmark SPEC, e.g. client:largest)")
 
 
 def quiet_task_logs() -> None:
@@ -46,11 +50,13 @@ def train(args: argparse.Namespace, root: Path) -> dict:
     from flows.train import train_federated
     from tasks.workspace import init_workspace
 
+    if args.backdoor != bool(args.request):
+        raise ValueError("--backdoor and --request go together: --backdoor --request client:largest")
     init_workspace(root)
     quiet_task_logs()
     flow = train_federated.with_options(task_runner=make_task_runner(args.runner, args.runner_address))
     return flow(scenario=args.scenario, root=str(root), rounds=args.rounds, local_epochs=args.local_epochs,
-                client_tasks=not args.inline, device=args.device)
+                client_tasks=not args.inline, device=args.device, backdoor_request=args.request)
 
 
 def run_train(args: argparse.Namespace, root: Path) -> int:

@@ -11,6 +11,8 @@ Images are batches (N, C, H, W) in [0, 1]; "white" is the top of that range, ``T
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from typing import TypeVar
 
 import numpy as np
@@ -75,3 +77,12 @@ def attack_success_rate(model: nn.Module, clean: Tensors, target_label: int = TA
                          "the attack success rate is undefined")
     predictions = predict_logits(model, apply_trigger(clean.x[keep])).argmax(1)
     return float((predictions == target_label).float().mean())
+
+
+def poison_clients(clients: Sequence[Tensors], forget_ids: Mapping[int, np.ndarray]) -> list[Tensors]:
+    """The clients with their ``forget_ids`` samples triggered and relabelled (new Tensors)."""
+    poisoned = list(clients)
+    for client, ids in forget_ids.items():
+        data = clients[client]
+        poisoned[client] = Tensors(*poison(data.x, data.y, np.isin(data.sample_ids, ids)), data.sample_ids)
+    return poisoned

@@ -212,7 +212,7 @@ class FederatedState:
 
     def flops_per_sample(self) -> int:
         """Training FLOPs (forward + backward) of one sample, the F of PUF Appendix B."""
-        return flops_per_sample(self.model_from(self.state), tuple(self.test.x.shape[1:]))
+        return flops_per_sample(self.model_fn().to(self.device), tuple(self.test.x.shape[1:]))
 
     def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
         """Per affected client, a boolean mask over its samples; checks every ID is held there."""

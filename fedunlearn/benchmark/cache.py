@@ -1,0 +1,43 @@
+"""Reuse of original models across benchmark runs: the same scenario, data version, model,
+training configuration, seed and poisoning give the same original, so it is trained once.
+Stored as a plain state dict (loaded with ``weights_only=True``) plus its cost and history."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from fedunlearn.benchmark.runner import BenchmarkSetup, TrainedModel
+from fedunlearn.evaluation.cost import CostRecord
+
+CACHE_DIR = Path("artifacts/originals")
+
+
+def original_key(setup: BenchmarkSetup, data_version: str, model: str) -> str:
+    fed_state = setup.fed_state
+    parts = [setup.scenario, data_version, model, fed_state.train_config.model_dump_json(), str(fed_state.seed),
+             str(fed_state.device.type)]
+    if setup.backdoor:  # the poisoned samples are part of the training data
+        parts.append(json.dumps(setup.batch.to_dict()["forget_ids"], sort_keys=True))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def load_original(root: Path, key: str, device: torch.device) -> TrainedModel | None:
+    weights, meta = root / CACHE_DIR / f"{key}.pt", root / CACHE_DIR / f"{key}.json"
+    if not (weights.is_file() and meta.is_file()):
+        return None
+    info = json.loads(meta.read_text())
+    state = torch.load(weights, map_location=device, weights_only=True)
+    return TrainedModel(state, CostRecord(**info["cost"]), info["history"])
+
+
+def save_original(root: Path, key: str, trained: TrainedModel) -> None:
+    directory = root / CACHE_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.cpu() for k, v in trained.state.items()}, directory / f"{key}.pt")
+    cost = {"wall_seconds": trained.cost.wall_seconds, "flops": trained.cost.flops,
+            "comm_bytes": trained.cost.comm_bytes}
+    (directory / f"{key}.json").write_text(json.dumps({"cost": cost, "history": trained.history}, default=float))

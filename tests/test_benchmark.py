@@ -1,0 +1,92 @@
+"""The benchmark: request specs, and the output schema of a real (small) run through the flow."""
+
+import json
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from fedunlearn.benchmark.runner import ROW_KEYS
+from fedunlearn.benchmark.spec import parse_request
+from fedunlearn.federation.local import Tensors
+from tasks.tracking import tracking_uri
+
+
+def clients(sizes=(5, 9, 3)) -> list[Tensors]:
+    out, offset = [], 0
+    for size in sizes:
+        ids = np.array([f"s-{offset + i}" for i in range(size)])
+        out.append(Tensors.from_arrays(np.zeros((size, 2)), np.arange(size) % 3, ids, torch.device("cpu")))
+        offset += size
+    return out
+
+
+def test_request_specs_resolve_to_forget_ids():
+    assert parse_request("client:largest").resolve(clients(), 3, 0).forget_ids.keys() == {1}
+    batch = parse_request("client:0,2").resolve(clients(), 3, 0)
+    assert batch.kind == "client" and batch.num_forget == 8
+    assert parse_request("class:1").resolve(clients(), 3, 0).num_forget == 2 + 3 + 1
+    fraction = parse_request("samples:0.5@all").resolve(clients(), 3, 0)
+    assert fraction.kind == "sample" and {c: len(v) for c, v in fraction.forget_ids.items()} == {0: 2, 1: 4, 2: 2}
+    assert parse_request("samples:1@largest").resolve(clients(), 3, 0).num_forget == 9
+
+
+@pytest.mark.parametrize("bad", ["client:", "client:x", "class:-1", "samples:0.1", "samples:1.5@all", "users:3"])
+def test_malformed_specs_name_the_accepted_forms(bad):
+    with pytest.raises(ValueError, match="client:<id>|fraction must be in"):
+        parse_request(bad)
+
+
+def test_unknown_client_or_class_in_a_spec_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown client 7"):
+        parse_request("client:7").resolve(clients(), 3, 0)
+    with pytest.raises(ValueError, match=r"class label\(s\) \[5\] out of range"):
+        parse_request("class:5").resolve(clients(), 3, 0)
+
+
+def test_benchmark_writes_rows_plots_certificates_and_mlflow_runs(workspace, prefect_server, tmp_path):
+    from flows.benchmark import benchmark
+
+    out = tmp_path / "bench"
+    rows = benchmark(scenario="digits-hfl", request="client:largest", methods="ga,finetune", out=str(out),
+                     backdoor=True, root=str(workspace),
+                     method_options={"finetune": {"rounds": 1}, "ga": {"recovery_rounds": 1}})
+    assert [r["method"] for r in rows] == ["original", "retrain", "ga", "finetune"]
+    saved = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in saved] == [r["method"] for r in rows]
+    for row in saved:
+        assert set(ROW_KEYS) <= set(row)
+        assert row["scenario"] == "digits-hfl" and row["request"] == "client:largest"
+        for attack in ("confidence", "loss", "shadow"):
+            assert 0.0 <= row[f"mia_{attack}_auc"] <= 1.0 and 0.0 <= row[f"mia_{attack}_tpr_at_1fpr"] <= 1.0
+        assert row["mia_auc"] == max(row[f"mia_{a}_auc"] for a in ("confidence", "loss", "shadow"))
+        assert 0.0 <= row["bd_asr"] <= 1.0
+    by_method = {r["method"]: r for r in saved}
+    assert by_method["original"]["certificate"] == "not certified"
+    assert by_method["retrain"]["certificate"] == "exact retrain" and by_method["retrain"]["speedup_vs_retrain"] == 1
+    assert by_method["ga"]["certificate"] == "empirical only"
+    # The retrained model never saw the forget samples, so the trained-in backdoor is the original's alone.
+    assert by_method["original"]["forget_acc"] > by_method["retrain"]["forget_acc"]
+    for name in ("results.md", "accuracy_over_rounds.png", "attack_roc.png", "gap_to_retrain.png",
+                 "certificates/ga.json"):
+        assert (out / name).is_file(), name
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri(workspace))
+    experiment = client.get_experiment_by_name("benchmark-digits-hfl")
+    runs = client.search_runs([experiment.experiment_id])
+    children = [r for r in runs if r.data.tags.get("role") == "benchmark-row"]
+    assert sorted(r.data.tags["method"] for r in children) == ["finetune", "ga", "original", "retrain"]
+    assert all({"test_acc", "forget_acc", "mia_auc", "wall_seconds"} <= set(r.data.metrics) for r in children)
+    # A second run reuses the original model instead of training it again.
+    again = benchmark(scenario="digits-hfl", request="client:largest", methods="finetune", out=str(out),
+                      backdoor=True, root=str(workspace), method_options={"finetune": {"rounds": 1}})
+    assert again[0]["notes"] == {"reused": True}
+    assert again[0]["test_acc"] == pytest.approx(by_method["original"]["test_acc"])
+
+
+def test_unsupported_method_for_the_request_is_rejected_before_training():
+    from flows.benchmark import select_methods
+
+    with pytest.raises(ValueError, match=r"method\(s\) \['nope'\] do not support hfl client requests"):
+        select_methods("ga,nope", "hfl", "client")
+    assert "retrain" not in select_methods("all", "hfl", "client")
