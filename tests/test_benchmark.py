@@ -90,3 +90,25 @@ def test_unsupported_method_for_the_request_is_rejected_before_training():
     with pytest.raises(ValueError, match=r"method\(s\) \['nope'\] do not support hfl client requests"):
         select_methods("ga,nope", "hfl", "client")
     assert "retrain" not in select_methods("all", "hfl", "client")
+
+
+def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
+    """Retraining really forgets: the per-example audit cannot tell its unlearned samples from
+    samples it never saw."""
+    from fedunlearn.benchmark import runner
+    from fedunlearn.config import load_params
+    from fedunlearn.data.store import load_horizontal
+    from fedunlearn.unlearning import get_method
+    from models import build_model
+    from tasks.workspace import reproduce
+
+    reproduce(workspace, "digits-hfl")
+    params = load_params(workspace / "params.yaml")
+    cfg = params.scenario("digits-hfl")
+    partition = load_horizontal("digits-hfl", workspace)
+    setup = runner.build_setup("digits-hfl", partition, cfg, parse_request("samples:0.1@all"), seed=0,
+                               device=torch.device("cpu"),
+                               model_fn=lambda: build_model("cnn", partition.input_shape, partition.num_classes))
+    result = runner.ulira(setup, lambda: get_method("retrain", setting="hfl"), num_pairs=2)
+    assert result.name == "ulira"
+    assert 0.35 < result.auc < 0.65

@@ -75,8 +75,10 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     print(f"\n== {result['scenario']} trained: test_acc={result['test_acc']:.4f} "
           f"(data version {result['data_version']}, {result['wall_seconds']:.0f} s on {result['device']})")
     print("\nRegistered versions:")
+    aliases = client.get_registered_model(result["scenario"]).aliases  # search results omit aliases
     for version in client.search_model_versions(f"name='{result['scenario']}'"):
-        print(f"  {version.name} v{version.version}  aliases={list(version.aliases)}  "
+        named = [alias for alias, number in aliases.items() if str(number) == str(version.version)]
+        print(f"  {version.name} v{version.version}  aliases={named}  "
               f"role={version.tags.get('role')}  data_version={version.tags.get('data_version')}")
     print(f"""
 Open the MLflow UI (registry, runs, per-round metrics):
