@@ -35,6 +35,18 @@ class PartitionConfig(_Strict):
     num_clients: int = Field(10, ge=1, description="clients (HFL/DFL) or parties (VFL)")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of samples held out for testing")
+    features: str = Field("raw", pattern=r"^(raw|pca[1-9][0-9]*)$",
+                          description="raw, or pca<k>: the first k principal components (fit on training rows)")
+    unit_norm: bool = Field(False, description="scale every sample to unit L2 norm (bounded features, R = 1)")
+
+
+class TopologyConfig(_Strict):
+    """DFL communication graph (federation.topology): a ring, or Erdős–Rényi G(N, p) redrawn
+    until connected. Not data, so not a DVC partition parameter."""
+
+    kind: Literal["ring", "er"] = "ring"
+    p: float = Field(0.3, gt=0, le=1, description="Erdős–Rényi edge probability")
+    seed: int | None = Field(None, description="Erdős–Rényi seed (None: the params' global seed)")
 
 
 class ScenarioConfig(_Strict):
@@ -43,6 +55,7 @@ class ScenarioConfig(_Strict):
     model: str = "cnn"
     l2: float = Field(0.0, ge=0, description="L2 regularisation in the per-sample objective (logreg)")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    topology: TopologyConfig | None = Field(None, description="DFL only (default: a ring)")
     train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
@@ -50,6 +63,12 @@ class ScenarioConfig(_Strict):
         if (self.setting == "vfl") != (self.partition.scheme == "vertical"):
             raise ValueError(f"setting {self.setting!r} cannot use partition scheme {self.partition.scheme!r} "
                              "(VFL uses 'vertical'; HFL/DFL use 'iid' or 'dirichlet')")
+        if self.setting == "vfl" and (self.partition.features != "raw" or self.partition.unit_norm):
+            raise ValueError("feature transforms (features, unit_norm) apply to HFL/DFL partitions only")
+        if self.setting == "dfl" and self.topology is None:
+            self.topology = TopologyConfig()
+        if self.setting != "dfl" and self.topology is not None:
+            raise ValueError(f"a topology applies to DFL scenarios only, not {self.setting!r}")
         return self
 
 

@@ -47,7 +47,7 @@ def finish_batch(workspace: Path, record: BatchRecord) -> BatchRecord:
     return record
 
 
-@flow(name="ingest-deletions", log_prints=True)
+@flow(name="ingest-deletions")
 def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool = False,
                      requests: list[DeletionRequestModel] | None = None) -> dict:
     """Apply all pending deletion requests of ``scenario`` as one batch: a new data version
@@ -70,7 +70,8 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
         if plan.entries:
             record = finish_batch(workspace, open_batch(workspace, plan, quarantined, purge))
     summary = summarize(folders, scenario, record, resumed, inbox, quarantined, already_applied)
-    logger.info("%s", summary["status"])
+    logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary["status"],
+                len(quarantined), len(resumed), summary.get("data_version_before"), summary.get("data_version_after"))
     return summary
 
 
@@ -84,7 +85,7 @@ def summarize(folders: RequestFolders, scenario: str, record: BatchRecord | None
         return {**summary, "status": "no valid requests" if quarantined else NO_PENDING}
     per_client = Counter()
     for entry in record.requests:
-        per_client.update({client: len(ids) for client, ids in entry.clients.items()})
+        per_client.update({int(client): len(ids) for client, ids in entry.clients.items()})
     return {**summary, "status": record.status.value, "batch_id": record.batch_id,
             "applied": [entry.request_id for entry in record.requests],
             "deleted_ids": len(record.deleted_ids()), "per_client": dict(sorted(per_client.items())),

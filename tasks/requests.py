@@ -10,6 +10,7 @@ with nothing left to delete, client requests in VFL) apply while resolving the b
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -61,25 +62,28 @@ def _listing(values: list) -> str:
 def subject_checks(catalog: Catalog, deleted: set[str], data_version: str) -> list[SubjectCheck]:
     import great_expectations as gx
 
-    expect, scenario = gx.expectations, catalog.scenario
-    known = sorted(set(catalog.labels) | deleted)  # deleted IDs get their own, clearer reason
+    # GX pins this logger to INFO and announces a temporary docs folder for every ephemeral context.
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
+    expect, scenario, last_class = gx.expectations, catalog.scenario, catalog.num_classes - 1
+    # Deleted IDs count as known here: the not-deleted check gives them a clearer reason.
+    exists = expect.ExpectColumnValuesToBeInSet(column="sample_id", value_set=sorted(set(catalog.labels) | deleted))
+    in_range = expect.ExpectColumnValuesToBeBetween(column="label", min_value=0, max_value=last_class)
     checks = [
-        SubjectCheck("sample_ids", "sample_id", expect.ExpectColumnValuesToBeInSet(column="sample_id", value_set=known),
+        SubjectCheck("sample_ids", "sample_id", exists,
                      lambda ids: f"unknown sample IDs, not in data version {data_version} of {scenario} (list the "
                                  f"valid ones with `fedunlearn ids --scenario {scenario}`): {_listing(ids)}"),
-        SubjectCheck("labels", "label", expect.ExpectColumnValuesToBeBetween(
-            column="label", min_value=0, max_value=catalog.num_classes - 1),
-            lambda labels: f"class {labels[0]} is out of range: {scenario} has classes 0..{catalog.num_classes - 1}"),
+        SubjectCheck("labels", "label", in_range,
+                     lambda labels: f"class {labels[0]} is out of range: {scenario} has classes 0..{last_class}"),
     ]
     if deleted:
-        checks.append(SubjectCheck(
-            "sample_ids", "sample_id", expect.ExpectColumnValuesToNotBeInSet(column="sample_id", value_set=sorted(deleted)),
-            lambda ids: f"already deleted (listed in {LEDGER_PATH}): {_listing(ids)}"))
+        not_deleted = expect.ExpectColumnValuesToNotBeInSet(column="sample_id", value_set=sorted(deleted))
+        checks.append(SubjectCheck("sample_ids", "sample_id", not_deleted,
+                                   lambda ids: f"already deleted (listed in {LEDGER_PATH}): {_listing(ids)}"))
     if catalog.clients:
-        checks.append(SubjectCheck(
-            "clients", "client", expect.ExpectColumnValuesToBeInSet(column="client", value_set=list(catalog.clients)),
-            lambda clients: f"unknown client {clients[0]}: {scenario} has clients "
-                            f"{catalog.clients[0]}..{catalog.clients[-1]}"))
+        client_exists = expect.ExpectColumnValuesToBeInSet(column="client", value_set=list(catalog.clients))
+        checks.append(SubjectCheck("clients", "client", client_exists,
+                                   lambda clients: f"unknown client {clients[0]}: {scenario} has clients "
+                                                   f"{catalog.clients[0]}..{catalog.clients[-1]}"))
     return checks
 
 
@@ -160,9 +164,15 @@ def recover_interrupted_batches(root: Path) -> list[BatchRecord]:
     return [record for record in load_records(_folders(root)) if record.status is not BatchStatus.COMPLETE]
 
 
+def read_inbox(root: Path, scenario: str) -> Triage:
+    """The inbox sorted: pending, rejected, already applied, for another scenario."""
+    known = list(load_params(root / "params.yaml").scenarios)
+    return triage(scan_inbox(_folders(root), scenario), _ledger(root).by_request(), scenario, known)
+
+
 @task(name="collect-inbox", cache_policy=NO_CACHE)
 def collect_inbox(root: Path, scenario: str) -> Triage:
-    return triage(scan_inbox(_folders(root), scenario), _ledger(root).by_request(), scenario)
+    return read_inbox(root, scenario)
 
 
 @task(name="file-applied-requests", cache_policy=NO_CACHE)
@@ -175,8 +185,9 @@ def file_applied_requests(root: Path, items: list[InboxItem]) -> list[str]:
 @task(name="validate-requests", cache_policy=NO_CACHE)
 def validate_requests(root: Path, scenario: str, pending: list[PendingRequest]) -> BatchPlan:
     """The GX suite, then the batch plan (domain rules, duplicates merged)."""
-    if not pending:
-        return BatchPlan(new_batch_id(), scenario, "", [], {}, [])
+    if not pending:  # nothing to check, so the data need not even be prepared
+        return BatchPlan(new_batch_id(), scenario, load_params(root / "params.yaml").scenario(scenario).dataset,
+                         [], {}, [])
     deleted = _ledger(root).deleted_ids()
     catalog = load_catalog(scenario, root, deleted)
     reasons = check_subjects(pending, catalog, deleted, workspace.data_version(root, scenario))
@@ -315,8 +326,8 @@ def close_batch(root: Path, record: BatchRecord) -> BatchRecord:
     """The ledger is durable: move the batch's inbox files to processed/ and mark it complete."""
     folders = _folders(root)
     ours = set(record.request_files)
-    inbox = triage(scan_inbox(folders, record.scenario), _ledger(root).by_request(), record.scenario)
-    moved = [file_processed(folders, item).name for item in inbox.applied if item.request.request_id in ours]
+    moved = [file_processed(folders, item).name for item in read_inbox(root, record.scenario).applied
+             if item.request.request_id in ours]
     record = record.advance(folders, BatchStatus.COMPLETE, processed_files=record.processed_files + moved,
                             completed_at=utc_now())
     create_markdown_artifact(key="deletion-batch", markdown=batch_markdown(root, record),

@@ -60,7 +60,7 @@ def distance(a, b) -> float:
 def test_retrain_trains_only_on_retained_ids_with_the_original_configuration(fed_state):
     batch = resolve_request("sample", {"clients": [0, 2], "fraction": 0.2, "seed": 1}, fed_state.clients)
     spy_state, seen = spying(fed_state)
-    outcome = get_method("retrain").unlearn(spy_state, batch)
+    outcome = get_method("retrain", setting="hfl").unlearn(spy_state, batch)
 
     rounds = fed_state.train_config.rounds
     assert len(seen) == 3 * rounds
@@ -79,7 +79,7 @@ def test_retrain_trains_only_on_retained_ids_with_the_original_configuration(fed
 
 def test_retrain_without_a_removed_client_never_contacts_it(fed_state):
     spy_state, seen = spying(fed_state)
-    outcome = get_method("retrain").unlearn(spy_state, resolve_request("client", 1, fed_state.clients))
+    outcome = get_method("retrain", setting="hfl").unlearn(spy_state, resolve_request("client", 1, fed_state.clients))
     assert {client for client, _ in seen} == {0, 2}
     assert outcome.cost.comm_bytes == 2 * sum(v.numel() for v in outcome.state.values()) * 4 * 2 * 2
 
@@ -87,7 +87,7 @@ def test_retrain_without_a_removed_client_never_contacts_it(fed_state):
 def test_gradient_ascent_raises_forget_loss_within_the_projection_ball(fed_state):
     batch = resolve_request("client", 2, fed_state.clients)
     radius = 0.5
-    ga = get_method("ga", lr=0.5, epochs=3, stop_loss=100.0, radius=radius, recovery_rounds=0)
+    ga = get_method("ga", setting="hfl", lr=0.5, epochs=3, stop_loss=100.0, radius=radius, recovery_rounds=0)
     outcome = ga.unlearn(fed_state, batch)
     numbers = outcome.certificate_inputs
 
@@ -104,7 +104,7 @@ def test_gradient_ascent_raises_forget_loss_within_the_projection_ball(fed_state
 def test_gradient_ascent_stops_early_and_recovers_on_retained_data_only(fed_state):
     batch = resolve_request("sample", {"clients": [0], "fraction": 0.3, "seed": 0}, fed_state.clients)
     spy_state, seen = spying(fed_state)
-    outcome = get_method("ga", lr=1.0, stop_loss=1.0, recovery_rounds=2).unlearn(spy_state, batch)
+    outcome = get_method("ga", setting="hfl", lr=1.0, stop_loss=1.0, recovery_rounds=2).unlearn(spy_state, batch)
 
     numbers = outcome.certificate_inputs
     assert numbers["early_stopped_clients"] == 1

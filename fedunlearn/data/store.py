@@ -85,6 +85,32 @@ def _standardize(features: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
     return ((features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
 
 
+def _transform(features: np.ndarray, train_rows: np.ndarray, kind: str,
+               unit_norm: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """The partition's feature transform, fit on the training rows only: ``pca<k>`` projects the
+    flattened samples on their first k principal components (scikit-learn's exact LAPACK solver
+    with its deterministic sign convention, so reruns are byte-identical); ``unit_norm`` then
+    scales every sample to L2 norm 1 — bounded features, as certified unlearning's Lipschitz
+    constants need. Returns the features and what to record in the manifest (nothing for raw
+    features, so untransformed partitions keep their bytes)."""
+    record: dict[str, Any] = {}
+    if kind == "raw" and not unit_norm:
+        return features, record
+    if kind != "raw":
+        from sklearn.decomposition import PCA
+
+        flat = features.reshape(len(features), -1).astype(np.float64)
+        pca = PCA(n_components=int(kind[3:]), svd_solver="full").fit(flat[train_rows])
+        features = pca.transform(flat)
+        record["features"] = {"transform": kind, "explained_variance": float(pca.explained_variance_ratio_.sum())}
+    if unit_norm:
+        flat = features.reshape(len(features), -1).astype(np.float64)
+        norms = np.linalg.norm(flat, axis=1, keepdims=True)
+        features = (flat / np.where(norms > 0, norms, 1.0)).reshape(features.shape)
+        record["unit_norm"] = True
+    return features.astype(np.float32), record
+
+
 def partition_scenario(name: str, params: Params, root: Path) -> Path:
     """Stage ``partition``: split the prepared data into test + clients (or parties)."""
     cfg = params.scenario(name)
@@ -94,11 +120,13 @@ def partition_scenario(name: str, params: Params, root: Path) -> Path:
     features = data.features
     if data.kind == "tabular":
         features = _standardize(features, ~is_test)
+    features, transform = _transform(features, ~is_test, part.features, part.unit_norm)
     out = root / PARTITIONS_DIR / name
     manifest: dict[str, Any] = {
         "scenario": name, "dataset": cfg.dataset, "setting": cfg.setting, "partition": part.scheme,
         "seed": params.seed, "num_classes": data.num_classes, "kind": data.kind,
-        "input_shape": list(data.features.shape[1:]), "test": _summary(data.labels[is_test], data.num_classes),
+        "input_shape": list(features.shape[1:]), "test": _summary(data.labels[is_test], data.num_classes),
+        **transform,
     }
     _save_arrays(out / "test", features=features[is_test], labels=data.labels[is_test],
                  sample_ids=data.sample_ids[is_test])

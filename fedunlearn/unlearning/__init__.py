@@ -10,9 +10,15 @@ from fedunlearn.unlearning.base import (REQUEST_KINDS, SETTINGS, DeletionBatch, 
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class, register
 
 # Imported for their @register side effect.
+from fedunlearn.unlearning.certified_dfu import CertifiedDFU  # noqa: E402
+from fedunlearn.unlearning.dfl_retrain import DecentralizedRetrain  # noqa: E402
+from fedunlearn.unlearning.fedora import FedORA  # noqa: E402
 from fedunlearn.unlearning.finetune import FineTune  # noqa: E402
 from fedunlearn.unlearning.gradient_ascent import GradientAscent  # noqa: E402
+from fedunlearn.unlearning.hf_kcu import HFKCU  # noqa: E402
+from fedunlearn.unlearning.puf import PUFRegular, PUFSpecial  # noqa: E402
 from fedunlearn.unlearning.retrain import Retrain  # noqa: E402
+from fedunlearn.unlearning.vfl_baselines import VerticalGradientAscent, VerticalRetrain  # noqa: E402
 
 __all__ = ["REQUEST_KINDS", "SETTINGS", "CostRecord", "DeletionBatch", "FederatedState", "Monitor", "Outcome",
            "UnlearningMethod", "resolve_request", "available_methods", "get_method", "get_method_class",

@@ -307,7 +307,9 @@ class UnlearningMethod(ABC):
 
     def get_params(self) -> dict[str, Any]:
         """The hyperparameters, read from ``__init__``'s signature as scikit-learn does."""
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        parameters = inspect.signature(type(self).__init__).parameters.values()
+        names = [p.name for p in parameters if p.name != "self"
+                 and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
         return {p: getattr(self, p) for p in names}
 
     def __repr__(self) -> str:

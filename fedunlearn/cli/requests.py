@@ -1,0 +1,133 @@
+"""``fedunlearn request samples|client|class`` (submit a deletion request) and ``fedunlearn ingest``
+(apply the pending requests as one batch: validation, ledger, new data version, erasure check)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from fedunlearn.cli.data import DEFAULT_SCENARIO
+
+INBOX = "data/deletion_requests/inbox"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    request = sub.add_parser("request", help="submit a deletion request to the inbox and print its ID",
+                             description=f"Write one deletion request to {INBOX}/<request_id>.json and print its "
+                                         "ID. `fedunlearn ingest` validates and applies it.")
+    kinds = request.add_subparsers(dest="kind", required=True, metavar="KIND")
+    samples = kinds.add_parser("samples", help="forget the listed samples",
+                               description="Forget samples by ID (as printed by `fedunlearn ids`).")
+    source = samples.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ids", nargs="+", metavar="ID", help="sample IDs (spaces or commas separate them)")
+    source.add_argument("--ids-file", metavar="FILE", help="a file of sample IDs separated by whitespace or commas "
+                                                           "('-' reads standard input)")
+    client = kinds.add_parser("client", help="forget every sample of one client (HFL/DFL)",
+                              description="Forget all training samples one client holds in the scenario's partition.")
+    client.add_argument("--client", type=int, required=True, metavar="N")
+    label = kinds.add_parser("class", help="forget every training sample of one class",
+                             description="Forget all training samples of a class (test samples stay, to measure "
+                                         "the forgetting).")
+    label.add_argument("--label", type=int, required=True, metavar="L")
+    for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
+        parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
+        parser.add_argument("--reason", help="optional note kept with the request")
+        parser.set_defaults(handler=run_request, request_kind=kind)
+
+    ingest = sub.add_parser("ingest", help="apply pending deletion requests: a new, verified data version",
+                            description=f"Validate every request in {INBOX} (invalid ones go to quarantine/ with a "
+                                        "reason), append the valid ones to the ledger as one batch, reproduce the "
+                                        "data (a new DVC data version) and verify the deleted samples' bytes are "
+                                        "gone. Re-running is safe: nothing is applied twice. No unlearning here.")
+    ingest.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                        help=f"scenario to ingest requests for (and the default of files naming none; "
+                             f"default {DEFAULT_SCENARIO})")
+    ingest.add_argument("--purge", action="store_true",
+                        help="after the batch, remove earlier data versions from the DVC cache (`dvc gc`) and "
+                             "verify the cache too")
+    ingest.set_defaults(handler=run_ingest)
+
+
+def read_sample_ids(args: argparse.Namespace) -> list[str]:
+    if args.ids is not None:
+        text = " ".join(args.ids)
+    elif args.ids_file == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.ids_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"IDs file not found: {path}")
+        text = path.read_text()
+    return [i for i in re.split(r"[\s,]+", text) if i]
+
+
+def run_request(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.config import load_params
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import submit_request
+    from fedunlearn.requests.model import SUBJECT_FIELDS, RequestKind, build_request
+
+    load_params(root / "params.yaml").scenario(args.scenario)
+    kind = RequestKind(args.request_kind)
+    field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
+    subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
+    request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject})
+    path = submit_request(RequestFolders.create(root), request)
+    print(request.request_id)
+    print(f"wrote {path.relative_to(root)}; apply it with `fedunlearn ingest --scenario {args.scenario}`",
+          file=sys.stderr)
+    return 0
+
+
+def run_ingest(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.cli.train import quiet_task_logs
+    from fedunlearn.requests.folders import BatchInProgress
+    from flows.ingest import ingest_deletions
+    from tasks.workspace import init_workspace
+
+    init_workspace(root)
+    quiet_task_logs()
+    try:
+        result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
+    except BatchInProgress as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    print_summary(result)
+    return 1 if result.get("erasure") and result["erasure"]["found"] else 0
+
+
+def print_summary(result: dict) -> None:
+    for batch_id in result["resumed"]:
+        print(f"finished batch {batch_id}, which had been interrupted")
+    for name in result["already_applied"]:
+        print(f"already applied, moved to processed/: {name}")
+    for note in result["quarantined"]:
+        print(f"quarantined {note['file']!r}: {note['reason']}\n  -> {note['moved_to']} (reason in "
+              f"{note['moved_to']}.reason.txt)")
+    if result["left_pending"]:
+        print(f"left in the inbox (other scenarios): {', '.join(result['left_pending'])}")
+    if "batch_id" not in result:
+        print(result["status"])
+        return
+    per_client = ", ".join(f"client {c}: {n}" for c, n in result["per_client"].items())
+    print(f"batch {result['batch_id']}: {len(result['applied'])} request(s) applied, {result['deleted_ids']} sample "
+          f"IDs deleted{f' ({per_client})' if per_client else ''}")
+    print(f"data version {result['data_version_before']} -> {result['data_version_after']}")
+    print(erasure_line(result["erasure"]))
+    print(f"record: {result['record']}")
+
+
+def erasure_line(report: dict) -> str:
+    unverifiable = len(report["not_verifiable"])
+    caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
+    if report["found"]:
+        files = sorted({f for found in report["found"].values() for f in found})
+        return (f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in "
+                f"{', '.join(files)}")
+    if not report["verified"]:
+        return f"erasure not verifiable: none of the {report['deleted_samples']} deleted samples can be recognised"
+    cache = "" if ".dvc/cache" in report["scanned"] else " (.dvc/cache keeps earlier versions: ingest --purge)"
+    return (f"erasure verified: no bytes of the {report['checked_samples']} checked samples in "
+            f"{report['files_scanned']} files under {', '.join(report['scanned'])}{caveat}{cache}")

@@ -1,0 +1,202 @@
+"""From inbox to batch: triage of inbox items, the batch plan (one ledger entry per request,
+duplicates merged), and the batch record, which is also the journal a re-run resumes from.
+
+A batch moves through its statuses in order, and the record is saved (durably) after each:
+
+    formed ─▶ ledger_appended ─▶ versioned ─▶ verified ─▶ complete
+    (journal   (ledger fsynced)   (new data    (erasure    (inbox files moved
+     written)                      version)     checked)    to processed/)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, computed_field
+
+from fedunlearn.requests.catalog import Catalog
+from fedunlearn.requests.erasure import ErasureReport
+from fedunlearn.requests.folders import RequestFolders, write_json_atomic
+from fedunlearn.requests.inbox import InboxItem
+from fedunlearn.requests.ledger import LedgerEntry
+from fedunlearn.requests.model import DeletionRequestModel, timestamped_id, utc_now
+
+
+def new_batch_id() -> str:
+    return timestamped_id("batch", hex_chars=6)
+
+
+@dataclass
+class PendingRequest:
+    """A valid-looking request and its inbox file(s): identical re-submissions merge here."""
+
+    request: DeletionRequestModel
+    items: list[InboxItem]
+
+
+@dataclass
+class Rejection:
+    items: list[InboxItem]
+    reason: str
+    request_id: str | None = None
+
+
+@dataclass
+class Triage:
+    pending: list[PendingRequest] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    applied: list[InboxItem] = field(default_factory=list)  # already in the ledger: file only
+    elsewhere: list[InboxItem] = field(default_factory=list)  # for another scenario: left pending
+
+
+def triage(items: list[InboxItem], applied: dict[str, LedgerEntry], scenario: str,
+           known_scenarios: Collection[str]) -> Triage:
+    """Sort inbox items: unreadable → rejected; request already in the ledger → applied (or
+    rejected if the ID was reused for another subject); another known scenario → left for its
+    own ingest; an unknown scenario → rejected; the rest pending, files of one request merged."""
+    result = Triage()
+    pending: dict[str, PendingRequest] = {}
+    for item in items:
+        request = item.request
+        if request is None:
+            result.rejected.append(Rejection([item], item.problem or "unreadable request"))
+        elif request.request_id in applied:
+            entry = applied[request.request_id]
+            if entry.matches(request):
+                result.applied.append(item)
+            else:
+                result.rejected.append(Rejection(
+                    [item], f"request_id {request.request_id} was already applied in batch {entry.batch_id} to "
+                            "another subject; submit this request under a new request_id", request.request_id))
+        elif request.scenario not in known_scenarios:
+            result.rejected.append(Rejection(
+                [item], f"unknown scenario {request.scenario!r}; params.yaml defines {', '.join(known_scenarios)}",
+                request.request_id))
+        elif request.scenario != scenario:
+            result.elsewhere.append(item)
+        elif request.request_id in pending:
+            first = pending[request.request_id]
+            if first.request.same_subject(request):
+                first.items.append(item)
+            else:
+                result.rejected.append(Rejection(
+                    [item], f"request_id {request.request_id} is also used by {first.items[0].name} for another "
+                            "subject; give each request its own request_id", request.request_id))
+        else:
+            pending[request.request_id] = PendingRequest(request, [item])
+    result.pending = list(pending.values())
+    return result
+
+
+@dataclass
+class BatchPlan:
+    batch_id: str
+    scenario: str
+    dataset: str
+    entries: list[LedgerEntry]
+    request_files: dict[str, list[str]]
+    rejected: list[Rejection]
+
+
+def plan_batch(batch_id: str, pending: list[PendingRequest], catalog: Catalog) -> BatchPlan:
+    """One ledger entry per resolvable request, oldest first. An ID named by several requests is
+    deleted by the first and listed as merged in the others, so no ID is applied twice."""
+    plan = BatchPlan(batch_id, catalog.scenario, catalog.dataset, [], {}, [])
+    covered: set[str] = set()
+    for waiting in sorted(pending, key=lambda p: (p.request.submitted_at, p.request.request_id)):
+        request = waiting.request
+        resolution = catalog.resolve(request)
+        if resolution.problem:
+            plan.rejected.append(Rejection(waiting.items, resolution.problem, request.request_id))
+            continue
+        fresh = set(resolution.sample_ids) - covered
+        covered |= fresh
+        plan.entries.append(LedgerEntry(
+            request_id=request.request_id, batch_id=batch_id, scenario=catalog.scenario, kind=request.kind,
+            subject=request.subject, submitted_at=request.submitted_at,
+            sample_ids=[i for i in resolution.sample_ids if i in fresh],
+            clients={str(c): kept for c, ids in sorted(resolution.clients.items())
+                     if (kept := [i for i in ids if i in fresh])},
+            held_out=[i for i in resolution.held_out if i in fresh],
+            merged_ids=[i for i in resolution.sample_ids if i not in fresh]))
+        plan.request_files[request.request_id] = [file.name for file in waiting.items]
+    return plan
+
+
+class BatchStatus(str, Enum):
+    FORMED = "formed"
+    LEDGER_APPENDED = "ledger_appended"
+    VERSIONED = "versioned"
+    VERIFIED = "verified"
+    COMPLETE = "complete"
+
+
+class VersionChange(BaseModel):
+    before: str | None = None
+    after: str | None = None
+
+
+class QuarantineNote(BaseModel):
+    file: str
+    request_id: str | None = None
+    reason: str
+    moved_to: str
+
+
+class BatchRecord(BaseModel):
+    """``data/deletion_requests/batches/<batch_id>.json``: what the batch did, and how far."""
+
+    batch_id: str
+    scenario: str
+    dataset: str
+    status: BatchStatus = BatchStatus.FORMED
+    created_at: datetime = Field(default_factory=utc_now)
+    updated_at: datetime = Field(default_factory=utc_now)
+    completed_at: datetime | None = None
+    requests: list[LedgerEntry] = Field(description="the ledger entries of this batch, one per request")
+    request_files: dict[str, list[str]] = Field(default_factory=dict, description="request_id -> inbox files")
+    quarantined: list[QuarantineNote] = Field(default_factory=list)
+    data_versions: dict[str, VersionChange] = Field(
+        default_factory=dict, description="every reproduced scenario: the batch's own and others of its dataset")
+    ledger_appended: list[str] = Field(default_factory=list, description="request IDs this batch wrote to the "
+                                                                         "ledger (a resumed run skips present ones)")
+    purge_requested: bool = False
+    purged: bool = False
+    erasure: ErasureReport | None = None
+    processed_files: list[str] = Field(default_factory=list)
+
+    @computed_field
+    @property
+    def data_version_before(self) -> str | None:
+        return self.data_versions[self.scenario].before if self.scenario in self.data_versions else None
+
+    @computed_field
+    @property
+    def data_version_after(self) -> str | None:
+        return self.data_versions[self.scenario].after if self.scenario in self.data_versions else None
+
+    def deleted_ids(self) -> set[str]:
+        return {i for entry in self.requests for i in entry.sample_ids}
+
+    def save(self, folders: RequestFolders) -> "BatchRecord":
+        self.updated_at = utc_now()
+        write_json_atomic(record_path(folders, self.batch_id), self.model_dump(mode="json"))
+        return self
+
+    def advance(self, folders: RequestFolders, status: BatchStatus, **changes) -> "BatchRecord":
+        """Record a finished step durably; the next run resumes after it."""
+        return self.model_copy(update={"status": status, **changes}).save(folders)
+
+
+def record_path(folders: RequestFolders, batch_id: str) -> Path:
+    return folders.batches / f"{batch_id}.json"
+
+
+def load_records(folders: RequestFolders) -> list[BatchRecord]:
+    """All batch records, oldest first."""
+    records = [BatchRecord.model_validate_json(path.read_text()) for path in folders.batches.glob("*.json")]
+    return sorted(records, key=lambda r: r.created_at)

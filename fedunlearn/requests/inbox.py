@@ -1,0 +1,118 @@
+"""The inbox: reading request files safely, submitting new ones, and filing each one into
+exactly one of ``processed/`` or ``quarantine/``.
+
+Only regular files directly inside ``inbox/`` with a safe name are read. Anything else (a
+symlink, a directory, a hidden file, a name with ``..`` or odd characters, another suffix) is
+never followed or opened: it becomes an item with a ``problem``, which the batch quarantines.
+Files are opened with ``O_NOFOLLOW`` and read up to the size limit; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fedunlearn.requests.folders import RequestFolders, free_name, move_into, place_new_file, write_text_atomic
+from fedunlearn.requests.model import (MAX_REQUEST_BYTES, DeletionRequestModel, RequestError, parse_request,
+                                       utc_now)
+
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json$")
+REASON_SUFFIX = ".reason.txt"
+
+
+@dataclass
+class InboxItem:
+    """One entry of the inbox: a parsed request, or the problem that prevents it."""
+
+    name: str
+    path: Path
+    request: DeletionRequestModel | None = None
+    problem: str | None = None
+
+
+def unsafe_name_problem(name: str) -> str | None:
+    if name.startswith("."):
+        return "hidden file (name starts with '.'): not read"
+    if ".." in name:
+        return "file name contains '..': not read"
+    if not name.endswith(".json"):
+        return "not a .json file: request files are named <request_id>.json"
+    if not SAFE_FILE_NAME.match(name):
+        return ("file name must be 1-128 characters from A-Z a-z 0-9 . _ - (starting with a letter or digit) "
+                "followed by .json")
+    return None
+
+
+def scan_inbox(folders: RequestFolders, scenario: str) -> list[InboxItem]:
+    """Every entry of the inbox, in name order; ``scenario`` fills requests that name none."""
+    with os.scandir(folders.inbox) as entries:
+        return [_read_entry(entry, scenario) for entry in sorted(entries, key=lambda e: e.name)]
+
+
+def _read_entry(entry: os.DirEntry, scenario: str) -> InboxItem:
+    item = InboxItem(entry.name, Path(entry.path))
+    if entry.is_symlink():
+        item.problem = "symbolic link: not followed; put the request file itself into the inbox"
+    elif not entry.is_file(follow_symlinks=False):
+        item.problem = "not a regular file (a directory or a device): only request files are read"
+    else:
+        item.problem = unsafe_name_problem(entry.name)
+    if item.problem is None:
+        try:
+            data, modified = _read_limited(item.path)
+            item.request = parse_request(data, {"request_id": entry.name.removesuffix(".json"),
+                                                "scenario": scenario, "submitted_at": modified})
+        except RequestError as err:
+            item.problem = str(err)
+    return item
+
+
+def _read_limited(path: Path) -> tuple[bytes, datetime]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise RequestError(f"cannot open the file: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise RequestError("not a regular file: only request files are read")
+        # One byte past the limit is enough to tell "too large" without reading a huge file.
+        data = handle.read(MAX_REQUEST_BYTES + 1)
+    return data, datetime.fromtimestamp(status.st_mtime, timezone.utc)
+
+
+def submit_request(folders: RequestFolders, request: DeletionRequestModel) -> Path:
+    """Write ``request`` as ``inbox/<request_id>.json``. It is written in ``.staging/`` first, so
+    an ingest running meanwhile never sees half a file."""
+    staged = folders.staging / f"{request.request_id}.{os.getpid()}.json"
+    write_text_atomic(staged, request.to_json())
+    return place_new_file(staged, folders.inbox, f"{request.request_id}.json")
+
+
+def file_processed(folders: RequestFolders, item: InboxItem) -> Path:
+    return move_into(item.path, folders.processed)
+
+
+def quarantine_name(name: str) -> str:
+    """A safe name for the quarantined copy; the original name stays in the reason file."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).replace("..", "_").lstrip("._-")[:128]
+    return cleaned or "unnamed"
+
+
+def quarantine(folders: RequestFolders, item: InboxItem, reason: str) -> Path:
+    """Move the entry into ``quarantine/`` with ``<name>.reason.txt`` beside it. The reason is
+    written first: a crash in between leaves the file in the inbox, to be quarantined again."""
+    target_name = free_name(folders.quarantine, quarantine_name(item.name))
+    request_id = item.request.request_id if item.request else "(unknown: the file could not be read as a request)"
+    write_text_atomic(folders.quarantine / f"{target_name}{REASON_SUFFIX}",
+                      f"file: {item.name!r}\n"
+                      f"request_id: {request_id}\n"
+                      f"quarantined_at: {utc_now().isoformat()}\n"
+                      f"reason: {reason}\n"
+                      "what to do: fix the request and put it into data/deletion_requests/inbox/ again, "
+                      "or submit it with `fedunlearn request ...`\n")
+    return move_into(item.path, folders.quarantine, target_name)

@@ -1,0 +1,171 @@
+"""The deletion request: a typed model (also the Prefect UI form), generated IDs, and parsing
+of request files with messages that say what was wrong and how to fix it.
+
+A request names *what* to forget: ``sample`` (a list of sample IDs), ``class`` (a label) or
+``client`` (a client of an HFL/DFL partition), within one ``scenario``. Files in the inbox
+look like::
+
+    {"request_id": "req-20250101T120000Z-1a2b3c4d", "kind": "sample", "scenario": "mnist5k-hfl",
+     "sample_ids": ["mnist5k-00012", "mnist5k-00345"], "submitted_at": "2025-01-01T12:00:00Z",
+     "reason": "user asked on 2025-01-01"}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+MAX_IDS_PER_REQUEST = 100_000
+MAX_SAMPLE_ID_LENGTH = 512
+# A request ID doubles as a file name (<request_id>.json): a safe charset, no leading dot, no "..".
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class RequestError(ValueError):
+    """A request that cannot be accepted; the message says what was wrong and what to do."""
+
+
+class RequestKind(str, Enum):
+    SAMPLE = "sample"
+    CLASS = "class"
+    CLIENT = "client"
+
+
+SUBJECT_FIELDS = {RequestKind.SAMPLE: "sample_ids", RequestKind.CLASS: "label", RequestKind.CLIENT: "client"}
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def timestamped_id(prefix: str, hex_chars: int = 8) -> str:
+    """``<prefix>-<UTC timestamp>-<random hex>``: sortable by time, unique without coordination."""
+    return f"{prefix}-{utc_now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(hex_chars // 2)}"
+
+
+def new_request_id() -> str:
+    return timestamped_id("req")
+
+
+class DeletionRequestModel(BaseModel):
+    """A right-to-be-forgotten request. Set exactly the subject field of its kind:
+    ``sample_ids`` (kind sample), ``label`` (kind class) or ``client`` (kind client)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(default_factory=new_request_id,
+                            description="unique ID (generated when left empty); also the inbox file name")
+    kind: RequestKind = Field(description="what to forget: listed samples, a whole class, or a whole client")
+    scenario: str | None = Field(None, pattern=SCENARIO_PATTERN,
+                                 description="scenario whose data the subject refers to (default: the one ingested)")
+    sample_ids: list[str] | None = Field(None, description="kind=sample: IDs as printed by `fedunlearn ids`")
+    label: int | None = Field(None, description="kind=class: the class label to forget")
+    client: int | None = Field(None, description="kind=client: the client whose data to forget (HFL/DFL)")
+    submitted_at: datetime = Field(default_factory=utc_now, description="when the request was made (UTC)")
+    reason: str | None = Field(None, max_length=2000, description="optional note kept with the request")
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _generate_when_empty(cls, value: Any) -> Any:
+        return value or new_request_id()  # a form field left blank arrives as "" or null
+
+    @field_validator("request_id")
+    @classmethod
+    def _safe_request_id(cls, value: str) -> str:
+        if not REQUEST_ID_PATTERN.match(value) or ".." in value:
+            raise ValueError(f"request_id {value!r} is not allowed: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+                             "starting with a letter or digit and without '..'")
+        return value
+
+    @field_validator("sample_ids")
+    @classmethod
+    def _clean_sample_ids(cls, ids: list[str] | None) -> list[str] | None:
+        if ids is None:
+            return None
+        if len(ids) > MAX_IDS_PER_REQUEST:
+            raise ValueError(f"{len(ids)} sample IDs in one request; the limit is {MAX_IDS_PER_REQUEST}: "
+                             "split it into several requests")
+        cleaned = [i.strip() for i in ids]
+        bad = [i for i in cleaned if not i or len(i) > MAX_SAMPLE_ID_LENGTH or not i.isprintable()]
+        if bad:
+            raise ValueError(f"{len(bad)} sample ID(s) are empty, longer than {MAX_SAMPLE_ID_LENGTH} characters "
+                             f"or contain control characters, e.g. {bad[0]!r}")
+        return list(dict.fromkeys(cleaned))  # an ID named twice in one request is one ID
+
+    @field_validator("submitted_at")
+    @classmethod
+    def _in_utc(cls, value: datetime) -> datetime:
+        # A time without a zone is read as UTC, so every timestamp in the records compares.
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+    @model_validator(mode="after")
+    def _subject_matches_kind(self) -> "DeletionRequestModel":
+        wanted = SUBJECT_FIELDS[self.kind]
+        others = [f for f in SUBJECT_FIELDS.values() if f != wanted and getattr(self, f) is not None]
+        if others:
+            raise ValueError(f"a {self.kind.value} request sets only {wanted!r}; remove {', '.join(others)}")
+        if getattr(self, wanted) is None:
+            raise ValueError(f"a {self.kind.value} request needs {wanted!r} (its subject)")
+        if self.kind is RequestKind.SAMPLE and not self.sample_ids:
+            raise ValueError("empty subject: 'sample_ids' lists no IDs")
+        return self
+
+    @property
+    def subject(self) -> dict[str, Any]:
+        field = SUBJECT_FIELDS[self.kind]
+        return {field: getattr(self, field)}
+
+    def same_subject(self, other: "DeletionRequestModel") -> bool:
+        """Same kind, scenario and subject: a re-submission of the same request."""
+        return (self.kind, self.scenario, self.subject) == (other.kind, other.scenario, other.subject)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One line per problem: ``field: message`` (pydantic's own text, without its URLs)."""
+    lines = []
+    for problem in err.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "request"
+        given = problem.get("input")
+        shown = f" (got {given!r})" if isinstance(given, (str, int, float)) and len(repr(given)) <= 60 else ""
+        lines.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}{shown}")
+    return "; ".join(lines)
+
+
+def build_request(fields: dict[str, Any]) -> DeletionRequestModel:
+    """Validate request fields; raises :class:`RequestError` naming each bad field."""
+    try:
+        return DeletionRequestModel.model_validate(fields)
+    except ValidationError as err:
+        raise RequestError(describe_validation_error(err)) from None
+
+
+def parse_request(data: bytes, defaults: dict[str, Any]) -> DeletionRequestModel:
+    """Parse a request file's bytes. ``defaults`` fills fields the file leaves out (the file
+    name's stem as ``request_id``, the ingested scenario, the file time as ``submitted_at``):
+    deterministic, so a re-run after a crash recognises the same request."""
+    if len(data) > MAX_REQUEST_BYTES:
+        raise RequestError(f"file is larger than {MAX_REQUEST_BYTES // 2**20} MiB, the limit for one request: "
+                           "split it into several")
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise RequestError(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise RequestError(f"malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise RequestError("malformed JSON: nested too deeply") from None
+    if not isinstance(document, dict):
+        raise RequestError(f"a request must be a JSON object ({{...}}), got a JSON {type(document).__name__}")
+    # Blank fields take the defaults too: a random request_id would make a re-run see a new request.
+    return build_request({**defaults, **{k: v for k, v in document.items() if v is not None and v != ""}})

@@ -1,0 +1,228 @@
+"""HF-KCU on L2-regularised logistic regression over breast_cancer, 10 IID clients, float64.
+
+The convex oracle: the original model sits at the exact optimum of the mean objective over all
+training data, and the retrained optimum is computed exactly too (Newton's method on the same
+objective, written out here independently of the code under test), so the unlearning step is
+measured against the truth rather than against training noise. The end-to-end run on digits-hfl
+is in test_puf.py, on the same federation as PUF's.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION, certificate_for
+from fedunlearn.config import TrainConfig
+from fedunlearn.data.datasets import load_source
+from fedunlearn.data.partition import assign_iid, holdout_mask
+from fedunlearn.federation.fedavg import map_inline
+from fedunlearn.federation.local import Tensors
+from fedunlearn.unlearning import DeletionBatch, FederatedState, get_method, resolve_request
+from models.logreg import LogisticRegression
+
+CPU = torch.device("cpu")
+SEED = 0
+L2 = 0.01
+FEATURES, CLASSES = 30, 2
+DIM = (FEATURES + 1) * CLASSES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def float64():
+    """The oracle needs float64 (gradient norms of 1e-10); models and FLOP probes follow the default."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def explicit_objective(theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """mean CE + (l2/2)‖θ‖² of the logistic regression, θ = (weight row-major, bias)."""
+    w, b = theta[:FEATURES * CLASSES].view(CLASSES, FEATURES), theta[FEATURES * CLASSES:]
+    return F.cross_entropy(x @ w.T + b, y) + 0.5 * L2 * theta.pow(2).sum()
+
+
+def joined(parts: list[Tensors]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts])
+
+
+def hessian(parts: list[Tensors], theta: torch.Tensor) -> torch.Tensor:
+    x, y = joined(parts)
+    return torch.autograd.functional.hessian(lambda t: explicit_objective(t, x, y), theta)
+
+
+def grad(parts: list[Tensors], theta: torch.Tensor) -> torch.Tensor:
+    x, y = joined(parts)
+    return torch.autograd.functional.jacobian(lambda t: explicit_objective(t, x, y), theta)
+
+
+def exact_optimum(parts: list[Tensors]) -> dict[str, torch.Tensor]:
+    """Newton's method to ‖∇‖ < 1e-10 on the mean objective over ``parts``."""
+    theta = torch.zeros(DIM)
+    for _ in range(50):
+        g = grad(parts, theta)
+        if g.norm() < 1e-10:
+            break
+        theta = theta - torch.linalg.solve(hessian(parts, theta), g)
+    assert grad(parts, theta).norm() < 1e-10
+    return state_of(theta)
+
+
+def state_of(theta: torch.Tensor) -> dict[str, torch.Tensor]:
+    weights = FEATURES * CLASSES
+    return {"linear.weight": theta[:weights].view(CLASSES, FEATURES), "linear.bias": theta[weights:]}
+
+
+def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([state["linear.weight"].reshape(-1), state["linear.bias"]])
+
+
+def distance(a, b) -> float:
+    return float((flat(a) - flat(b)).norm())
+
+
+@pytest.fixture(scope="module")
+def federation(float64) -> FederatedState:
+    data = load_source("breast_cancer")
+    is_test = holdout_mask(data.sample_ids, SEED, 0.2)
+    x = data.features.astype(np.float64)
+    x = (x - x[~is_test].mean(0)) / x[~is_test].std(0)  # standardised on the training rows, as partitioning does
+
+    def tensors(rows: np.ndarray) -> Tensors:
+        return Tensors(torch.tensor(x[rows]), torch.tensor(data.labels[rows]), data.sample_ids[rows])
+
+    train_rows = np.flatnonzero(~is_test)
+    owner = assign_iid(data.sample_ids[train_rows], 10, SEED)
+    clients = [tensors(train_rows[owner == c]) for c in range(10)]
+    return FederatedState("hfl", lambda: LogisticRegression((FEATURES,), CLASSES, l2=L2), exact_optimum(clients),
+                          clients, tensors(np.flatnonzero(is_test)), TrainConfig(), SEED, CPU, CLASSES)
+
+
+def forget_share(federation: FederatedState, share: float, spread: bool, seed: int = 1) -> DeletionBatch:
+    """``share`` of all training samples, drawn from the largest client or from every client."""
+    ids = np.concatenate([c.sample_ids for c in federation.clients])
+    if not spread:
+        ids = max(federation.clients, key=len).sample_ids
+    count = round(share * sum(len(c) for c in federation.clients))
+    return DeletionBatch.for_sample_ids(np.random.default_rng(seed).choice(ids, size=count, replace=False),
+                                        federation.clients)
+
+
+NEWTON = {"hessian": "federation", "weights": "sum", "beta": None, "damping": 0.0, "cg_iterations": 40}
+
+
+@pytest.mark.parametrize("share, spread", [(0.01, False), (0.05, False), (0.01, True), (0.05, True)])
+def test_the_step_lands_ten_times_closer_to_the_exactly_retrained_optimum(federation, share, spread):
+    batch = forget_share(federation, share, spread)
+    assert spread == (len(batch.affected_clients) > 1)
+    retrained = exact_optimum(federation.retained_clients(batch))
+    outcome = get_method("hf-kcu", **NEWTON).unlearn(federation, batch)
+
+    before, after = distance(federation.state, retrained), distance(outcome.state, retrained)
+    assert after * 10 <= before, f"{before:.3g} -> {after:.3g}"
+    # The paper's literal sign, θ − Δθ, moves away from the retrained optimum.
+    literal = {k: 2 * federation.state[k] - outcome.state[k] for k in outcome.state}
+    assert distance(literal, retrained) > before
+    numbers = outcome.certificate_inputs
+    assert max(numbers["cg_relative_residual"].values()) < 1e-8
+    assert numbers["assumptions"] == {"positive_curvature": True}
+    assert all(1 < kappa < 1e4 for kappa in numbers["condition_estimate"].values())
+    assert certificate_for("hf-kcu", outcome).guarantee == BOUNDED_APPROXIMATION
+
+
+def test_client_hessian_steps_and_both_combinations_match_explicit_solves(federation):
+    batch = resolve_request("sample", {"clients": [2, 7], "fraction": 0.2, "seed": 0}, federation.clients)
+    theta = flat(federation.state)
+    retained, forget = federation.retained_clients(batch), federation.forget_by_client(batch)
+    n_retained = sum(len(c) for c in retained)
+    damping = 0.1
+    gradients = {c: len(forget[c]) * grad([forget[c]], theta) for c in forget}
+    steps = {c: torch.linalg.solve(hessian([retained[c]], theta) + damping * torch.eye(DIM), g / n_retained)
+             for c, g in gradients.items()}
+    alphas = {c: float(g.norm()) / sum(float(h.norm()) for h in gradients.values()) for c, g in gradients.items()}
+
+    exact = {"hessian": "client", "damping": damping, "beta": None, "cg_iterations": DIM}
+    summed = get_method("hf-kcu", weights="sum", **exact).unlearn(federation, batch)
+    causal = get_method("hf-kcu", weights="causal", **exact).unlearn(federation, batch)
+    torch.testing.assert_close(flat(summed.state) - theta, steps[2] + steps[7])
+    torch.testing.assert_close(flat(causal.state) - theta, alphas[2] * steps[2] + alphas[7] * steps[7])
+    assert causal.certificate_inputs["causal_weights"] == pytest.approx(alphas)
+    assert summed.certificate_inputs["curvature_samples"] == {c: len(retained[c]) for c in (2, 7)}
+
+
+def test_a_removed_client_uses_its_own_data_for_curvature(federation):
+    outcome = get_method("hf-kcu").unlearn(federation, resolve_request("client", 4, federation.clients))
+    assert outcome.certificate_inputs["curvature_samples"] == {4: len(federation.clients[4])}
+    assert outcome.notes["target_clients"] == [4]
+
+
+def test_adaptive_scale_caps_the_step_at_beta_times_the_model_norm(federation):
+    batch = forget_share(federation, 0.05, spread=False)
+    beta = 1e-3
+    capped = get_method("hf-kcu", beta=beta).unlearn(federation, batch)
+    free = get_method("hf-kcu", beta=None).unlearn(federation, batch)
+    (client,) = batch.affected_clients
+    assert capped.certificate_inputs["scale"][client] < 1 and free.certificate_inputs["scale"][client] == 1
+    assert capped.certificate_inputs["step_norm"] == pytest.approx(beta * float(flat(federation.state).norm()))
+    assert free.certificate_inputs["step_norm"] > capped.certificate_inputs["step_norm"]
+
+
+@pytest.mark.parametrize("hessian", ["client", "federation"])
+def test_mini_batch_curvature_and_costs(federation, hessian):
+    batch = resolve_request("sample", {"clients": [1, 5], "fraction": 0.2, "seed": 0}, federation.clients)
+    k, size = 3, 16
+    outcome = get_method("hf-kcu", hessian=hessian, hessian_batch=size, cg_iterations=k).unlearn(federation, batch)
+    numbers = outcome.certificate_inputs
+    per_product = size if hessian == "client" else size * len(federation.clients)
+    assert numbers["curvature_samples"] == {1: per_product, 5: per_product}
+    assert numbers["hessian_batch"] == size and len(numbers["cg_residual_norms"][1]) == k + 1
+
+    flops_per_sample = 3 * 2 * FEATURES * CLASSES  # one linear layer, forward + backward
+    assert outcome.cost.flops == flops_per_sample * (batch.num_forget + 2 * k * 2 * per_product)
+    exchanges = 2 if hessian == "client" else 2 + k * 2 * len(federation.clients)
+    assert outcome.cost.comm_bytes == 2 * DIM * 4 * exchanges
+
+
+def test_federated_curvature_is_computed_on_retained_data_only(federation):
+    batch = resolve_request("sample", {"clients": [3, 6], "fraction": 0.3, "seed": 0}, federation.clients)
+    seen: list[tuple[int, set[str]]] = []
+
+    def map_updates(fn, jobs):
+        seen.extend((job["client"], set(job["data"].sample_ids.tolist())) for job in jobs)
+        return map_inline(fn, jobs)
+
+    k = 2
+    spy = dataclasses.replace(federation, map_updates=map_updates)
+    get_method("hf-kcu", hessian="federation", cg_iterations=k).unlearn(spy, batch)
+    forget, retained = federation.forget_by_client(batch), federation.retained_clients(batch)
+    assert seen[:2] == [(c, set(forget[c].sample_ids.tolist())) for c in (3, 6)]  # g_i at the affected clients
+    one_product = [(c, set(r.sample_ids.tolist())) for c, r in enumerate(retained)]  # then every client's H_j p
+    assert seen[2:] == one_product * (k * 2)
+
+
+def test_hyperparameters_are_validated():
+    with pytest.raises(ValueError, match="hf-kcu: hessian must be one of client, federation"):
+        get_method("hf-kcu", hessian="global")
+    with pytest.raises(ValueError, match="hf-kcu: beta must be > 0 or None"):
+        get_method("hf-kcu", beta=0.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_same_step_on_cuda(federation):
+    cuda = torch.device("cuda")
+
+    def moved(t: Tensors) -> Tensors:
+        return Tensors(t.x.to(cuda), t.y.to(cuda), t.sample_ids)
+
+    on_gpu = dataclasses.replace(federation, state={k: v.to(cuda) for k, v in federation.state.items()},
+                                 clients=[moved(c) for c in federation.clients], test=moved(federation.test),
+                                 device=cuda)
+    batch = forget_share(federation, 0.05, spread=True)
+    gpu = get_method("hf-kcu", **NEWTON).unlearn(on_gpu, batch)
+    cpu = get_method("hf-kcu", **NEWTON).unlearn(federation, batch)
+    assert all(v.is_cuda for v in gpu.state.values())
+    assert math.isclose(distance({k: v.cpu() for k, v in gpu.state.items()}, cpu.state), 0, abs_tol=1e-8)

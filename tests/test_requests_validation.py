@@ -1,0 +1,184 @@
+"""Every class of bad input gets a clear reason and ends in quarantine/, while the valid
+requests of the same batch proceed: file-level problems (format, schema, names that try to
+leave the inbox) and the Great Expectations checks against the current data version of
+digits-hfl (unknown ID, already deleted, unknown client, class out of range)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from fedunlearn.requests.batch import PendingRequest, triage
+from fedunlearn.requests.folders import RequestFolders
+from fedunlearn.requests.inbox import REASON_SUFFIX, InboxItem, quarantine, scan_inbox, submit_request
+from fedunlearn.requests.model import (MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, DeletionRequestModel, RequestError,
+                                       build_request)
+from tasks.requests import validate_requests
+from tasks.workspace import init_workspace, reproduce
+
+SCENARIO = "digits-hfl"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One prepared digits-hfl workspace (like the ``workspace`` fixture) for the whole module: the
+    tests read its data and never reproduce it, so preparing it once saves time."""
+    root = init_workspace(tmp_path_factory.mktemp("validation") / "workspace")
+    reproduce(root, SCENARIO)
+    return root
+
+
+@pytest.fixture
+def folders(prepared):
+    """Empty request folders and ledger for each test."""
+    folders = RequestFolders.create(prepared)
+    for directory in (folders.inbox, folders.processed, folders.quarantine):
+        for entry in directory.iterdir():
+            entry.unlink() if not entry.is_dir() or entry.is_symlink() else entry.rmdir()
+    (prepared / LEDGER_PATH).write_text("")
+    return folders
+
+
+@pytest.fixture(scope="module")
+def partition(prepared):
+    return load_horizontal(SCENARIO, prepared)
+
+
+@pytest.fixture(scope="module")
+def client_ids(partition):
+    return [c.sample_ids.tolist() for c in partition.clients]
+
+
+def record_deleted(root: Path, ids: list[str]) -> None:
+    """A ledger line as another tool might write it (only the keys the prepare stage reads)."""
+    with open(root / LEDGER_PATH, "a") as ledger:
+        ledger.write(json.dumps({"request_id": "earlier", "batch_id": "b0", "sample_ids": ids}) + "\n")
+
+
+FILE_PROBLEMS = {
+    "malformed.json": (b'{"kind": "sample", "sample_ids": [', "malformed JSON: Expecting value at line 1 column 35"),
+    "unknown-kind.json": (b'{"kind": "delete", "sample_ids": ["digits-00001"]}',
+                          "kind: Input should be 'sample', 'class' or 'client' (got 'delete')"),
+    "empty-subject.json": (b'{"kind": "sample", "sample_ids": []}', "empty subject: 'sample_ids' lists no IDs"),
+    "blank-id.json": (b'{"kind": "sample", "sample_ids": ["  "]}', "are empty"),
+    "no-subject.json": (b'{"kind": "class"}', "a class request needs 'label'"),
+    "two-subjects.json": (b'{"kind": "client", "client": 1, "label": 2}', "sets only 'client'; remove label"),
+    "not-an-object.json": (b'["digits-00001"]', "a request must be a JSON object"),
+    "not-utf8.json": (b'{"kind": "\xff"}', "not UTF-8 text"),
+    "escaping-id.json": (b'{"kind": "client", "client": 1, "request_id": "../../outside"}',
+                         "request_id '../../outside' is not allowed"),
+    "too-many-ids.json": (json.dumps({"kind": "sample", "sample_ids": [f"x{i}" for i in range(MAX_IDS_PER_REQUEST + 1)]
+                                      }).encode(), f"the limit is {MAX_IDS_PER_REQUEST}"),
+    "too-large.json": (b" " * (MAX_REQUEST_BYTES + 1), "larger than 10 MiB"),
+}
+
+
+def test_each_bad_file_gets_a_clear_reason_and_lands_in_quarantine(folders):
+    for name, (content, _) in FILE_PROBLEMS.items():
+        (folders.inbox / name).write_bytes(content)
+    items = scan_inbox(folders, SCENARIO)
+    problems = {item.name: item.problem for item in items}
+    for name, (_, expected) in FILE_PROBLEMS.items():
+        assert expected in problems[name], name
+    for item in items:
+        quarantine(folders, item, item.problem)
+    assert not list(folders.inbox.iterdir())
+    for name, (_, expected) in FILE_PROBLEMS.items():
+        assert expected in (folders.quarantine / f"{name}{REASON_SUFFIX}").read_text()
+        assert (folders.quarantine / name).is_file()
+
+
+def test_names_that_try_to_leave_the_inbox_are_never_followed(folders, tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"kind": "client", "client": 0}')
+    (folders.inbox / "link.json").symlink_to(outside)
+    (folders.inbox / ".hidden.json").write_text('{"kind": "client", "client": 0}')
+    (folders.inbox / "up..json").write_text('{"kind": "client", "client": 0}')
+    (folders.inbox / "notes.txt").write_text("delete me please")
+    (folders.inbox / "with space.json").write_text('{"kind": "client", "client": 0}')
+    (folders.inbox / "folder.json").mkdir()
+    problems = {item.name: item.problem for item in scan_inbox(folders, SCENARIO)}
+    assert problems == {
+        "link.json": "symbolic link: not followed; put the request file itself into the inbox",
+        ".hidden.json": "hidden file (name starts with '.'): not read",
+        "up..json": "file name contains '..': not read",
+        "notes.txt": "not a .json file: request files are named <request_id>.json",
+        "with space.json": problems["with space.json"],
+        "folder.json": "not a regular file (a directory or a device): only request files are read",
+    }
+    assert "characters from A-Z a-z 0-9 . _ -" in problems["with space.json"]
+    for item in scan_inbox(folders, SCENARIO):
+        moved = quarantine(folders, item, item.problem)
+        assert moved.parent == folders.quarantine and moved.name.isprintable() and not moved.name.startswith(".")
+    assert (folders.quarantine / "link.json").is_symlink() and outside.read_text() == '{"kind": "client", "client": 0}'
+    assert sorted(p.name for p in folders.quarantine.iterdir() if not p.name.endswith(REASON_SUFFIX)) == [
+        "folder.json", "hidden.json", "link.json", "notes.txt", "up_json", "with_space.json"]
+    assert not list(folders.inbox.iterdir())
+
+
+def test_request_ids_are_checked_before_they_become_file_names(folders):
+    with pytest.raises(RequestError, match=r"request_id '\.\./x' is not allowed"):
+        build_request({"kind": "client", "client": 0, "request_id": "../x"})
+    request = DeletionRequestModel(kind="client", client=0, scenario=SCENARIO)
+    assert request.request_id.startswith("req-")
+    assert submit_request(folders, request) == folders.inbox / f"{request.request_id}.json"
+    # The same request submitted twice keeps both files; the batch merges them.
+    assert submit_request(folders, request).name == f"{request.request_id}-1.json"
+    inbox = triage(scan_inbox(folders, SCENARIO), {}, SCENARIO, [SCENARIO])
+    assert [len(p.items) for p in inbox.pending] == [2]
+
+
+def pending(*requests: DeletionRequestModel) -> list[PendingRequest]:
+    return [PendingRequest(r, [InboxItem(f"{r.request_id}.json", Path(f"{r.request_id}.json"), request=r)])
+            for r in requests]
+
+
+def request(**fields) -> DeletionRequestModel:
+    return DeletionRequestModel(scenario=SCENARIO, **fields)
+
+
+def test_subject_checks_reject_bad_requests_and_let_the_valid_ones_proceed(folders, prepared, partition,
+                                                                           client_ids):
+    gone = client_ids[0][:3]
+    record_deleted(prepared, gone)
+    valid = request(kind="sample", sample_ids=client_ids[1][:4])
+    overlapping = request(kind="sample", sample_ids=client_ids[1][2:6])
+    unknown = request(kind="sample", sample_ids=[client_ids[1][10], "digits-99999"])
+    deleted = request(kind="sample", sample_ids=[gone[0], client_ids[1][11]])
+    bad_client = request(kind="client", client=7)
+    bad_class = request(kind="class", label=12)
+    negative_class = request(kind="class", label=-1)
+    whole_class = request(kind="class", label=3)
+    plan = validate_requests.fn(prepared, SCENARIO, pending(valid, overlapping, unknown, deleted, bad_client,
+                                                            bad_class, negative_class, whole_class))
+    reasons = {r.request_id: r.reason for r in plan.rejected}
+    assert set(reasons) == {unknown.request_id, deleted.request_id, bad_client.request_id, bad_class.request_id,
+                            negative_class.request_id}
+    assert reasons[unknown.request_id].startswith("unknown sample IDs, not in data version")
+    assert reasons[unknown.request_id].endswith(": digits-99999")
+    assert reasons[deleted.request_id] == f"already deleted (listed in {LEDGER_PATH}): {gone[0]}"
+    assert reasons[bad_client.request_id] == "unknown client 7: digits-hfl has clients 0..2"
+    assert reasons[bad_class.request_id] == "class 12 is out of range: digits-hfl has classes 0..9"
+    assert "class -1 is out of range" in reasons[negative_class.request_id]
+    applied = {e.request_id: e for e in plan.entries}
+    assert set(applied) == {valid.request_id, overlapping.request_id, whole_class.request_id}
+    assert applied[overlapping.request_id].merged_ids == client_ids[1][2:4]
+    class_3 = {c: [i for i, y in zip(client.sample_ids.tolist(), client.labels.tolist()) if y == 3 and i not in gone]
+               for c, client in enumerate(partition.clients)}
+    assert applied[whole_class.request_id].clients == {str(c): ids for c, ids in class_3.items() if ids}
+
+
+def test_more_bad_ids_than_gx_lists_are_still_traced_to_each_request(folders, prepared):
+    """GX reports 20 unexpected values per expectation; 3 × 15 unknown IDs need a second pass."""
+    bad = [request(kind="sample", sample_ids=[f"digits-9{r}{i:03d}" for i in range(15)]) for r in range(3)]
+    plan = validate_requests.fn(prepared, SCENARIO, pending(*bad))
+    assert sorted(r.request_id for r in plan.rejected) == sorted(r.request_id for r in bad)
+    assert not plan.entries
+
+
+def test_a_client_with_nothing_left_is_already_deleted(folders, prepared, client_ids):
+    record_deleted(prepared, client_ids[2])
+    plan = validate_requests.fn(prepared, SCENARIO, pending(request(kind="client", client=2)))
+    assert plan.rejected[0].reason.startswith("client 2 has no remaining training samples in digits-hfl: already "
+                                              "deleted")
