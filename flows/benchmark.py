@@ -17,10 +17,9 @@ from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.config import load_params
 from fedunlearn.device import resolve_device
 from fedunlearn.unlearning import available_methods
-from models import build_model
 from tasks.benchmark import (audit_ulira, build_evaluator, evaluate, log_benchmark, train_or_reuse_original, unlearn,
                              write_report)
-from tasks.data import load_partition, reproduce_data, validate_partition
+from tasks.data import load_federation, reproduce_data, validate_partition
 
 
 def select_methods(methods: str, setting: str, kind: str) -> list[str]:
@@ -51,11 +50,8 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
 
     data_version = reproduce_data(workspace, scenario)
     validate_partition(workspace, scenario)
-    partition = load_partition(workspace, scenario)
     dev = resolve_device(device or params.device)
-    setup = runner.build_setup(
-        scenario, partition, cfg, spec, seed=params.seed, device=dev, backdoor=backdoor,
-        model_fn=lambda: build_model(cfg.model, partition.input_shape, partition.num_classes, l2=cfg.l2))
+    setup = runner.build_setup(scenario, load_federation(workspace, scenario, params, dev), spec, backdoor=backdoor)
     print(f"request {spec.text}: {setup.batch.num_forget} samples to forget at clients "
           f"{setup.batch.affected_clients}; methods: retrain, {', '.join(chosen)}")
 

@@ -23,6 +23,14 @@ def validate_partition(root: Path, scenario: str) -> dict:
     return validation.validate_partition(scenario, root)
 
 
+@task(name="load-federation", cache_policy=NO_CACHE)
+def load_federation(root: Path, scenario: str, params, device):
+    """The scenario's federation (any setting) with initial weights, on the current data version."""
+    from fedunlearn.benchmark.settings import load_federation as load
+
+    return load(scenario, params, root, device)
+
+
 @task(name="load-partition", cache_policy=NO_CACHE)
 def load_partition(root: Path, scenario: str) -> HorizontalPartition:
     return load_horizontal(scenario, root)

@@ -96,19 +96,14 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     """Retraining really forgets: the per-example audit cannot tell its unlearned samples from
     samples it never saw."""
     from fedunlearn.benchmark import runner
+    from fedunlearn.benchmark.settings import load_federation
     from fedunlearn.config import load_params
-    from fedunlearn.data.store import load_horizontal
     from fedunlearn.unlearning import get_method
-    from models import build_model
     from tasks.workspace import reproduce
 
     reproduce(workspace, "digits-hfl")
-    params = load_params(workspace / "params.yaml")
-    cfg = params.scenario("digits-hfl")
-    partition = load_horizontal("digits-hfl", workspace)
-    setup = runner.build_setup("digits-hfl", partition, cfg, parse_request("samples:0.1@all"), seed=0,
-                               device=torch.device("cpu"),
-                               model_fn=lambda: build_model("cnn", partition.input_shape, partition.num_classes))
+    fed_state = load_federation("digits-hfl", load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
+    setup = runner.build_setup("digits-hfl", fed_state, parse_request("samples:0.1@all"))
     result = runner.ulira(setup, lambda: get_method("retrain", setting="hfl"), num_pairs=2)
     assert result.name == "ulira"
     assert 0.35 < result.auc < 0.65

@@ -15,7 +15,7 @@ from fedunlearn.evaluation.cost import communication_bytes
 from fedunlearn.federation.dpsgd import DPSGD, average_state
 from fedunlearn.federation.local import Tensors, objective
 from fedunlearn.federation.topology import Topology, ring
-from fedunlearn.unlearning import DeletionBatch, Retrain, get_method
+from fedunlearn.unlearning import DeletionBatch, FederatedState, Retrain, get_method
 from fedunlearn.unlearning.dfl_retrain import DecentralizedRetrain, DecentralizedState
 from models import build_model
 
@@ -154,3 +154,6 @@ def test_partition_stage_applies_pca_and_unit_norm_fit_on_training_rows(tmp_path
                                                  train_config=config, seed=0, device=CPU)
     assert fed_state.setting == "dfl" and fed_state.node_states == nodes and fed_state.nodes() == nodes
     assert torch.equal(fed_state.state["linear.bias"], average_state(nodes)["linear.bias"])
+    untrained = DecentralizedState.from_federation(FederatedState.from_partition(
+        part, model_fn=model_fn, state={}, train_config=config, seed=0, device=CPU, setting="dfl"), ring(3))
+    assert untrained.node_states is None and untrained.state == {} and len(untrained.topology) == 3

@@ -37,7 +37,12 @@ def load_original(root: Path, key: str, device: torch.device) -> TrainedModel | 
 def save_original(root: Path, key: str, trained: TrainedModel) -> None:
     directory = root / CACHE_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.cpu() for k, v in trained.state.items()}, directory / f"{key}.pt")
+    torch.save(_to_cpu(trained.state), directory / f"{key}.pt")
     cost = {"wall_seconds": trained.cost.wall_seconds, "flops": trained.cost.flops,
             "comm_bytes": trained.cost.comm_bytes}
     (directory / f"{key}.json").write_text(json.dumps({"cost": cost, "history": trained.history}, default=float))
+
+
+def _to_cpu(state: dict) -> dict:
+    """A state dict (nested per party for VFL) with every tensor on the CPU."""
+    return {k: _to_cpu(v) if isinstance(v, dict) else v.cpu() for k, v in state.items()}

@@ -10,7 +10,6 @@ MLflow; tests call these functions with plain tensors.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,17 +17,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedunlearn.benchmark.settings import train_federation
 from fedunlearn.benchmark.spec import RequestSpec
 from fedunlearn.certify.certificate import NOT_CERTIFIED, Certificate, certificate_for
-from fedunlearn.config import ScenarioConfig
-from fedunlearn.data.store import HorizontalPartition
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison, poison_clients
 from fedunlearn.evaluation.cost import CostRecord
 from fedunlearn.evaluation.metrics import evaluate_splits, functional_distance, gaps_to_reference
 from fedunlearn.evaluation.mia import (AttackResult, attack_metrics, label_matched_nonmembers, run_population_attacks,
                                       ulira_audit)
 from fedunlearn.federation.local import State, Tensors, sgd_epochs
-from fedunlearn.unlearning.base import DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod, fedavg_rounds
+from fedunlearn.unlearning.base import DeletionBatch, FederatedState, Outcome, UnlearningMethod
 
 ROW_KEYS = ("method", "scenario", "request", "test_acc", "retain_acc", "forget_acc", "mia_auc", "bd_asr",
             "wall_seconds", "flops", "comm_bytes", "speedup_vs_retrain", "certificate")
@@ -77,12 +75,13 @@ class TrainedModel:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def build_setup(scenario: str, partition: HorizontalPartition, cfg: ScenarioConfig, spec: RequestSpec, *,
-                model_fn: Callable[[], nn.Module], seed: int, device: torch.device,
-                backdoor: bool = False) -> BenchmarkSetup:
-    fed_state = FederatedState.from_partition(partition, model_fn=model_fn, state={}, train_config=cfg.train,
-                                              seed=seed, device=device, setting=cfg.setting)
-    batch = spec.resolve(fed_state.clients, partition.num_classes, seed)
+def build_setup(scenario: str, fed_state: Any, spec: RequestSpec, *, backdoor: bool = False) -> BenchmarkSetup:
+    """``fed_state``: the scenario's federation (``settings.load_federation``), untrained."""
+    seed, device = fed_state.seed, fed_state.device
+    if backdoor and fed_state.setting == "vfl":
+        raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL image scenarios); "
+                         "in VFL each party holds only a slice of it")
+    batch = spec.resolve(fed_state.clients, fed_state.num_classes, seed)
     test = fed_state.test
     order = np.random.default_rng([seed, 7]).permutation(len(test))
     pool = test.select(np.isin(np.arange(len(test)), order[: len(order) // 2]))
@@ -105,13 +104,7 @@ def build_setup(scenario: str, partition: HorizontalPartition, cfg: ScenarioConf
 
 def train_original(setup: BenchmarkSetup) -> TrainedModel:
     """The original federated training on all data (forget samples included), costed like retrain."""
-    fed_state = setup.fed_state
-    monitor = Monitor(fed_state, setup.batch)
-    start = time.perf_counter()
-    state, cost = fedavg_rounds(fed_state, fed_state.clients, state=None, rounds=fed_state.train_config.rounds,
-                                first_round=0, phase="train", monitor=monitor)
-    cost = dataclasses.replace(cost, wall_seconds=time.perf_counter() - start - monitor.seconds)
-    return TrainedModel(state, cost, monitor.history)
+    return TrainedModel(*train_federation(setup.fed_state, setup.batch))
 
 
 def run_method(setup: BenchmarkSetup, original: State, method: UnlearningMethod) -> Outcome:
@@ -140,6 +133,10 @@ class Evaluator:
                                          (self.shadow_model, sets.shadow_in, sets.shadow_out))
         metrics.update(attack_metrics(attacks))
         metrics["bd_asr"] = attack_success_rate(model, sets.test) if self.setup.backdoor else None
+        if self.setup.batch.labels:  # class removal: utility on the other classes, forgetting on these
+            forgotten = np.isin(sets.test.y.cpu().numpy(), self.setup.batch.labels)
+            metrics.update(evaluate_splits(model, {"remaining_classes_test": sets.test.select(~forgotten),
+                                                   "forgotten_classes_test": sets.test.select(forgotten)}))
         if reference is not None:
             metrics.update(functional_distance(model, reference, sets.test))
         return metrics, attacks
@@ -151,6 +148,8 @@ def ulira(setup: BenchmarkSetup, make_method: Callable[[], UnlearningMethod], nu
     and then asked to unlearn exactly that half with the method. AUC ≈ 0.5 means the unlearned
     samples look like samples never trained on. Costs 2·num_pairs trainings: small scenarios."""
     base = setup.fed_state
+    if not isinstance(base, FederatedState):
+        raise ValueError("the U-LiRA audit rebuilds the clients' data sets: HFL/DFL scenarios only")
     candidates = setup.sets.forget
     retained = base.retained_clients(setup.batch)
     forget_by_client = base.forget_by_client(setup.batch)

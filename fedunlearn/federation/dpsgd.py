@@ -134,7 +134,7 @@ class DPSGD:
         q = torch.as_tensor(graph.mixing(), dtype=torch.float32, device=self.device)
         starts = self._starting_states(state, len(clients), active)
         model = self.model_fn().to(self.device)
-        if any(True for _ in model.buffers()):
+        if next(model.buffers(), None) is not None:
             raise ValueError(f"D-PSGD trains parameters only; {type(model).__name__} has buffers")
         wrapper = _Objective(model).train()
 

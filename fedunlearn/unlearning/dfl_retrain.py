@@ -59,14 +59,23 @@ class DecentralizedState(FederatedState):
             raise ValueError(f"{len(self.node_states)} node states for {len(self.clients)} clients")
 
     @classmethod
+    def from_federation(cls, fed_state: FederatedState, topology: Topology,
+                        node_states: list[State | None] | None = None) -> "DecentralizedState":
+        """A DFL ``FederatedState`` with its graph; with ``node_states`` (``DPSGD.fit``'s result)
+        the global model is their average."""
+        fields = {f.name: getattr(fed_state, f.name) for f in dataclasses.fields(FederatedState)}
+        if node_states is not None:
+            fields["state"] = average_state(node_states)
+        return cls(**fields, topology=topology, node_states=None if node_states is None else list(node_states))
+
+    @classmethod
     def from_training(cls, partition: HorizontalPartition, *, model_fn: Callable[[], nn.Module],
                       node_states: list[State | None], topology: Topology, train_config: TrainConfig, seed: int,
                       device: torch.device) -> "DecentralizedState":
-        """The federation after ``DPSGD.fit`` returned ``node_states``; the global model is their average."""
-        base = FederatedState.from_partition(partition, model_fn=model_fn, state=average_state(node_states),
-                                             train_config=train_config, seed=seed, device=device, setting="dfl")
-        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(FederatedState)},
-                   topology=topology, node_states=list(node_states))
+        """The federation after ``DPSGD.fit`` returned ``node_states``."""
+        base = FederatedState.from_partition(partition, model_fn=model_fn, state={}, train_config=train_config,
+                                             seed=seed, device=device, setting="dfl")
+        return cls.from_federation(base, topology, node_states)
 
     def dpsgd(self) -> DPSGD:
         """The training's own D-PSGD engine: same model_fn, configuration, topology, seed and device."""
