@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect import flow
 
 from fedunlearn.benchmark import runner
+from fedunlearn.benchmark.settings import prepare_unlearning
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.config import load_params
 from fedunlearn.device import resolve_device
@@ -37,12 +38,17 @@ def select_methods(methods: str, setting: str, kind: str) -> list[str]:
 def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", methods: str = "all",
               out: str = "results/benchmark", backdoor: bool = False, root: str = ".",
               device: str | None = None, method_options: dict[str, dict] | None = None,
-              ulira_pairs: int = 0) -> list[dict]:
+              ulira_pairs: int = 0, rounds: int | None = None, local_epochs: int | None = None) -> list[dict]:
     """``ulira_pairs`` > 0 adds the per-example U-LiRA audit (2·pairs shadow federations per
-    method: for small scenarios)."""
+    method: for small scenarios). ``rounds`` / ``local_epochs`` override the scenario's training
+    protocol (original, retrain and every method's recovery use the same one)."""
     started = time.perf_counter()
     workspace = Path(root).resolve()
     params = load_params(workspace / "params.yaml")
+    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
+    if overrides:
+        train = params.scenarios[scenario].train.model_copy(update=overrides)
+        params.scenarios[scenario] = params.scenarios[scenario].model_copy(update={"train": train})
     cfg = params.scenario(scenario)
     spec = parse_request(request)
     chosen = select_methods(methods, cfg.setting, spec.kind)
@@ -57,6 +63,7 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
 
     original, reused = train_or_reuse_original(workspace, setup, data_version, cfg.model)
     print(f"original model {'reused' if reused else 'trained'} ({original.cost.wall_seconds:.1f} s of training)")
+    one_off = prepare_unlearning(setup.fed_state, original.state)
     evaluator = build_evaluator(setup)
     retrain_outcome, retrain_certificate = unlearn(setup, original.state, "retrain", None,
                                                    method_options.get("retrain", {}))
@@ -90,7 +97,9 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
         attacks[row["method"]]["ulira"] = result
         row.update({f"ulira_{k}": v for k, v in result.summary().items()})
     header = {"scenario": scenario, "request": spec.text, "backdoor": backdoor, "device": str(dev),
+              "rounds": cfg.train.rounds, "local_epochs": cfg.train.local_epochs,
               "data_version": data_version, "seed": params.seed, "forget_samples": setup.batch.num_forget,
+              **{k: round(v, 3) for k, v in one_off.items()},
               "flow_seconds": round(time.perf_counter() - started, 1)}
     files = write_report(Path(out).resolve(), rows, attacks, histories, header, certificates)
     log_benchmark(workspace, scenario, rows, files, header)

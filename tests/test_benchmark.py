@@ -107,3 +107,32 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     result = runner.ulira(setup, lambda: get_method("retrain", setting="hfl"), num_pairs=2)
     assert result.name == "ulira"
     assert 0.35 < result.auc < 0.65
+
+
+@pytest.mark.parametrize("scenario,request_spec,expected", [
+    ("wine-vfl", "class:1", {"retrain": "exact retrain", "fedora": "constraint satisfied"}),
+    ("breast_cancer-dfl-ring", "samples:0.05@all", {"retrain": "exact retrain", "certified-dfu": "formal (ε,δ)"}),
+])
+def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario, request_spec, expected):
+    from fedunlearn.benchmark import runner
+    from fedunlearn.benchmark.settings import load_federation, prepare_unlearning
+    from fedunlearn.config import load_params
+    from tasks.benchmark import build_method
+    from tasks.workspace import reproduce
+
+    reproduce(workspace, scenario)
+    fed_state = load_federation(scenario, load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
+    setup = runner.build_setup(scenario, fed_state, parse_request(request_spec))
+    original = runner.train_original(setup)
+    prepare_unlearning(setup.fed_state, original.state)
+    evaluator = runner.Evaluator(setup)
+    original_metrics, _ = evaluator.evaluate(setup.fed_state.model_from(original.state))
+    for name, guarantee in expected.items():
+        method = build_method(name, fed_state.setting, setup.batch.kind, None, {})
+        outcome = runner.run_method(setup, original.state, method)
+        metrics, attacks = evaluator.evaluate(setup.fed_state.model_from(outcome.state))
+        assert runner.method_certificate(setup, method, outcome).guarantee == guarantee
+        assert set(attacks) == {"confidence", "loss", "shadow"}
+        assert outcome.cost.wall_seconds > 0 and metrics["test_acc"] > 0.5
+    if setup.batch.labels:  # class removal: the forgotten class is no longer recognised
+        assert original_metrics["forgotten_classes_test_acc"] > 0.8 > metrics["forgotten_classes_test_acc"]

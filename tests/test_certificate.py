@@ -53,9 +53,13 @@ def test_caller_checked_assumptions_override_the_methods():
 
 
 def test_registered_names_resolve_to_their_guarantee_class():
-    assert certificate_for("retrain", outcome(rounds=2)).guarantee == EXACT_RETRAIN
+    from fedunlearn.unlearning import Retrain
+
+    assert certificate_for(Retrain, outcome(rounds=2)).guarantee == EXACT_RETRAIN
     # An assumption cannot make an empirical claim an overclaim: it stays empirical.
-    assert certificate_for("ga", outcome(assumptions={"anything": False})).guarantee == EMPIRICAL_ONLY
+    assert certificate_for("finetune", outcome(assumptions={"anything": False})).guarantee == EMPIRICAL_ONLY
+    with pytest.raises(ValueError, match="exists for several settings"):
+        certificate_for("retrain", outcome())
     with pytest.raises(ValueError, match="unknown unlearning method"):
         certificate_for("nope", outcome())
 

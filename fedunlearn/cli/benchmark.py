@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
     bench.add_argument("--method-options", type=json.loads, default={}, metavar="JSON",
                        help='hyperparameters per method, e.g. \'{"ga": {"recovery_rounds": 0}}\'')
+    bench.add_argument("--rounds", type=int, help="override the scenario's train.rounds (original, retrain, methods)")
+    bench.add_argument("--local-epochs", type=int, help="override the scenario's train.local_epochs")
     bench.add_argument("--ulira", type=int, default=0, metavar="K",
                        help="add the per-example U-LiRA audit with K pairs of shadow federations per method "
                             "(costs 2K trainings per method: small scenarios only)")
@@ -46,7 +48,7 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
     rows = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
                      backdoor=args.backdoor, root=str(root), device=args.device, method_options=args.method_options,
-                     ulira_pairs=args.ulira)
+                     ulira_pairs=args.ulira, rounds=args.rounds, local_epochs=args.local_epochs)
     print("\n" + markdown_table(rows, SUMMARY_KEYS))
     print(f"\nwrote {out}/results.json, results.md, plots and certificates/")
     return 0

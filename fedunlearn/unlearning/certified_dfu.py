@@ -605,3 +605,19 @@ def _flood_messages(graph: Topology) -> int:
 def _curvature_flops(kind: str, samples: int, num_params: int, per_sample: int) -> float:
     """Curvature sums over ``samples``: 2·d² per sample in closed form, F per sample for the Fisher."""
     return 2.0 * samples * num_params ** 2 if kind == "exact" else float(per_sample * samples)
+
+
+@register
+class CertifiedDFUPaperCalibration(CertifiedDFU):
+    """``certified-dfu`` with the paper's a-priori calibration ΔF = 2ML²m²/(λ³n²) as default, so a
+    benchmark over ``all`` methods reports both calibrations side by side. Every hyperparameter
+    is ``CertifiedDFU``'s; only ``calibration`` defaults to ``"paper"``."""
+
+    name = "certified-dfu-paper"
+
+    def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-5, calibration: str = "paper",
+                 residual_budget: float = 1e-3, hessian: str = "exact", newton_steps: int = 8, damping: float = 0.0,
+                 finetune_rounds: int = 0, noise: bool = True, noise_seed: int | None = None):
+        super().__init__(epsilon=epsilon, delta=delta, calibration=calibration, residual_budget=residual_budget,
+                         hessian=hessian, newton_steps=newton_steps, damping=damping,
+                         finetune_rounds=finetune_rounds, noise=noise, noise_seed=noise_seed)
