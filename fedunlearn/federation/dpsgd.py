@@ -39,7 +39,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedunlearn.config import TrainConfig
 from fedunlearn.evaluation.cost import communication_bytes
-from fedunlearn.federation.local import State, Tensors, accuracy, objective
+from fedunlearn.federation.local import Engine, State, Tensors, objective
 from fedunlearn.federation.topology import Topology
 
 
@@ -81,7 +81,7 @@ class _Objective(nn.Module):
         return objective(self.model, x, y)
 
 
-class DPSGD:
+class DPSGD(Engine):
     """Decentralized engine. ``model_fn`` builds a fresh (untrained) model; ``topology`` has one
     node per client."""
 
@@ -92,23 +92,8 @@ class DPSGD:
         if hfl_only:
             raise ValueError(f"D-PSGD is plain SGD with every node in every iteration; "
                              f"{', '.join(f'{k}={getattr(config, k)}' for k in hfl_only)} must keep its default")
-        self.model_fn = model_fn
-        self.config = config
+        super().__init__(model_fn, config, seed, device)
         self.topology = topology
-        self.seed = seed
-        self.device = device
-
-    def initial_state(self) -> State:
-        torch.manual_seed(self.seed)
-        return {k: v.to(self.device) for k, v in self.model_fn().state_dict().items()}
-
-    def model_from(self, state: State) -> nn.Module:
-        model = self.model_fn().to(self.device)
-        model.load_state_dict(state)
-        return model
-
-    def test_accuracy(self, state: State, test: Tensors) -> float:
-        return accuracy(self.model_from(state), test)
 
     def active_topology(self, clients: Sequence[Tensors]) -> Topology:
         """The graph of the nodes that hold data, its mixing matrix checked (connected, ρ < 1)."""

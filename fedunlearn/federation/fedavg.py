@@ -19,10 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
-from fedunlearn.config import TrainConfig
-from fedunlearn.federation.local import State, Tensors, accuracy, sgd_epochs
+from fedunlearn.federation.local import Engine, State, Tensors, sgd_epochs
 
 
 @dataclass
@@ -71,24 +69,8 @@ def aggregate(global_state: State, updates: Sequence[ClientUpdate], server_lr: f
     return new_state
 
 
-class FedAvg:
+class FedAvg(Engine):
     """Horizontal FL engine. ``model_fn`` builds a fresh (untrained) model."""
-
-    def __init__(self, model_fn: Callable[[], nn.Module], config: TrainConfig, seed: int,
-                 device: torch.device):
-        self.model_fn = model_fn
-        self.config = config
-        self.seed = seed
-        self.device = device
-
-    def initial_state(self) -> State:
-        torch.manual_seed(self.seed)
-        return {k: v.to(self.device) for k, v in self.model_fn().state_dict().items()}
-
-    def model_from(self, state: State) -> nn.Module:
-        model = self.model_fn().to(self.device)
-        model.load_state_dict(state)
-        return model
 
     def select_clients(self, round_idx: int, clients: Sequence[Tensors]) -> list[int]:
         """Clients with data; a seeded sample of ``client_fraction`` of them (at least one)."""
@@ -125,6 +107,3 @@ class FedAvg:
             if on_round is not None:
                 on_round(result)
         return state
-
-    def test_accuracy(self, state: State, test: Tensors) -> float:
-        return accuracy(self.model_from(state), test)

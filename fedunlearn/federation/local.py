@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from fedunlearn.config import TrainConfig
 
 State = dict[str, torch.Tensor]
 
@@ -75,3 +79,26 @@ def accuracy(model: nn.Module, data: Tensors) -> float:
     if len(data) == 0:
         return float("nan")
     return float((predict_logits(model, data.x).argmax(1) == data.y).float().mean())
+
+
+class Engine:
+    """What every federated engine shares: fresh models from ``model_fn``, seeded initial weights
+    and the device everything lives on."""
+
+    def __init__(self, model_fn: Callable[[], nn.Module], config: "TrainConfig", seed: int, device: torch.device):
+        self.model_fn = model_fn
+        self.config = config
+        self.seed = seed
+        self.device = device
+
+    def initial_state(self) -> State:
+        torch.manual_seed(self.seed)
+        return {k: v.to(self.device) for k, v in self.model_fn().state_dict().items()}
+
+    def model_from(self, state: State) -> nn.Module:
+        model = self.model_fn().to(self.device)
+        model.load_state_dict(state)
+        return model
+
+    def test_accuracy(self, state: State, test: Tensors) -> float:
+        return accuracy(self.model_from(state), test)

@@ -1,7 +1,13 @@
 """Unlearning methods behind one interface, found by name in a registry.
 
-Importing this package registers the built-in methods: ``retrain`` (the gold standard),
-``ga`` (projected gradient ascent, PGA) and ``finetune`` (the "Natural" baseline).
+Importing this package registers the built-in methods:
+
+* every setting: ``retrain`` (the gold standard: FedAvg, split-NN or D-PSGD from scratch);
+* HFL: ``ga`` (projected gradient ascent, PGA), ``finetune`` (the "Natural" baseline),
+  ``puf-special`` and ``puf-regular`` (negated pseudo-gradients), ``hf-kcu`` (Krylov causal);
+* VFL: ``fedora`` (primal–dual), ``ga``;
+* DFL: ``certified-dfu`` and ``certified-dfu-paper`` (certified Newton removal, residual or
+  a-priori noise calibration).
 """
 
 from fedunlearn.evaluation.cost import CostRecord
@@ -22,4 +28,5 @@ from fedunlearn.unlearning.vfl_baselines import VerticalGradientAscent, Vertical
 
 __all__ = ["REQUEST_KINDS", "SETTINGS", "CostRecord", "DeletionBatch", "FederatedState", "Monitor", "Outcome",
            "UnlearningMethod", "resolve_request", "available_methods", "get_method", "get_method_class",
-           "register", "FineTune", "GradientAscent", "Retrain"]
+           "register", "CertifiedDFU", "DecentralizedRetrain", "FedORA", "FineTune", "GradientAscent", "HFKCU",
+           "PUFRegular", "PUFSpecial", "Retrain", "VerticalGradientAscent", "VerticalRetrain"]
