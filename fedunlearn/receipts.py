@@ -1,0 +1,109 @@
+"""Receipts: one per processed deletion batch — what was forgotten, on which data and model
+versions, with which guarantee, whether the new version was promoted, and at what cost.
+
+``data/receipts/<batch_id>.json`` (the process flow also logs it as an MLflow artifact of the
+unlearned version's run). Pure: pydantic and JSON, no orchestration.
+
+``VERSION_METRICS`` are the keys every registered model version's run carries (original,
+retrained and unlearned alike), so MLflow's compare view and ``fedunlearn compare`` line them
+up; a metric that cannot be measured for a version (the forget accuracy of a model trained
+before any deletion) is logged as NaN, never left out.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from fedunlearn.benchmark.report import markdown_table
+from fedunlearn.requests.folders import write_json_atomic
+from fedunlearn.requests.model import utc_now
+
+RECEIPTS_DIR = Path("data/receipts")
+VERSION_METRICS = ("test_acc", "retain_acc", "forget_acc", "mia_auc", "wall_seconds", "flops", "comm_bytes")
+
+
+class ModelRef(BaseModel):
+    """A registered model version."""
+
+    version: str
+    role: str
+    data_version: str | None = None
+    run_id: str | None = None
+
+
+class GateCheck(BaseModel):
+    name: str
+    value: float | str | None
+    limit: float | list[str] | None
+    passed: bool
+
+
+class GateOutcome(BaseModel):
+    passed: bool
+    policy: str = Field(description="'vs retrained reference' or 'without reference' (see the process flow)")
+    checks: list[GateCheck]
+
+
+class Receipt(BaseModel):
+    """What one deletion batch did to the data and to the model registry."""
+
+    batch_id: str
+    scenario: str
+    created_at: datetime = Field(default_factory=utc_now)
+    request_ids: list[str]
+    deleted_samples: int = Field(description="sample IDs the ledger removed (held-out test samples included)")
+    forgotten_per_client: dict[str, int] = Field(description="training samples unlearned, per client index")
+    data_version_before: str
+    data_version_after: str
+    method: str
+    models: dict[str, ModelRef | None] = Field(
+        description="original, source (the version unlearned from), unlearned, retrained (reference, if any), "
+                    "current (alias 'current' after the batch)")
+    certificate: dict[str, Any]
+    gates: GateOutcome
+    promoted: bool = Field(description="alias 'current' moved to the unlearned version")
+    metrics: dict[str, dict[str, float | None]] = Field(description="per model (source, unlearned, retrained)")
+    costs: dict[str, Any] = Field(description="wall seconds, FLOPs and bytes per model; speed-up vs retrain")
+    erasure: dict[str, Any] | None = None
+    batch_record: str = Field(description="the ingest journal of this batch, relative to the workspace")
+
+    def markdown(self) -> str:
+        """A summary for people: the Prefect artifact and ``fedunlearn process`` print it."""
+        models = self.models
+        promotion = (f"alias `current` → v{models['unlearned'].version}" if self.promoted else
+                     "alias `current` NOT moved" + (f" (stays at v{models['current'].version})"
+                                                    if models.get("current") else ""))
+        rows = [{"model": name, "version": f"v{models[name].version}", "role": models[name].role,
+                 **self.metrics.get(name, {})}
+                for name in ("source", "unlearned", "retrained") if models.get(name)]
+        checks = [{"gate": c.name, "value": c.value, "limit": c.limit, "result": "pass" if c.passed else "FAIL"}
+                  for c in self.gates.checks]
+        return "\n\n".join([
+            f"## Deletion batch {self.batch_id} ({self.scenario})",
+            f"{len(self.request_ids)} request(s): {', '.join(self.request_ids)}; {self.deleted_samples} sample IDs "
+            f"deleted; data version {self.data_version_before} → {self.data_version_after}.",
+            f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; gates "
+            f"({self.gates.policy}) **{'passed' if self.gates.passed else 'failed'}**: {promotion}.",
+            markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
+            markdown_table(checks, ("gate", "value", "limit", "result"))])
+
+
+def receipt_path(root: Path, batch_id: str) -> Path:
+    return Path(root) / RECEIPTS_DIR / f"{batch_id}.json"
+
+
+def write_receipt(root: Path, receipt: Receipt) -> Path:
+    """Written atomically: a reader sees no receipt or the whole of it."""
+    path = receipt_path(root, receipt.batch_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, receipt.model_dump(mode="json"))
+    return path
+
+
+def read_receipt(root: Path, batch_id: str) -> Receipt | None:
+    path = receipt_path(root, batch_id)
+    return Receipt.model_validate_json(path.read_text()) if path.is_file() else None
