@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean-data
+.PHONY: demo serve test install clean-data
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,8 +13,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Train mnist5k-hfl, submit two deletion requests, forget them in one batch (unlearned and retrained
+# versions, gates, receipt) and print the registered versions side by side.
 demo: $(STAMP)
 	$(BIN)/fedunlearn demo
+
+# Prefect server + UI, the deployments (deletion batches on a cron schedule; CRON="0 2 * * *") and the
+# MLflow UI over mlflow/, all on 127.0.0.1; prints the URLs, Ctrl-C stops all three.
+# The UI screenshot test (tests/test_ui_screenshots.py) needs headless Chromium: apt-get install -y chromium
+serve: $(STAMP)
+	scripts/serve.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -16,10 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.benchmark.report import markdown_table
-from fedunlearn.requests.folders import write_json_atomic
+from fedunlearn.requests.folders import write_text_atomic
 from fedunlearn.requests.model import utc_now
 
 RECEIPTS_DIR = Path("data/receipts")
@@ -51,6 +51,8 @@ class GateOutcome(BaseModel):
 class Receipt(BaseModel):
     """What one deletion batch did to the data and to the model registry."""
 
+    model_config = ConfigDict(ser_json_inf_nan="null")  # strict JSON: a metric nobody measured is null
+
     batch_id: str
     scenario: str
     created_at: datetime = Field(default_factory=utc_now)
@@ -80,7 +82,8 @@ class Receipt(BaseModel):
         rows = [{"model": name, "version": f"v{models[name].version}", "role": models[name].role,
                  **self.metrics.get(name, {})}
                 for name in ("source", "unlearned", "retrained") if models.get(name)]
-        checks = [{"gate": c.name, "value": c.value, "limit": c.limit, "result": "pass" if c.passed else "FAIL"}
+        checks = [{"gate": c.name, "value": c.value, "result": "pass" if c.passed else "FAIL",
+                   "limit": ", ".join(c.limit) if isinstance(c.limit, list) else c.limit}
                   for c in self.gates.checks]
         return "\n\n".join([
             f"## Deletion batch {self.batch_id} ({self.scenario})",
@@ -100,7 +103,7 @@ def write_receipt(root: Path, receipt: Receipt) -> Path:
     """Written atomically: a reader sees no receipt or the whole of it."""
     path = receipt_path(root, receipt.batch_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, receipt.model_dump(mode="json"))
+    write_text_atomic(path, receipt.model_dump_json(indent=2) + "\n")
     return path
 
 

@@ -31,6 +31,11 @@ class Failure:
         return f"{self.expectation} on {self.column}: {self.unexpected_count} unexpected{examples}"
 
 
+def finite_rows(features: np.ndarray) -> np.ndarray:
+    """Per sample, whether every feature is finite (an emptied client has zero rows)."""
+    return np.isfinite(features.reshape(len(features), int(np.prod(features.shape[1:])))).all(axis=1)
+
+
 def partition_frames(scenario: str, root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows (one per sample: split, sample_id, label, finite) and counts (split vs manifest)."""
     manifest = read_manifest(scenario, root)
@@ -44,7 +49,7 @@ def partition_frames(scenario: str, root: Path) -> tuple[pd.DataFrame, pd.DataFr
             directory = base / f"party_{party['party']:03d}"
             ids = np.load(directory / "sample_ids.npy")
             features = np.load(directory / "features.npy")
-            finite &= np.isfinite(features.reshape(len(features), -1)).all(axis=1)
+            finite &= finite_rows(features)
             counts.append({"split": f"party_{party['party']}", "rows": len(ids), "manifest_count": party["num_samples"],
                            "aligned": bool(np.array_equal(ids, np.load(active / "sample_ids.npy")))})
         rows.append(pd.DataFrame({"split": "train", "sample_id": ids, "label": labels, "finite": finite}))
@@ -57,7 +62,7 @@ def partition_frames(scenario: str, root: Path) -> tuple[pd.DataFrame, pd.DataFr
         ids = np.load(directory / "sample_ids.npy")
         features = np.load(directory / "features.npy")
         rows.append(pd.DataFrame({"split": name, "sample_id": ids, "label": np.load(directory / "labels.npy"),
-                                  "finite": np.isfinite(features.reshape(len(features), -1)).all(axis=1)}))
+                                  "finite": finite_rows(features)}))
         counts.append({"split": name, "rows": len(ids), "manifest_count": expected, "aligned": True})
     return pd.concat(rows, ignore_index=True), pd.DataFrame(counts)
 

@@ -67,3 +67,13 @@ def test_vertical_partition_aligns_parties_on_shared_ids(workspace):
     assert sum(widths) == 13
     assert not (base / "party_000" / "labels.npy").exists() and (base / "party_002" / "labels.npy").exists()
     assert validate_partition("wine-vfl", workspace)["splits"] == 4
+
+
+def test_a_client_emptied_by_deletions_still_validates(workspace):
+    reproduce(workspace, "digits-hfl")
+    gone = load_horizontal("digits-hfl", workspace).clients[0].sample_ids.tolist()
+    with open(workspace / LEDGER_PATH, "a") as ledger:
+        ledger.write(json.dumps({"request_id": "r1", "batch_id": "b1", "sample_ids": gone}) + "\n")
+    reproduce(workspace, "digits-hfl")
+    assert len(load_horizontal("digits-hfl", workspace).clients[0]) == 0
+    assert validate_partition("digits-hfl", workspace)["splits"] == 4

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-COMMAND_MODULES = ("data", "train", "benchmark", "requests")
+COMMAND_MODULES = ("data", "train", "benchmark", "requests", "pipeline")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:

@@ -76,7 +76,7 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject})
     path = submit_request(RequestFolders.create(root), request)
     print(request.request_id)
-    print(f"wrote {path.relative_to(root)}; apply it with `fedunlearn ingest --scenario {args.scenario}`",
+    print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only delete the data: `fedunlearn ingest --scenario {args.scenario}`)",
           file=sys.stderr)
     return 0
 

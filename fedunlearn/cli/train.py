@@ -18,9 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training_arguments(train)
     train.set_defaults(handler=run_train)
 
-    demo = sub.add_parser("demo", help=f"prepare, partition and train {DEFAULT_SCENARIO}, then show the UIs",
-                          description=f"The quick start: trains {DEFAULT_SCENARIO} end to end and prints how to "
-                                      "open the MLflow and Prefect UIs on the result.")
+    demo = sub.add_parser("demo", help=f"the whole story on {DEFAULT_SCENARIO}: train, delete, unlearn, compare",
+                          description=f"The quick start on {DEFAULT_SCENARIO}: train and register the original, "
+                                      "submit two example deletion requests, forget them in one batch (new data "
+                                      "version, unlearned and retrained versions, gates, receipt) and print the "
+                                      "registered versions side by side.")
+    demo.add_argument("--scenario", default=DEFAULT_SCENARIO, help="an HFL scenario (default %(default)s)")
     demo.set_defaults(handler=run_demo)
 
 
@@ -67,32 +70,49 @@ def run_train(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_demo(args: argparse.Namespace, root: Path) -> int:
-    defaults = build_defaults()
-    result = train(defaults, root)
-    from tasks.tracking import tracking_uri, use_store
+    """The whole story on the demo scenario: train → deletion requests arrive → one batch forgets
+    them (new data version, unlearned and retrained versions, gates, receipt) → the registry
+    side by side."""
+    from fedunlearn.cli.pipeline import comparison, describe_batch
+    from flows.process import process_deletions
 
-    client = use_store(root)
-    print(f"\n== {result['scenario']} trained: test_acc={result['test_acc']:.4f} "
-          f"(data version {result['data_version']}, {result['wall_seconds']:.0f} s on {result['device']})")
-    print("\nRegistered versions:")
-    aliases = client.get_registered_model(result["scenario"]).aliases  # search results omit aliases
-    for version in client.search_model_versions(f"name='{result['scenario']}'"):
-        named = [alias for alias, number in aliases.items() if str(number) == str(version.version)]
-        print(f"  {version.name} v{version.version}  aliases={named}  "
-              f"role={version.tags.get('role')}  data_version={version.tags.get('data_version')}")
+    trained = train(build_defaults(args.scenario), root)
+    scenario = trained["scenario"]
+    print(f"\n== 1. {scenario} trained: test_acc={trained['test_acc']:.4f}, registered v{trained['model_version']} "
+          f"(alias 'original') on data version {trained['data_version']} in {trained['wall_seconds']:.0f} s "
+          f"on {trained['device']}")
+    requests = submit_example_requests(root, scenario)
+    print(f"\n== 2. deletion requests in data/deletion_requests/inbox/: {'; '.join(requests)}")
+    batch = process_deletions(scenario=scenario, root=str(root), retrain_reference=True)
+    print(f"\n== 3. batch {batch['batch_id']}: data version {batch['data_version_before']} -> "
+          f"{batch['data_version_after']}\n   {describe_batch(batch)}")
+    print(f"\n== 4. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
+    print(comparison(root, scenario))
+    ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
     print(f"""
-Open the MLflow UI (registry, runs, per-round metrics):
-  .venv/bin/mlflow ui --backend-store-uri {tracking_uri(root)} --host 127.0.0.1 --port 5000
-  -> http://127.0.0.1:5000/#/models/{result['scenario']}
-Open the Prefect UI (flow runs, task runs per client and round):
-  PREFECT_HOME={root / '.prefect'} .venv/bin/prefect server start --host 127.0.0.1 --port 4200
-  -> http://127.0.0.1:4200/runs
-Sample IDs for a deletion request:
-  .venv/bin/fedunlearn ids --scenario {result['scenario']} --client 0 --limit 5""")
+Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions forgets new requests) and
+the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127.0.0.1. New requests:
+  .venv/bin/fedunlearn request samples --scenario {scenario} --ids {ids}""")
     return 0
 
 
-def build_defaults() -> argparse.Namespace:
+def submit_example_requests(root: Path, scenario: str) -> list[str]:
+    """Two requests as users would send them, each for some of their samples at one client."""
+    from fedunlearn.data.store import load_horizontal
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import submit_request
+    from fedunlearn.requests.model import build_request
+
+    clients = load_horizontal(scenario, root).clients
+    examples = [({"kind": "sample", "sample_ids": clients[c].sample_ids[:n].tolist(),
+                  "reason": f"demo: a user asked for {n} samples to be forgotten"}, f"{n} samples of client {c}")
+                for c, n in ((0, 25), (1, 15))]
+    folders = RequestFolders.create(root)
+    return [f"{submit_request(folders, build_request({**fields, 'scenario': scenario})).stem} ({what})"
+            for fields, what in examples]
+
+
+def build_defaults(scenario: str = DEFAULT_SCENARIO) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_training_arguments(parser)
-    return parser.parse_args([])
+    return parser.parse_args(["--scenario", scenario])

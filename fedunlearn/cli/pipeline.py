@@ -1,0 +1,136 @@
+"""``fedunlearn process`` (the deletion batch), ``fedunlearn retrain`` (the reference),
+``fedunlearn compare`` (the registry side by side) and ``fedunlearn serve`` (the deployments)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from fedunlearn.cli.data import DEFAULT_SCENARIO
+from fedunlearn.device import DEVICE_CHOICES
+
+COMPARE_KEYS = ("version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc", "mia_auc",
+                "certificate", "wall_seconds", "flops", "comm_bytes")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    process = sub.add_parser(
+        "process", help="forget the pending deletion requests: unlearn, certify, evaluate, register, receipt",
+        description="The process-deletions flow: validate the pending requests of the scenario (invalid ones go to "
+                    "quarantine/), apply them as one batch (ledger, new data version, erasure check), unlearn them "
+                    "from the current model, certify and evaluate the result, register it as a new version, move "
+                    "the alias 'current' to it if it passes the gates, and write data/receipts/<batch_id>.json. "
+                    "With nothing pending it changes nothing; after a failure, running it again resumes the batch.")
+    process.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    process.add_argument("--method", default="auto",
+                         help="unlearning method (default auto: puf-special for HFL, fedora for VFL, certified-dfu "
+                              "for DFL)")
+    process.add_argument("--method-options", type=json.loads, default={}, metavar="JSON",
+                         help='the method\'s hyperparameters, e.g. \'{"max_recovery_rounds": 5}\'')
+    process.add_argument("--retrain", action="store_true",
+                         help="also retrain the reference on the new data version (the gates then compare with it)")
+    process.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    process.set_defaults(handler=run_process)
+
+    retrain = sub.add_parser("retrain", help="retrain the reference model on the current data version",
+                             description="The retrain-reference flow: train from scratch on the current data version "
+                                         "and register the version with alias 'retrained' (kept if it exists).")
+    retrain.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    retrain.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    retrain.set_defaults(handler=run_retrain)
+
+    compare = sub.add_parser("compare", help="the registered versions of a scenario side by side",
+                             description="Print every registered version of the scenario's model — aliases, role, "
+                                         "method, data version, test/forget accuracy, MIA AUC, certificate, cost — "
+                                         "and log the table as an MLflow artifact (experiment <scenario>-comparisons).")
+    compare.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    compare.set_defaults(handler=run_compare)
+
+    serve = sub.add_parser("serve", help="serve the Prefect deployments (needs PREFECT_API_URL; see make serve)",
+                           description="Register the deployments — process-deletions on a cron schedule, "
+                                       "retrain-reference, train-federated and benchmark on demand — with the Prefect "
+                                       "server in PREFECT_API_URL and run their flow runs until Ctrl-C.")
+    serve.add_argument("--scenario", default=DEFAULT_SCENARIO, help="default scenario of the deployments' forms")
+    serve.add_argument("--cron", help="schedule of the deletion batches (default: daily at 02:00 UTC)")
+    serve.add_argument("--gpu-slots", type=int, default=1, metavar="N",
+                       help="concurrency limit of tasks tagged gpu (default 1: one GPU worker)")
+    serve.set_defaults(handler=run_serve)
+
+
+def run_process(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.cli.requests import print_summary
+    from fedunlearn.cli.train import quiet_task_logs
+    from fedunlearn.requests.folders import BatchInProgress
+    from flows.process import BatchFailed, process_deletions
+    from tasks.workspace import init_workspace
+
+    init_workspace(root)
+    quiet_task_logs()
+    try:
+        result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
+                                   retrain_reference=args.retrain, method_options=args.method_options,
+                                   device=args.device)
+    except BatchInProgress as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except BatchFailed as err:  # the message names the batch, the step and how to resume
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print_summary(result)
+    if "receipt" not in result:
+        return 0
+    print(describe_batch(result))
+    return 1 if result["erasure"]["found"] else 0
+
+
+def describe_batch(result: dict) -> str:
+    """What a processed batch did to the registry, in two lines."""
+    models = result["models"]
+    unlearned = models["unlearned"]["version"]
+    reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
+    gates = (f"gates passed: alias current -> v{unlearned}" if result["promoted"] else
+             "gates FAILED: alias current not moved (see the receipt's gate checks)")
+    return (f"unlearned v{unlearned} ({result['method']}, {result['certificate']}){reference}; {gates}\n"
+            f"receipt: {result['receipt']}")
+
+
+def run_retrain(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.cli.train import quiet_task_logs
+    from flows.reference import retrain_reference
+    from tasks.workspace import init_workspace
+
+    init_workspace(root)
+    quiet_task_logs()
+    result = retrain_reference(scenario=args.scenario, root=str(root), device=args.device)
+    print(f"{args.scenario} v{result['model_version']} (alias 'retrained') on data version {result['data_version']}"
+          f"{' (already there)' if result['reused'] else ''}")
+    return 0
+
+
+def comparison(root: Path, scenario: str) -> str:
+    """The comparison table (markdown), also logged as an MLflow artifact."""
+    from fedunlearn.benchmark.report import markdown_table
+    from tasks.pipeline import log_comparison, registry_table
+
+    rows = registry_table(root, scenario)
+    table = markdown_table(rows, COMPARE_KEYS)
+    log_comparison(root, scenario, rows, table)
+    return table
+
+
+def run_compare(args: argparse.Namespace, root: Path) -> int:
+    print(comparison(root, args.scenario))
+    return 0
+
+
+def run_serve(args: argparse.Namespace, root: Path) -> int:
+    from flows.serve import DEFAULT_CRON, serve_deployments
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise ValueError("set PREFECT_API_URL to a running Prefect server (e.g. http://127.0.0.1:4200/api): "
+                         "`make serve` starts one with the deployments and both UIs")
+    serve_deployments(root, args.scenario, args.cron or DEFAULT_CRON, args.gpu_slots)
+    return 0

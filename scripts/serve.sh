@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `make serve`: the Prefect server and UI, the deployments (fedunlearn serve) and the MLflow UI over
+# mlflow/, all bound to 127.0.0.1. Prints the URLs; Ctrl-C stops all three.
+#   FEDUNLEARN_ROOT (workspace, default .), SCENARIO (default of the forms, mnist5k-hfl),
+#   CRON (deletion batches, default daily 02:00 UTC), PREFECT_PORT (4200), MLFLOW_PORT (5000)
+set -euo pipefail
+set -m  # every background job in its own process group: stopping one stops its workers too
+
+BIN="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
+ROOT="$(cd "${FEDUNLEARN_ROOT:-.}" && pwd)"
+PREFECT_PORT="${PREFECT_PORT:-4200}"
+MLFLOW_PORT="${MLFLOW_PORT:-5000}"
+SCENARIO="${SCENARIO:-mnist5k-hfl}"
+CRON="${CRON:-0 2 * * *}"
+export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"
+export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false GX_ANALYTICS_ENABLED=False
+mkdir -p "$PREFECT_HOME" "$ROOT/mlflow"
+
+pids=()
+stop() {  # the deployments first (they pause themselves on the server), then the servers
+  trap - EXIT INT TERM
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM -- "-${pids[i]}" 2>/dev/null || continue
+    for _ in $(seq 20); do kill -0 "${pids[i]}" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- "-${pids[i]}" 2>/dev/null || true
+  done
+}
+trap stop EXIT INT TERM
+
+wait_for() {  # URL NAME LOG
+  for _ in $(seq 120); do
+    "$BIN/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1" 2>/dev/null \
+      && return 0
+    sleep 1
+  done
+  echo "$2 did not start within 120 s; see $3" >&2
+  exit 1
+}
+
+"$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT" >"$PREFECT_HOME/server.log" 2>&1 &
+pids+=($!)
+"$BIN/mlflow" ui --backend-store-uri "sqlite:///$ROOT/mlflow/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" \
+  >"$ROOT/mlflow/ui.log" 2>&1 &
+pids+=($!)
+wait_for "$PREFECT_API_URL/health" "The Prefect server" "$PREFECT_HOME/server.log"
+"$BIN/fedunlearn" --root "$ROOT" serve --scenario "$SCENARIO" --cron "$CRON" >"$PREFECT_HOME/serve.log" 2>&1 &
+pids+=($!)
+wait_for "http://127.0.0.1:$MLFLOW_PORT/health" "The MLflow UI" "$ROOT/mlflow/ui.log"
+
+cat <<INFO
+
+Prefect UI   http://127.0.0.1:$PREFECT_PORT/deployments   (Run ▸ Quick run / Custom run on process-deletions)
+MLflow UI    http://127.0.0.1:$MLFLOW_PORT/#/models/$SCENARIO
+Deployments: process-deletions/deletion-batches (cron '$CRON'), retrain-reference/on-demand,
+             train-federated/on-demand, benchmark/on-demand; log: $PREFECT_HOME/serve.log
+Submit a request, then run the batch from the UI:
+  $BIN/fedunlearn --root $ROOT request samples --scenario $SCENARIO --ids \$($BIN/fedunlearn --root $ROOT ids --scenario $SCENARIO --limit 5)
+Ctrl-C stops the Prefect server, the deployments and the MLflow UI.
+INFO
+wait -n
+echo "a service stopped; stopping the others (logs: $PREFECT_HOME/server.log, serve.log, $ROOT/mlflow/ui.log)" >&2

@@ -1,0 +1,185 @@
+"""End to end as a platform team runs it: a real Prefect server (a subprocess with its own home),
+the deployments served by `fedunlearn serve` (another subprocess), a deletion batch triggered
+through the Prefect API as the UI's Run button does, then the registry (original, retrained and
+unlearned versions, their tags and aliases), the receipt linking them, and the flow run's artifacts.
+The helpers here also start the services of the UI screenshot test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SCENARIO = "digits-hfl"
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def tail(self) -> str:
+        return f"--- {self.name} ({self.log}):\n" + self.log.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        """The whole process group: servers and runners start workers of their own."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+class Services:
+    """Subprocesses started for one test; ``stop_all`` (a finalizer) stops every one, in reverse."""
+
+    def __init__(self, directory: Path, env: dict[str, str]):
+        self.directory, self.env, self.started = directory, env, []
+
+    def start(self, name: str, args: list[str]) -> Service:
+        log = self.directory / f"{name}.log"
+        process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env,
+                                   cwd=PROJECT_ROOT, start_new_session=True)
+        self.started.append(Service(name, process, log))
+        return self.started[-1]
+
+    def wait_for(self, url: str, service: Service, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if service.process.poll() is not None:
+                raise RuntimeError(f"{service.name} exited with {service.process.returncode}\n{service.tail()}")
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"{service.name} did not answer {url} within {timeout:.0f} s\n{service.tail()}")
+
+    def logs(self) -> str:
+        return "\n".join(service.tail() for service in self.started)
+
+    def stop_all(self) -> None:
+        for service in reversed(self.started):
+            service.stop()
+
+
+def start_prefect(services: Services) -> tuple[str, Service]:
+    """``prefect server start`` on a free port (about 17 s until healthy: wait with
+    ``services.wait_for(api + "/health", server)``). Every later subprocess, and the UI the server
+    hands to browsers, use its API URL."""
+    port = free_port()
+    api = services.env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    return api, services.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                                   "--port", str(port)])
+
+
+def serve_deployments(services: Services, workspace: Path) -> Service:
+    return services.start("deployments", [str(BIN / "fedunlearn"), "--root", str(workspace), "serve", "--scenario",
+                                          SCENARIO, "--cron", "0 3 * * *"])
+
+
+def wait_for_deployment(name: str, service: Service, timeout: float = START_TIMEOUT_S):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            if service.process.poll() is not None:
+                raise RuntimeError(f"the deployments exited\n{service.tail()}")
+            try:
+                return client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                time.sleep(0.5)
+    raise TimeoutError(f"deployment {name} not registered within {timeout:.0f} s\n{service.tail()}")
+
+
+@pytest.fixture
+def services(tmp_path, request) -> Services:
+    home = tmp_path / "prefect-server-home"
+    home.mkdir()
+    # One intra-op thread per flow run: the test machine has two cores and the runs are tiny.
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "OMP_NUM_THREADS": "1"}
+    started = Services(tmp_path, env)
+    request.addfinalizer(started.stop_all)
+    return started
+
+
+def test_a_batch_run_through_the_prefect_api_registers_unlearned_and_retrained_versions(workspace, services):
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from fedunlearn.cli import main
+    from fedunlearn.data.store import load_horizontal
+    from fedunlearn.receipts import read_receipt
+    from flows.serve import BATCH_DEPLOYMENT
+    from flows.train import train_federated
+    from tasks.tracking import tracking_uri
+
+    api, server = start_prefect(services)
+    services.wait_for(f"{api}/health", server)
+    deployments = serve_deployments(services, workspace)
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        train_federated(scenario=SCENARIO, root=str(workspace), client_tasks=False)  # the original, meanwhile
+        ids = load_horizontal(SCENARIO, workspace).clients[2].sample_ids[:10].tolist()
+        assert main(["--root", str(workspace), "request", "samples", "--scenario", SCENARIO, "--ids", *ids]) == 0
+
+        deployment = wait_for_deployment(f"process-deletions/{BATCH_DEPLOYMENT}", deployments)
+        schema = deployment.parameter_openapi_schema
+        assert "puf-special" in schema["definitions"]["MethodChoice"]["enum"]  # the UI's form: a select
+        assert {"requests", "gates", "retrain_reference"} <= set(schema["properties"])
+        assert deployment.parameters == {"root": str(workspace), "scenario": SCENARIO}
+        assert deployment.schedules[0].schedule.cron == "0 3 * * *" and not deployment.paused
+
+        run = run_deployment(f"process-deletions/{BATCH_DEPLOYMENT}", parameters={"retrain_reference": True},
+                             timeout=240, poll_interval=2)
+        assert run.state.is_completed(), f"{run.state}\n{services.logs()}"
+        with get_client(sync_client=True) as client:
+            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            assert client.read_concurrency_limit_by_tag("gpu").concurrency_limit == 1
+
+    registry = MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
+    versions = {v.tags["role"]: v for v in registry.search_model_versions(f"name='{SCENARIO}'")}
+    assert sorted(versions) == ["original", "retrained", "unlearned"]
+    unlearned = versions["unlearned"]
+    receipt = read_receipt(workspace, unlearned.tags["batch_id"])
+    assert receipt is not None, services.logs()
+    assert receipt.request_ids and receipt.forgotten_per_client == {"2": 10}
+    assert unlearned.tags["method"] == receipt.method == "puf-special"
+    assert unlearned.tags["certificate"] == receipt.certificate["guarantee"]
+    assert unlearned.tags["data_version"] == versions["retrained"].tags["data_version"] == receipt.data_version_after
+    assert versions["original"].tags["data_version"] == receipt.data_version_before
+    assert {role: str(v.version) for role, v in versions.items()} == {
+        role: receipt.models[name].version for role, name in (("original", "original"), ("unlearned", "unlearned"),
+                                                              ("retrained", "retrained"))}
+    aliases = registry.get_registered_model(SCENARIO).aliases
+    expected = {"original": versions["original"].version, "retrained": versions["retrained"].version,
+                **({"current": unlearned.version} if receipt.gates.passed else {})}
+    assert {alias: str(v) for alias, v in aliases.items()} == {alias: str(v) for alias, v in expected.items()}
+    assert receipt.promoted == receipt.gates.passed and receipt.gates.policy == "vs retrained reference"
+    assert {(a.key, a.type) for a in artifacts} >= {("deletion-receipt", "markdown"),
+                                                    ("deletion-batch-models", "table")}
