@@ -123,7 +123,18 @@ def services(tmp_path, request) -> Services:
            "OMP_NUM_THREADS": "1"}
     started = Services(tmp_path, env)
     request.addfinalizer(started.stop_all)
+    request.addfinalizer(drain_prefect_workers)  # finalizers run last-in first-out: this one first
     return started
+
+
+def drain_prefect_workers() -> None:
+    """Flush this process's Prefect log and event workers while the server they were bound to
+    still runs; left for later, the next test's harness would wait on them forever."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    EventsWorker.drain_all(timeout=30)
 
 
 def test_a_batch_run_through_the_prefect_api_registers_unlearned_and_retrained_versions(workspace, services):
