@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo serve test install clean-data
+.PHONY: demo serve test reliability install clean-data
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input
+# generation, concurrent batches; prints the figures at the end. `make test` runs a fast subset of it.
+reliability: $(STAMP)
+	RELIABILITY_FULL=1 $(BIN)/python -m pytest -q tests/reliability
 
 clean-data:
 	rm -rf data/raw data/partitions dvc.lock .prefect mlflow/mlflow.db mlflow/artifacts

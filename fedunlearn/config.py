@@ -57,6 +57,9 @@ class ScenarioConfig(_Strict):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     topology: TopologyConfig | None = Field(None, description="DFL only (default: a ring)")
     train: TrainConfig = Field(default_factory=TrainConfig)
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads while the benchmark and the deletion "
+                                "batches compute (None: torch's default, one per core); 1 suits models whose steps "
+                                "are too small for a second thread to pay off")
 
     @model_validator(mode="after")
     def _partition_matches_setting(self) -> "ScenarioConfig":

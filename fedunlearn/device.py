@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
@@ -22,3 +25,17 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device 'mps' requested but MPS is not available; use --device auto or cpu")
     return torch.device(name)
+
+
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then
+    restore the previous number. A scenario's ``threads`` (params.yaml) uses it for small models,
+    whose kernels are too short for a second thread to pay for its synchronisation."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

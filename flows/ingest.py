@@ -18,6 +18,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from fedunlearn.config import load_params
+from fedunlearn.faults import failpoint
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, record_path
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.model import DeletionRequestModel
@@ -35,6 +36,7 @@ def finish_batch(workspace: Path, record: BatchRecord) -> BatchRecord:
     if record.status in (BatchStatus.FORMED, BatchStatus.LEDGER_APPENDED, BatchStatus.VERSIONED):
         fingerprints = capture_fingerprints(workspace, record)
     if record.status is BatchStatus.FORMED:
+        failpoint("after-ingest")
         record = append_ledger(workspace, record)
     if record.status is BatchStatus.LEDGER_APPENDED:
         record = reproduce_versions(workspace, record)

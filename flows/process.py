@@ -32,8 +32,9 @@ from prefect import flow, get_run_logger
 from fedunlearn.benchmark.runner import BenchmarkSetup, make_row
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.config import load_params
-from fedunlearn.device import resolve_device
+from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.faults import failpoint
 from fedunlearn.receipts import GateOutcome, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchPlan, BatchRecord, QuarantineNote, Triage, record_path
 from fedunlearn.requests.folders import RequestFolders, batch_lock
@@ -45,9 +46,11 @@ from tasks import workspace as data_versions
 from tasks.benchmark import build_evaluator, build_method, evaluate, unlearn
 from tasks.pipeline import (LoadedModel, PromotionGates, alias_ref, apply_gates, find_reference, load_data_version,
                             load_source_model, log_reference_metrics, move_alias, prepare_batch, register_version,
-                            unlearning_backlog, version_metrics, write_receipt)
+                            registered_for_batch, registered_outcome, unlearning_backlog, version_metrics,
+                            write_receipt)
 from tasks.requests import (collect_inbox, file_applied_requests, open_batch, quarantine_requests,
                             recover_interrupted_batches, submit_requests, validate_requests)
+from tasks.timing import FlowClock
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
 DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
@@ -105,6 +108,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     the Prefect UI) are written to the inbox first. ``method`` ``auto`` picks the setting's default;
     ``retrain_reference`` also retrains the gold standard on the new data version, which the gates
     then compare with. With nothing pending the run changes nothing."""
+    clock = FlowClock()
     workspace = Path(root).resolve()
     params = load_params(workspace / "params.yaml")
     setting = params.scenario(scenario).setting
@@ -112,7 +116,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     folders = RequestFolders.create(workspace)
     if requests:
         submit_requests(workspace, scenario, requests)
-    with batch_lock(folders):
+    with batch_lock(folders), intra_op_threads(params.scenario(scenario).threads):
         resumed = [finish_batch(workspace, record) for record in recover_interrupted_batches(workspace)]
         record = unlearning_backlog(workspace, scenario)
         intake = Intake() if record else take_requests(workspace, scenario)
@@ -129,7 +133,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                                                                                  intake.plan.entries)
         dev = resolve_device(device or params.device)
         fed_state = load_data_version(workspace, scenario, params, dev, before)
-        source = load_source_model(workspace, scenario, before)
+        registered = registered_for_batch(workspace, scenario, "unlearned", batch_id)  # killed after registering
+        source = load_source_model(workspace, scenario, before, registered)
         setup = prepare_batch(scenario, fed_state, batch_id, entries)
         build_method(name, setting, setup.batch.kind, None, options)  # an unsupported method stops here
         record = record or open_batch(workspace, intake.plan, intake.quarantined, False)
@@ -140,10 +145,14 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             evaluator = build_evaluator(setup)
             source_metrics, _ = evaluate(evaluator, f"source-v{source.ref.version}",
                                          fed_state.model_from(on_device(source.state, dev)), None)
-            # PUF recovers until the source model's test accuracy: no reference exists yet.
-            outcome, certificate = unlearn(setup, on_device(source.state, dev), name, source_metrics["test_acc"],
-                                           options)
-            model = fed_state.model_from(outcome.state)
+            if registered is None:
+                # PUF recovers until the source model's test accuracy: no reference exists yet.
+                outcome, certificate = unlearn(setup, on_device(source.state, dev), name,
+                                               source_metrics["test_acc"], options)
+            else:
+                outcome, certificate = registered_outcome(workspace, scenario, registered)
+                name = certificate.method
+            model = fed_state.model_from(on_device(outcome.state, dev))
             metrics, _ = evaluate(evaluator, name, model, None)
         with stage(record, "register"):
             unlearned = register_version(
@@ -155,6 +164,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                  "forget_samples": setup.batch.num_forget, "data_version_before": before,
                  "source_version": source.ref.version, **options},
                 version_metrics({**metrics, **asdict(outcome.cost)}), {"certificate.json": certificate.to_json()})
+        failpoint("after-registration")
         with stage(record, "retrained reference"):
             if retrain_reference:
                 retrain_reference_flow(scenario=scenario, root=str(workspace), device=device, batch_id=batch_id)
@@ -172,15 +182,17 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             gate = apply_gates(row, reference_row, source_metrics, gates)
             if gate.passed:
                 move_alias(workspace, scenario, "current", unlearned.version)
+            failpoint("after-alias-move")
             receipt = batch_receipt(workspace, record, setup, name, certificate, gate,
                                     {"source": source, "unlearned": unlearned, "retrained": reference},
                                     {"source": source_metrics, "unlearned": row, "retrained": reference_row})
             path = write_receipt(workspace, receipt)
+            failpoint("after-receipt")
     print(receipt.markdown())
     return {**summarize(folders, scenario, record, resumed, intake.inbox, intake.quarantined, intake.already_applied),
             "method": name, "certificate": certificate.guarantee, "promoted": receipt.promoted,
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
-            "receipt": path.relative_to(workspace).as_posix()}
+            "receipt": path.relative_to(workspace).as_posix(), "timings": clock.split()}
 
 
 def batch_receipt(workspace: Path, record: BatchRecord, setup: BenchmarkSetup, method: str, certificate: Certificate,

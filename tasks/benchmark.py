@@ -13,9 +13,11 @@ from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.benchmark import cache, runner
 from fedunlearn.certify.certificate import Certificate
+from fedunlearn.faults import failpoint
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.registry import get_method_class
 from tasks import tracking
+from tasks.timing import core_compute
 
 GPU_TAG = "gpu"
 
@@ -44,10 +46,13 @@ def build_method(name: str, setting: str, kind: str, retrain_test_acc: float | N
 
 
 @task(name="unlearn", cache_policy=NO_CACHE, tags=[GPU_TAG], task_run_name="unlearn-{name}")
+@core_compute
 def unlearn(setup: runner.BenchmarkSetup, original: dict, name: str, retrain_test_acc: float | None,
-            options: dict[str, Any]):
+            options: dict[str, Any], timings: int = 1):
+    """``timings``: see ``runner.run_method`` (the benchmark times short runs several times)."""
     method = build_method(name, setup.fed_state.setting, setup.batch.kind, retrain_test_acc, options)
-    outcome = runner.run_method(setup, original, method)
+    outcome = runner.run_method(setup, original, method, timings)
+    failpoint("during-unlearning")
     return outcome, runner.method_certificate(setup, method, outcome)
 
 
@@ -59,11 +64,13 @@ def audit_ulira(setup: runner.BenchmarkSetup, name: str, retrain_test_acc: float
 
 
 @task(name="build-evaluator", cache_policy=NO_CACHE)
+@core_compute
 def build_evaluator(setup: runner.BenchmarkSetup) -> runner.Evaluator:
     return runner.Evaluator(setup)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, task_run_name="evaluate-{name}")
+@core_compute
 def evaluate(evaluator: runner.Evaluator, name: str, model: torch.nn.Module, reference: torch.nn.Module | None):
     return evaluator.evaluate(model, reference)
 

@@ -29,9 +29,10 @@ from pydantic import Field
 from fedunlearn.benchmark import runner
 from fedunlearn.benchmark.settings import load_federation
 from fedunlearn.benchmark.spec import RequestSpec
-from fedunlearn.certify.certificate import GUARANTEES, NOT_CERTIFIED, Gates, evaluate_gates
+from fedunlearn.certify.certificate import GUARANTEES, NOT_CERTIFIED, Certificate, Gates, evaluate_gates
 from fedunlearn.config import Params
 from fedunlearn.data.store import PARTITIONS_DIR
+from fedunlearn.evaluation.cost import CostRecord
 from fedunlearn.federation.local import Tensors
 from fedunlearn.receipts import VERSION_METRICS, GateCheck, GateOutcome, ModelRef, Receipt, read_receipt
 from fedunlearn.receipts import write_receipt as write_receipt_file
@@ -39,7 +40,9 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.ledger import LedgerEntry
 from fedunlearn.unlearning import DeletionBatch
+from fedunlearn.unlearning.base import Outcome
 from tasks import tracking, workspace
+from tasks.timing import core_compute
 
 SOURCE_ALIASES = ("current", "retrained", "original")
 
@@ -65,6 +68,7 @@ def checkout_from_cache(root: Path, scenario: str, data_version: str, into: Path
 
 
 @task(name="load-data-version", cache_policy=NO_CACHE)
+@core_compute
 def load_data_version(root: Path, scenario: str, params: Params, device: torch.device, data_version: str):
     """The federation of ``data_version`` with the samples a batch deletes still in it: the
     workspace's files while they are that version (a fresh batch, before its ledger append),
@@ -107,6 +111,7 @@ def deletion_batch(batch_id: str, entries: list[LedgerEntry], clients: list[Tens
 
 
 @task(name="prepare-batch", cache_policy=NO_CACHE)
+@core_compute
 def prepare_batch(scenario: str, fed_state: Any, batch_id: str, entries: list[LedgerEntry]) -> runner.BenchmarkSetup:
     """The forget set per client and the evaluation sets, from the data before the batch."""
     batch = deletion_batch(batch_id, entries, fed_state.clients)
@@ -154,10 +159,22 @@ def model_at(root: Path, scenario: str, data_version: str, aliases: tuple[str, .
     return None
 
 
+def load_version(root: Path, scenario: str, version: str) -> LoadedModel:
+    found = tracking.use_store(root).get_model_version(scenario, version)
+    state, _ = tracking.load_weights(root, scenario, version=version)
+    return LoadedModel(version_ref(found), state, tracking.use_store(root).get_run(found.run_id).data.metrics)
+
+
 @task(name="load-source-model", cache_policy=NO_CACHE)
-def load_source_model(root: Path, scenario: str, data_version: str) -> LoadedModel:
+def load_source_model(root: Path, scenario: str, data_version: str,
+                      registered: ModelRef | None = None) -> LoadedModel:
     """The version to unlearn from: it must know exactly the data before the batch, so the first
-    of the aliases current, retrained, original on that data version."""
+    of the aliases current, retrained, original on that data version — or, for a batch whose
+    unlearned version is ``registered`` already (a run killed after registering, perhaps after
+    moving ``current`` to it), the source that version records."""
+    if registered is not None:
+        source = tracking.use_store(root).get_model_version(scenario, registered.version).tags["source_version"]
+        return load_version(root, scenario, source)
     found = model_at(root, scenario, data_version, SOURCE_ALIASES)
     if found is None:
         seen = {alias: (v.version, v.tags.get("data_version")) for alias in SOURCE_ALIASES
@@ -187,6 +204,7 @@ def version_metrics(row: dict[str, Any]) -> dict[str, float]:
     return {key: measured(row, key) for key in VERSION_METRICS}
 
 
+@task(name="find-registered-version", cache_policy=NO_CACHE)
 def registered_for_batch(root: Path, scenario: str, role: str, batch_id: str) -> ModelRef | None:
     versions = tracking.use_store(root).search_model_versions(
         f"name='{scenario}' and tags.batch_id='{batch_id}' and tags.role='{role}'")
@@ -211,6 +229,23 @@ def register_version(root: Path, scenario: str, model: torch.nn.Module, example:
     version = tracking.register_model(root, run_id, model, example, scenario, tags, alias=None)
     tracking.end_run(root, run_id)
     return ModelRef(version=version, role=tags["role"], data_version=tags["data_version"], run_id=run_id)
+
+
+@task(name="load-registered-outcome", cache_policy=NO_CACHE)
+def registered_outcome(root: Path, scenario: str, ref: ModelRef) -> tuple[Outcome, Certificate]:
+    """The outcome of a batch's unlearning as it was registered before a crash: its weights, its
+    run's cost metrics and its certificate.json. A resumed batch reports this model, not a new
+    one (a method with fresh noise would otherwise be evaluated on weights nobody registered)."""
+    client = tracking.use_store(root)
+    state, _ = tracking.load_weights(root, scenario, version=ref.version)
+    metrics = client.get_run(ref.run_id).data.metrics
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = Certificate.from_json(Path(client.download_artifacts(ref.run_id, "certificate.json",
+                                                                           tmp)).read_text())
+    cost = CostRecord(metrics.get("wall_seconds", math.nan), metrics.get("flops", math.nan),
+                      int(metrics.get("comm_bytes", 0)))
+    return Outcome(state, cost, notes={"resumed": f"registered as v{ref.version} before the run was interrupted"}), \
+        certificate
 
 
 @task(name="log-reference-metrics", cache_policy=NO_CACHE)

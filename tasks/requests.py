@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.config import Params, load_params
 from fedunlearn.data.datasets import load_source
 from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR
+from fedunlearn.faults import failpoint
 from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import (BatchPlan, BatchRecord, BatchStatus, PendingRequest, QuarantineNote,
                                        Rejection, Triage, VersionChange, load_records, new_batch_id, plan_batch,
@@ -268,6 +269,7 @@ def append_ledger(root: Path, record: BatchRecord) -> BatchRecord:
     """Append one entry per request (skipping those already there) and fsync."""
     ledger = _ledger(root)
     ledger.append(record.requests)
+    failpoint("after-ledger-append")
     written = ledger.by_request()
     return record.advance(_folders(root), BatchStatus.LEDGER_APPENDED,
                           requests=[written[e.request_id] for e in record.requests],

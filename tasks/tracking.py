@@ -73,20 +73,23 @@ def register_model(root: Path, run_id: str, model: nn.Module, input_example: tor
             weights = Path(tmp) / Path(WEIGHTS_ARTIFACT).name
             torch.save(model.state_dict(), weights)
             mlflow.log_artifact(str(weights), artifact_path=str(Path(WEIGHTS_ARTIFACT).parent))
+        # Named requirements: inferring them runs a subprocess that imports the model (~6 s per version).
         info = mlflow.pytorch.log_model(model, name="model", input_example=input_example.cpu().numpy(),
-                                        registered_model_name=name)
-    version = str(info.registered_model_version)
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, str(value))
+                                        pip_requirements=mlflow.pytorch.get_default_pip_requirements())
+    # The tags in the same call that creates the version: a process killed in between must not
+    # leave an untagged version that a re-run cannot recognise as its batch's (and registers again).
+    version = str(mlflow.register_model(info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version)
     if alias:
         client.set_registered_model_alias(name, alias, version)
     return version
 
 
-def load_weights(root: Path, name: str, alias: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The state dict and tags of the version ``name@alias`` (weights_only: no unpickling)."""
+def load_weights(root: Path, name: str, alias: str | None = None, *,
+                 version: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state dict and tags of the version ``name@alias`` or ``name`` v``version`` (weights_only:
+    no unpickling)."""
     client = use_store(root)
-    version = client.get_model_version_by_alias(name, alias)
+    version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
     with tempfile.TemporaryDirectory() as tmp:
         path = client.download_artifacts(version.run_id, WEIGHTS_ARTIFACT, tmp)
         state = torch.load(path, map_location="cpu", weights_only=True)

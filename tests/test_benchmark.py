@@ -136,3 +136,46 @@ def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario,
         assert outcome.cost.wall_seconds > 0 and metrics["test_acc"] > 0.5
     if setup.batch.labels:  # class removal: the forgotten class is no longer recognised
         assert original_metrics["forgotten_classes_test_acc"] > 0.8 > metrics["forgotten_classes_test_acc"]
+
+
+def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first_outcome():
+    import dataclasses
+
+    from fedunlearn.benchmark.runner import run_method
+    from fedunlearn.evaluation.cost import CostRecord
+    from fedunlearn.unlearning.base import Outcome
+
+    @dataclasses.dataclass
+    class Federation:
+        state: dict
+
+    class Timed:
+        """Reports the wall times it is given, one per call, and which call produced the outcome."""
+
+        def __init__(self, seconds):
+            self.seconds, self.calls = list(seconds), 0
+
+        def unlearn(self, fed_state, batch):
+            self.calls += 1
+            return Outcome({"call": self.calls}, CostRecord(wall_seconds=self.seconds[self.calls - 1]))
+
+    setup = type("Setup", (), {"fed_state": Federation({}), "batch": None})()
+    fast = Timed([0.09, 0.03, 0.02, 0.5, 0.025])
+    outcome = run_method(setup, {}, fast, timings=5)
+    assert fast.calls == 5 and outcome.state == {"call": 1} and outcome.cost.wall_seconds == 0.03
+    assert outcome.notes["wall_seconds_runs"] == [0.09, 0.03, 0.02, 0.5, 0.025]
+    slow = Timed([1.5])
+    assert run_method(setup, {}, slow, timings=5).cost.wall_seconds == 1.5 and slow.calls == 1
+    once = Timed([0.01])
+    assert run_method(setup, {}, once).cost.wall_seconds == 0.01 and once.calls == 1  # the deletion pipeline
+
+
+def test_a_scenarios_threads_apply_inside_the_block_and_are_restored_after():
+    from fedunlearn.device import intra_op_threads
+
+    before = torch.get_num_threads()
+    with intra_op_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before
+    with intra_op_threads(None):
+        assert torch.get_num_threads() == before

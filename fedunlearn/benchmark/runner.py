@@ -107,9 +107,33 @@ def train_original(setup: BenchmarkSetup) -> TrainedModel:
     return TrainedModel(*train_federation(setup.fed_state, setup.batch))
 
 
-def run_method(setup: BenchmarkSetup, original: State, method: UnlearningMethod) -> Outcome:
-    """Apply ``method`` to a copy of the original federation (never to another method's result)."""
-    return method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch)
+# In a benchmark a run shorter than this is timed again: one scheduler hiccup of tens of
+# milliseconds (a Prefect log flush, another process) would otherwise be the whole measurement.
+SHORT_RUN_SECONDS = 1.0
+BENCHMARK_TIMINGS = 5
+
+
+def run_method(setup: BenchmarkSetup, original: State, method: UnlearningMethod, timings: int = 1) -> Outcome:
+    """Apply ``method`` to a copy of the original federation (never to another method's result).
+    With ``timings`` > 1 (the benchmark), a run under ``SHORT_RUN_SECONDS`` is repeated until
+    there are that many timings; the first run's outcome is kept, its wall time becomes their
+    median and ``notes["wall_seconds_runs"]`` lists them. Retrain follows the same rule, so
+    speed-ups compare like with like."""
+    outcome = method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch)
+    if timings <= 1 or outcome.cost.wall_seconds >= SHORT_RUN_SECONDS:
+        return outcome
+    runs = [outcome.cost.wall_seconds] + [
+        method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch).cost.wall_seconds
+        for _ in range(timings - 1)]
+    outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=float(np.median(runs)))
+    outcome.notes = {**outcome.notes, "wall_seconds_runs": [round(t, 4) for t in runs]}
+    return outcome
+    timings = [outcome.cost.wall_seconds] + [
+        method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch).cost.wall_seconds
+        for _ in range(SHORT_RUN_TIMINGS - 1)]
+    outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=float(np.median(timings)))
+    outcome.notes = {**outcome.notes, "wall_seconds_runs": [round(t, 4) for t in timings]}
+    return outcome
 
 
 class Evaluator:

@@ -6,9 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from fedunlearn.benchmark.spec import _FORMS
+from fedunlearn.benchmark.spec import _FORMS, parse_request
 from fedunlearn.cli.data import DEFAULT_SCENARIO
 from fedunlearn.device import DEVICE_CHOICES
+
+REGRESSION_EXIT = 3  # the run itself succeeded; a method got worse than the baseline
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,15 +36,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--ulira", type=int, default=0, metavar="K",
                        help="add the per-example U-LiRA audit with K pairs of shadow federations per method "
                             "(costs 2K trainings per method: small scenarios only)")
+    bench.add_argument("--compare", type=Path, metavar="OLD.json",
+                       help="regression guard: compare with the results.json of an earlier run of the same scenario "
+                            "and request; a method whose gap to retrain grew, whose speed-up fell or whose "
+                            "certificate weakened is flagged, DIR/comparison.json written, and the exit status is "
+                            f"{REGRESSION_EXIT}")
+    bench.add_argument("--quality-tolerance", type=float, default=0.02, metavar="X",
+                       help="with --compare: how much a gap to retrain may grow, absolute (default 0.02)")
+    bench.add_argument("--speed-tolerance", type=float, default=0.25, metavar="X",
+                       help="with --compare: how much a speed-up may fall, relative (default 0.25)")
     bench.set_defaults(handler=run_benchmark)
 
 
 def run_benchmark(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
     from fedunlearn.cli.train import quiet_task_logs
     from flows.benchmark import benchmark
     from tasks.workspace import init_workspace
 
+    baseline = load_baseline(args.compare) if args.compare else None
+    if baseline is not None:  # a wrong baseline fails before any work
+        require_same_run(baseline, args.scenario, parse_request(args.request).text)
     init_workspace(root)
     quiet_task_logs()
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
@@ -51,4 +66,10 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
                      ulira_pairs=args.ulira, rounds=args.rounds, local_epochs=args.local_epochs)
     print("\n" + markdown_table(rows, SUMMARY_KEYS))
     print(f"\nwrote {out}/results.json, results.md, plots and certificates/")
-    return 0
+    if baseline is None:
+        return 0
+    comparison = compare(json.loads((out / "results.json").read_text()), baseline,
+                         quality_tolerance=args.quality_tolerance, speed_tolerance=args.speed_tolerance)
+    (out / "comparison.json").write_text(comparison.to_json())
+    print("\n" + comparison.markdown())
+    return REGRESSION_EXIT if comparison.regressions else 0

@@ -93,8 +93,12 @@ def describe_batch(result: dict) -> str:
     reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
     gates = (f"gates passed: alias current -> v{unlearned}" if result["promoted"] else
              "gates FAILED: alias current not moved (see the receipt's gate checks)")
+    timings = result["timings"]
     return (f"unlearned v{unlearned} ({result['method']}, {result['certificate']}){reference}; {gates}\n"
-            f"receipt: {result['receipt']}")
+            f"receipt: {result['receipt']}\n"
+            f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "
+            f"evaluation), orchestration {timings['orchestration_seconds']:.1f} s "
+            f"({timings['orchestration_share']:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")
 
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:

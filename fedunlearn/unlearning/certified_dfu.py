@@ -122,6 +122,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -309,12 +310,24 @@ class FlatObjective:
 class CurvatureStatistics:
     """The stored auxiliary statistic (the paper's T_i, Step 4): per client the curvature SUM over
     its samples at ``point``, stacked (clients × d × d, or clients × d for the Fisher), and its
-    sample count (0: the client has left)."""
+    sample count (0: the client has left). After a batch the forget samples' share (``removed``:
+    the clients and their forget sums) is taken out when ``sums`` is first read — by the next
+    batch — as every node would update its own statistic after the release, not before it."""
 
     kind: str
     point: torch.Tensor
-    sums: torch.Tensor
+    stored_sums: torch.Tensor
     counts: tuple[int, ...]
+    removed: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    @cached_property
+    def sums(self) -> torch.Tensor:
+        if self.removed is None:
+            return self.stored_sums
+        partial, forget_sums = self.removed
+        sums = self.stored_sums.clone()  # in place on a copy: index_add's out-of-place form is several times slower
+        sums.index_add_(0, torch.as_tensor(partial, dtype=torch.long, device=sums.device), forget_sums, alpha=-1)
+        return sums
 
     def without(self, forget_counts: dict[int, int], partial: list[int],
                 forget_sums: torch.Tensor | None) -> "CurvatureStatistics":
@@ -322,16 +335,29 @@ class CurvatureStatistics:
         samples' sums taken out of the clients that keep data (``partial``, in the order of
         ``forget_sums``); a client left with no samples has count 0 and no weight."""
         counts = tuple(n - forget_counts.get(i, 0) for i, n in enumerate(self.counts))
-        if not partial:
-            return replace(self, counts=counts)
-        index = torch.as_tensor(partial, dtype=torch.long, device=self.sums.device)
-        return replace(self, sums=self.sums.index_add(0, index, forget_sums, alpha=-1), counts=counts)
+        return replace(self, stored_sums=self.sums, counts=counts,
+                       removed=(tuple(partial), forget_sums) if partial else None)
 
     def mean_curvature(self) -> torch.Tensor:
         """(1/|K|) Σ_{i∈K} sums_i / n_i over the clients K with samples."""
+        return torch.tensordot(self._weights(), self.sums, dims=1).double()
+
+    def mean_curvature_without(self, forget_counts: dict[int, int], partial: list[int],
+                               forget_sums: torch.Tensor | None) -> torch.Tensor:
+        """``without(...).mean_curvature()`` from the stored sums and the forget samples' share
+        directly: the first Newton step waits for this one matrix, not for the whole statistic."""
+        weights = self.without(forget_counts, [], None)._weights()
+        mean = torch.tensordot(weights, self.sums, dims=1)
+        if partial:
+            mean -= torch.tensordot(weights[torch.as_tensor(partial, dtype=torch.long, device=weights.device)],
+                                    forget_sums, dims=1)
+        return mean.double()
+
+    def _weights(self) -> torch.Tensor:
+        """1/(|K| n_i) for the clients K with samples, 0 for those without."""
         counts = torch.as_tensor(self.counts, dtype=self.sums.dtype, device=self.sums.device)
         weights = torch.where(counts > 0, 1.0 / counts.clamp(min=1), torch.zeros_like(counts))
-        return torch.tensordot(weights / int((counts > 0).sum()), self.sums, dims=1).double()
+        return weights / int((counts > 0).sum())
 
 
 def compute_statistics(problem: FlatObjective, kind: str, point: torch.Tensor,
@@ -503,12 +529,12 @@ class CertifiedDFU(UnlearningMethod):
         if partial:
             x, y, group = problem.grouped([forget[c] for c in partial])
             forget_sums = problem.curvature_sums(self.hessian, statistics.point, x, y, group, len(partial))
-        kept = statistics.without({c: len(d) for c, d in forget.items()}, partial, forget_sums)
+        forget_counts = {c: len(d) for c, d in forget.items()}
+        solve = _solver(statistics.mean_curvature_without(forget_counts, partial, forget_sums), problem.lam + self.damping)
         active = [i for i, c in enumerate(retained) if len(c)]
         x, y, _ = problem.grouped([retained[i] for i in active])
         w = torch.cat([torch.full((len(retained[i]),), 1.0 / (len(active) * len(retained[i])), dtype=torch.float64,
                                   device=x.device) for i in active])
-        solve = _solver(kept.mean_curvature(), problem.lam + self.damping)
         gradient = problem.gradient(theta, x, y, w)
         norms = [float(gradient.norm())]
         best = (norms[0], theta)
@@ -526,6 +552,8 @@ class CertifiedDFU(UnlearningMethod):
                 kept = compute_statistics(problem, self.hessian, theta, retained)
                 solve = _solver(kept.mean_curvature(), problem.lam + self.damping)
                 refreshes += 1
+        if not refreshes:  # the statistic carried to the next batch: the stored one less this batch's samples
+            kept = statistics.without(forget_counts, partial, forget_sums)
         d = problem.num_params
         steps = len(norms) - 1
         solves = (d ** 3 / 3) * (1 + refreshes) + 2 * d ** 2 * steps if self.hessian == "exact" else d * steps

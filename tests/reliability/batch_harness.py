@@ -1,0 +1,356 @@
+"""Shared by the fault-injection and concurrency tests (issue #10): one Prefect server for a test
+module, `fedunlearn` CLI processes driven against one trained digits-hfl workspace, and the
+exactly-once invariants read back from the real stores (ledger, batch journal, request folders,
+MLflow registry, receipts).
+
+Every CLI run (training included) is a separate process in its own session (process group), with
+its own PREFECT_HOME, talking to the module's server. Without PREFECT_API_URL each run would start
+Prefect's ephemeral server, a child process that costs seconds to start and that a SIGKILLed run
+would leave orphaned. The process group shows whether a killed run left any child behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Callable, Iterator
+
+from filelock import FileLock
+
+from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from fedunlearn.faults import FAILPOINT_VARIABLE
+from fedunlearn.receipts import RECEIPTS_DIR, read_receipt
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
+from fedunlearn.requests.folders import RequestFolders
+from fedunlearn.requests.inbox import submit_request
+from fedunlearn.requests.ledger import Ledger, LedgerEntry
+from fedunlearn.requests.model import RequestKind, build_request
+from tasks.workspace import init_workspace
+
+SCENARIO = "digits-hfl"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SERVER_START_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 300
+# Metrics that a re-run recomputes: the receipt's must equal those of the registered version's run.
+COMPARED_METRICS = ("test_acc", "retain_acc", "forget_acc", "mia_auc")
+
+
+def base_environment(prefect_home: Path) -> dict[str, str]:
+    """What every child process gets: no telemetry, its own Prefect home, one intra-op thread
+    (a second one only spins on this shared 2-core machine), none of the pytest process's MLflow
+    setting (the CLI finds the workspace's registry itself, as it does for users)."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in (FAILPOINT_VARIABLE, "MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "GX_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class PrefectServer:
+    """`prefect server start` (API only, no services) on a free port, with its own home and database."""
+
+    def __init__(self, home: Path):
+        self.log = home / "server.log"
+        port = free_port()
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services",
+                 "--no-ui", "--analytics-off"],
+                env=base_environment(home / "prefect-home"), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def wait_until_healthy(self) -> str:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Prefect server exited ({self.process.returncode}):\n{self.log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self.api_url
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the Prefect server did not answer in {SERVER_START_TIMEOUT_S} s:\n{self.log.read_text()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the server's process group (the server and its uvicorn), SIGKILL if it lingers."""
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@dataclass
+class Finished:
+    """A CLI run that ended: its exit status (-9: SIGKILL), what it printed, how long it took."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def describe(self) -> str:
+        return (f"`fedunlearn {' '.join(self.args)}` exited {self.returncode} after {self.seconds:.1f} s\n"
+                f"--- stdout (tail)\n{self.stdout[-3000:]}\n--- stderr (tail)\n{self.stderr[-6000:]}")
+
+
+@dataclass
+class Running:
+    args: tuple[str, ...]
+    process: subprocess.Popen
+    out: Path
+    err: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout: float = RUN_TIMEOUT_S) -> Finished:
+        """Wait for the run; then nothing it started may be left in its process group."""
+        try:
+            self.process.wait(timeout)
+        finally:
+            leftover = group_alive(self.process.pid)
+            if leftover:  # the run itself (out of time) or what it left behind: ours to kill, then fail
+                with suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        finished = Finished(self.args, self.process.returncode, self.out.read_text(), self.err.read_text(),
+                            time.monotonic() - self.started)
+        assert not leftover, f"processes of the run outlived it:\n{finished.describe()}"
+        return finished
+
+
+@dataclass
+class Cli:
+    """`fedunlearn --root <workspace>` as separate processes against one Prefect server."""
+
+    workspace: Path
+    api_url: str
+    scratch: Path
+    numbers: count = field(default_factory=count)
+    started: list[Running] = field(default_factory=list)
+
+    def start(self, *args: str, failpoint: str | None = None) -> Running:
+        n = next(self.numbers)
+        env = {**base_environment(self.scratch / f"prefect-home-{n}"), "PREFECT_API_URL": self.api_url}
+        if failpoint:
+            env[FAILPOINT_VARIABLE] = failpoint
+        out, err = self.scratch / f"run-{n}.out", self.scratch / f"run-{n}.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            process = subprocess.Popen([str(BIN / "fedunlearn"), "--root", str(self.workspace), *args], env=env,
+                                       stdout=stdout, stderr=stderr, start_new_session=True)
+        self.started.append(Running(args, process, out, err))
+        return self.started[-1]
+
+    def kill_leftovers(self) -> None:
+        """After a failed test: no run of ours outlives it. A live leader keeps its group ID ours to kill."""
+        for run in self.started:
+            if run.process.poll() is None:
+                os.killpg(run.process.pid, signal.SIGKILL)
+                run.process.wait()
+
+    def run(self, *args: str, failpoint: str | None = None) -> Finished:
+        return self.start(*args, failpoint=failpoint).wait()
+
+    def process(self, failpoint: str | None = None) -> Finished:
+        return self.run("process", "--scenario", SCENARIO, failpoint=failpoint)
+
+
+class SampleIds:
+    """Training sample IDs of the trained workspace, handed out once each: no two requests of a
+    test name the same sample, so every request is valid and deletes something."""
+
+    def __init__(self, workspace: Path):
+        partition = load_horizontal(SCENARIO, workspace)
+        # Round-robin over the clients: every batch touches several of them.
+        per_client = [client.sample_ids.tolist() for client in partition.clients]
+        self.unused = [ids[i] for i in range(max(map(len, per_client))) for ids in per_client if i < len(ids)]
+
+    def take(self, n: int) -> list[str]:
+        taken, self.unused = self.unused[:n], self.unused[n:]
+        assert len(taken) == n, "the partition has run out of sample IDs for new requests"
+        return taken
+
+
+def submit(workspace: Path, sample_ids: list[str]) -> str:
+    """A sample request written into the inbox the way `fedunlearn request samples` writes it."""
+    request = build_request({"kind": RequestKind.SAMPLE, "scenario": SCENARIO, "sample_ids": sample_ids})
+    submit_request(RequestFolders.create(workspace), request)
+    return request.request_id
+
+
+def registry(workspace: Path):
+    from mlflow import MlflowClient
+
+    from tasks.tracking import tracking_uri
+
+    return MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
+
+
+def alias_version(workspace: Path, alias: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(registry(workspace).get_model_version_by_alias(SCENARIO, alias).version)
+    except MlflowException:
+        return None
+
+
+@dataclass
+class Stores:
+    """What the stores hold about requests and batches, read fresh from disk and the registry."""
+
+    ledger: list[LedgerEntry]
+    records: list[BatchRecord]             # the batch journal, oldest first
+    roles: Counter                         # registered versions per role tag (None: a version without one)
+    unlearned: dict[str, list[str]]        # batch_id -> its unlearned version numbers
+    receipts: list[str]                    # batch IDs with a receipt file
+    inbox: list[str]
+    processed: list[str]
+    quarantined: list[str]
+
+    @classmethod
+    def read(cls, workspace: Path) -> "Stores":
+        folders = RequestFolders.create(workspace)
+        versions = registry(workspace).search_model_versions(f"name='{SCENARIO}'")
+        unlearned: dict[str, list[str]] = {}
+        for version in versions:
+            if version.tags.get("role") == "unlearned":
+                unlearned.setdefault(version.tags["batch_id"], []).append(str(version.version))
+        return cls(ledger=Ledger(workspace / LEDGER_PATH).entries(), records=load_records(folders),
+                   roles=Counter(version.tags.get("role") for version in versions), unlearned=unlearned,
+                   receipts=sorted(p.stem for p in (workspace / RECEIPTS_DIR).glob("*.json")),
+                   inbox=sorted(p.name for p in folders.inbox.iterdir()),
+                   processed=sorted(p.name for p in folders.processed.iterdir()),
+                   quarantined=sorted(p.name for p in folders.quarantine.iterdir()))
+
+
+@dataclass
+class Tally:
+    """Submitted requests against the ledger and the inbox: what the reliability figures report."""
+
+    lost: list[str]           # neither in the ledger nor waiting in the inbox
+    applied_twice: list[str]  # in the ledger more than once
+
+
+def tally(stores: Stores, submitted: list[str]) -> Tally:
+    in_ledger = Counter(entry.request_id for entry in stores.ledger)
+    waiting = {name.removesuffix(".json") for name in stores.inbox}
+    return Tally(lost=[rid for rid in submitted if rid not in in_ledger and rid not in waiting],
+                 applied_twice=[rid for rid in submitted if in_ledger[rid] > 1])
+
+
+def check_exactly_once(workspace: Path, submitted: list[str], may_wait: frozenset[str] = frozenset()) -> None:
+    """Every invariant the issue names, over all batches so far: ``submitted`` are all requests
+    ever made in the workspace; those in ``may_wait`` (ones that raced the last run) may still
+    wait in the inbox, every other one must be applied."""
+    stores = Stores.read(workspace)
+    found = tally(stores, submitted)
+    assert not found.lost and not found.applied_twice, found
+    in_ledger = {entry.request_id for entry in stores.ledger}
+    waiting = {name.removesuffix(".json") for name in stores.inbox}
+    assert in_ledger <= set(submitted), "the ledger holds requests nobody submitted"
+    assert waiting <= may_wait, f"requests left in the inbox: {sorted(waiting - may_wait)}"
+
+    # Each request file moved to processed/ exactly once, after its batch; no sample deleted twice.
+    assert stores.processed == sorted(f"{rid}.json" for rid in in_ledger), stores.processed
+    assert not stores.quarantined, f"valid requests were quarantined: {stores.quarantined}"
+    deleted = [i for entry in stores.ledger for i in entry.sample_ids]
+    assert len(deleted) == len(set(deleted)), "a sample ID is deleted by two ledger entries"
+
+    # One complete journal, one unlearned version and one receipt per batch, and no other version
+    # but the original (a version without its role would be a half-finished registration).
+    batches = [record.batch_id for record in stores.records]
+    assert all(record.status is BatchStatus.COMPLETE for record in stores.records), stores.records
+    assert {entry.batch_id for entry in stores.ledger} == set(batches)
+    assert {batch: len(versions) for batch, versions in stores.unlearned.items()} == dict.fromkeys(batches, 1), \
+        stores.unlearned
+    assert stores.roles == Counter({"original": 1, "unlearned": len(batches)}), stores.roles
+    assert stores.receipts == sorted(batches), (stores.receipts, batches)
+
+    client = registry(workspace)
+    current = None  # a freshly trained workspace has no alias `current`; promotions move it
+    for record in stores.records:
+        receipt = read_receipt(workspace, record.batch_id)
+        assert receipt.request_ids == [entry.request_id for entry in record.requests]
+        unlearned = client.get_model_version(SCENARIO, receipt.models["unlearned"].version)
+        assert (str(unlearned.version), unlearned.run_id) == (stores.unlearned[record.batch_id][0],
+                                                         receipt.models["unlearned"].run_id)
+        assert unlearned.tags["data_version"] == receipt.data_version_after == record.data_version_after
+        # The receipt's metrics, which the gates judged, are those of the registered weights, even
+        # where a re-run recomputed the unlearning after the version had been registered.
+        logged = client.get_run(unlearned.run_id).data.metrics
+        assert {k: logged[k] for k in COMPARED_METRICS} == \
+            {k: receipt.metrics["unlearned"][k] for k in COMPARED_METRICS}, record.batch_id
+        for ref in receipt.models.values():
+            assert ref is None or client.get_model_version(SCENARIO, ref.version).run_id == ref.run_id
+        current = str(unlearned.version) if receipt.promoted else current
+        recorded = receipt.models["current"]
+        assert (recorded.version if recorded else None) == current, (record.batch_id, recorded, current)
+
+    # No orphaned alias: `current` names an existing unlearned version, the one the receipts say:
+    # the latest batch's if it passed its gates, else where it was before that batch.
+    assert alias_version(workspace, "current") == current, (alias_version(workspace, "current"), current)
+    assert current is None or client.get_model_version(SCENARIO, current).tags["role"] == "unlearned"
+    assert alias_version(workspace, "original") is not None
+
+    # The batch lock is free: a dead holder's lock went with its process.
+    lock = FileLock(RequestFolders(workspace).lock, timeout=0)  # raises Timeout while a holder lives
+    with lock:
+        assert lock.is_locked
+
+
+@contextmanager
+def trained_workspace(scratch: Path) -> Iterator[tuple[Cli, SampleIds]]:
+    """A fresh workspace with digits-hfl trained (alias `original`), a Prefect server for it, the
+    CLI and the workspace's unused sample IDs; the server stops afterwards. Training runs in a CLI
+    process too: a flow run in the pytest process would leave Prefect's log and event workers
+    behind, which at interpreter exit wait forever to flush to the stopped server."""
+    server = PrefectServer(scratch)
+    cli = None
+    try:
+        workspace = init_workspace(scratch / "workspace", template=PROJECT_ROOT)  # while the server starts
+        cli = Cli(workspace, server.wait_until_healthy(), scratch)
+        trained = cli.run("train", "--scenario", SCENARIO, "--inline")
+        assert trained.returncode == 0, trained.describe()
+        yield cli, SampleIds(workspace)
+    finally:
+        if cli is not None:
+            cli.kill_leftovers()
+        server.stop()
+
+
+def wait_for(condition: Callable[[], bool], runs: list[Running], timeout: float = RUN_TIMEOUT_S) -> None:
+    """Poll ``condition`` until it holds; give up when every run has exited or time is up."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline and any(r.process.poll() is None for r in runs), \
+            "the runs ended (or time ran out) before the awaited state was reached"
+        time.sleep(0.1)

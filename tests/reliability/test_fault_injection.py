@@ -1,0 +1,99 @@
+"""Fault injection (issue #10): `fedunlearn process` is SIGKILLed at each stage of a deletion batch
+(the failpoints of ``fedunlearn.faults``), then run again, then once more. Afterwards the stores
+must show the batch finished exactly once: one ledger entry per request (none lost, none twice),
+one unlearned model version and one receipt per batch, the alias `current` on an existing version
+the receipts account for, the inbox empty, every request file processed once, the lock free.
+
+Each stage is a new batch in the same workspace, so every batch also starts from whatever the
+killed and resumed batches before it left behind. `make test` runs two stages, `make reliability`
+(RELIABILITY_FULL=1) all six.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from batch_harness import Stores, check_exactly_once, submit, tally, trained_workspace
+from fedunlearn.faults import FAILPOINTS
+
+FULL = os.environ.get("RELIABILITY_FULL") == "1"
+# The fast subset kills where most of the recovery machinery is needed: after the ledger append the
+# journal still says "formed" while the ledger holds the requests (ledger idempotence, the ingest
+# resumed, the forget set read back from the DVC cache), and after the alias move the re-run must
+# find the source the registered version records (`current` already points past it), report the
+# registered model rather than unlearn again, and write the one receipt. The other stages re-enter
+# the same two paths (the interrupted-batch journal, the unlearning backlog) from another step.
+STAGES = FAILPOINTS if FULL else ["after-ledger-append", "after-alias-move"]
+REQUESTS_PER_BATCH = 2
+IDS_PER_REQUEST = 10
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """A trained digits-hfl workspace for all stages, with this module's Prefect server."""
+    with trained_workspace(tmp_path_factory.mktemp("fault-injection")) as bench:
+        yield bench
+
+
+@pytest.fixture(scope="module")
+def submitted() -> list[str]:
+    """Every request submitted to the module's workspace, across stages."""
+    return []
+
+
+def newest_batch_requests(stores: Stores) -> list[str]:
+    return sorted(entry.request_id for entry in stores.records[-1].requests) if stores.records else []
+
+
+def what_the_kill_left(stores: Stores, requests: list[str]) -> dict[str, object]:
+    """How far the killed batch got, as the stores record it."""
+    batch = stores.records[-1] if newest_batch_requests(stores) == sorted(requests) else None
+    return {"journal": batch.status.value if batch else None,
+            "ledger": set(requests) <= {entry.request_id for entry in stores.ledger},
+            "unlearned version": batch is not None and batch.batch_id in stores.unlearned,
+            "receipt": batch is not None and batch.batch_id in stores.receipts}
+
+
+# Where each failpoint sits, as the stores see it right after the kill: proves the harness killed the
+# run at the stage it names, not before or after.
+KILL_LEAVES = {
+    "after-ingest": {"journal": "formed", "ledger": False, "unlearned version": False, "receipt": False},
+    "after-ledger-append": {"journal": "formed", "ledger": True, "unlearned version": False, "receipt": False},
+    "during-unlearning": {"journal": "complete", "ledger": True, "unlearned version": False, "receipt": False},
+    "after-registration": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": False},
+    "after-alias-move": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": False},
+    "after-receipt": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": True},
+}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_batch_killed_at_a_stage_is_finished_exactly_once_by_the_next_run(bench, submitted, stage,
+                                                                           reliability_report):
+    cli, sample_ids = bench
+    requests = [submit(cli.workspace, sample_ids.take(IDS_PER_REQUEST)) for _ in range(REQUESTS_PER_BATCH)]
+    submitted.extend(requests)
+    reliability_report.count("requests submitted", len(requests))
+
+    killed = cli.process(failpoint=stage)
+    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    reliability_report.count("faults injected (SIGKILL)")
+    assert what_the_kill_left(Stores.read(cli.workspace), requests) == KILL_LEAVES[stage]
+
+    resumed = cli.process()
+    assert resumed.returncode == 0, resumed.describe()
+    reliability_report.count("re-runs")
+    after_resume = Stores.read(cli.workspace)
+
+    again = cli.process()  # nothing left to do: the stores stay exactly as the resumed run left them
+    assert again.returncode == 0 and again.stdout.strip().endswith("no pending requests"), again.describe()
+    reliability_report.count("re-runs")
+    assert Stores.read(cli.workspace) == after_resume
+
+    found = tally(after_resume, requests)
+    reliability_report.count("requests lost", len(found.lost))
+    reliability_report.count("requests applied twice", len(found.applied_twice))
+    check_exactly_once(cli.workspace, submitted)
+    assert newest_batch_requests(after_resume) == sorted(requests)  # the killed batch, not a later one, took them
