@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -170,7 +171,9 @@ def _files_under(roots: list[Path]) -> Iterator[Path]:
         for directory, _, names in os.walk(root):  # never follows directory symlinks
             for name in sorted(names):
                 path = Path(directory) / name
-                if not path.is_symlink():
+                # Regular files only: a symlink is not followed, and a FIFO or a device (one a user dropped
+                # into the inbox ends up in quarantine/) stores no bytes; reading a FIFO would block forever.
+                if stat.S_ISREG(path.lstat().st_mode):
                     yield path
 
 

@@ -75,12 +75,13 @@ class DeletionRequestModel(BaseModel):
     @field_validator("request_id", mode="before")
     @classmethod
     def _generate_when_empty(cls, value: Any) -> Any:
-        return value or new_request_id()  # a form field left blank arrives as "" or null
+        # A form field left blank arrives as "" or null; any other value (false, 0, []) is a wrong type.
+        return new_request_id() if value is None or value == "" else value
 
     @field_validator("request_id")
     @classmethod
     def _safe_request_id(cls, value: str) -> str:
-        if not REQUEST_ID_PATTERN.match(value) or ".." in value:
+        if not REQUEST_ID_PATTERN.fullmatch(value) or ".." in value:  # fullmatch: "$" allows a final newline
             raise ValueError(f"request_id {value!r} is not allowed: use 1-128 characters from A-Z a-z 0-9 . _ -, "
                              "starting with a letter or digit and without '..'")
         return value
@@ -100,11 +101,26 @@ class DeletionRequestModel(BaseModel):
                              f"or contain control characters, e.g. {bad[0]!r}")
         return list(dict.fromkeys(cleaned))  # an ID named twice in one request is one ID
 
+    @field_validator("label", "client", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        # Lax pydantic reads true as 1 and the text "0_1" as 1: either would silently forget another class
+        # or client than the one meant.
+        if isinstance(value, (bool, str)):
+            raise ValueError(f"a JSON {'boolean' if isinstance(value, bool) else 'string'} is not a number: give "
+                             "the class label or client as an integer")
+        return value
+
     @field_validator("submitted_at")
     @classmethod
     def _in_utc(cls, value: datetime) -> datetime:
         # A time without a zone is read as UTC, so every timestamp in the records compares.
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        try:
+            return value.astimezone(timezone.utc)
+        except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
+            raise ValueError(f"{value.isoformat()} is out of range once converted to UTC") from None
 
     @model_validator(mode="after")
     def _subject_matches_kind(self) -> "DeletionRequestModel":
@@ -131,11 +147,18 @@ class DeletionRequestModel(BaseModel):
         return json.dumps(self.model_dump(mode="json", exclude_none=True), indent=2, sort_keys=True) + "\n"
 
 
+def _field_name(part: str | int) -> str:
+    """A field name as written in a reason: an unknown key comes from the file, so one with line
+    breaks or other unprintable characters, or a long one, is quoted and cut (a reason stays one line)."""
+    text = str(part)
+    return text if text.isprintable() and len(text) <= 60 else repr(text[:60])
+
+
 def describe_validation_error(err: ValidationError) -> str:
     """One line per problem: ``field: message`` (pydantic's own text, without its URLs)."""
     lines = []
     for problem in err.errors():
-        where = ".".join(str(part) for part in problem["loc"]) or "request"
+        where = ".".join(_field_name(part) for part in problem["loc"]) or "request"
         given = problem.get("input")
         shown = f" (got {given!r})" if isinstance(given, (str, int, float)) and len(repr(given)) <= 60 else ""
         lines.append(f"{where}: {problem['msg'].removeprefix('Value error, ')}{shown}")
@@ -150,6 +173,24 @@ def build_request(fields: dict[str, Any]) -> DeletionRequestModel:
         raise RequestError(describe_validation_error(err)) from None
 
 
+class DuplicateKey(ValueError):
+    """A key repeated within one JSON object."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads silently keeps the last of repeated keys; in a request that hides what is asked for.
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise DuplicateKey(key)
+        document[key] = value
+    return document
+
+
 def parse_request(data: bytes, defaults: dict[str, Any]) -> DeletionRequestModel:
     """Parse a request file's bytes. ``defaults`` fills fields the file leaves out (the file
     name's stem as ``request_id``, the ingested scenario, the file time as ``submitted_at``):
@@ -158,13 +199,20 @@ def parse_request(data: bytes, defaults: dict[str, Any]) -> DeletionRequestModel
         raise RequestError(f"file is larger than {MAX_REQUEST_BYTES // 2**20} MiB, the limit for one request: "
                            "split it into several")
     try:
-        document = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise RequestError(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_object_without_duplicate_keys)
     except json.JSONDecodeError as err:
         raise RequestError(f"malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise RequestError("malformed JSON: nested too deeply") from None
+    except DuplicateKey as err:
+        raise RequestError(f"malformed JSON: key {err.key!r} appears twice in one object, so which value is "
+                           "meant is ambiguous: give each field once") from None
+    except ValueError as err:  # an integer of more than 4300 digits: Python refuses to convert it
+        raise RequestError(f"malformed JSON: {str(err).partition(':')[0]}") from None
     if not isinstance(document, dict):
         raise RequestError(f"a request must be a JSON object ({{...}}), got a JSON {type(document).__name__}")
     # Blank fields take the defaults too: a random request_id would make a re-run see a new request.
