@@ -128,12 +128,6 @@ def run_method(setup: BenchmarkSetup, original: State, method: UnlearningMethod,
     outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=float(np.median(runs)))
     outcome.notes = {**outcome.notes, "wall_seconds_runs": [round(t, 4) for t in runs]}
     return outcome
-    timings = [outcome.cost.wall_seconds] + [
-        method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch).cost.wall_seconds
-        for _ in range(SHORT_RUN_TIMINGS - 1)]
-    outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=float(np.median(timings)))
-    outcome.notes = {**outcome.notes, "wall_seconds_runs": [round(t, 4) for t in timings]}
-    return outcome
 
 
 class Evaluator:
