@@ -55,6 +55,9 @@ from tasks.timing import FlowClock
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
 DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
 COST_KEYS = ("wall_seconds", "flops", "comm_bytes")
+# A batch triggered while another runs waits for it (unlearning, evaluation and an optional retrain
+# take minutes) instead of failing; past this it exits with BatchInProgress and its requests wait.
+BATCH_LOCK_TIMEOUT_S = 1800.0
 
 
 class BatchFailed(RuntimeError):
@@ -116,7 +119,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     folders = RequestFolders.create(workspace)
     if requests:
         submit_requests(workspace, scenario, requests)
-    with batch_lock(folders), intra_op_threads(params.scenario(scenario).threads):
+    with batch_lock(folders, BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
+            intra_op_threads(params.scenario(scenario).threads):
         resumed = [finish_batch(workspace, record) for record in recover_interrupted_batches(workspace)]
         record = unlearning_backlog(workspace, scenario)
         intake = Intake() if record else take_requests(workspace, scenario)

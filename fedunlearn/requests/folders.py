@@ -72,16 +72,18 @@ class RequestFolders:
 
 
 @contextmanager
-def batch_lock(folders: RequestFolders, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold the batch lock: a second ingest waits up to ``timeout`` seconds, then fails clearly.
-    The lock is an OS file lock, released by the kernel if the holder dies."""
+def batch_lock(folders: RequestFolders, timeout: float = LOCK_TIMEOUT_S,
+               rerun: str = "fedunlearn ingest") -> Iterator[None]:
+    """Hold the batch lock: a second batch waits up to ``timeout`` seconds, then fails clearly,
+    naming the command (``rerun``) to run once the first is done. The lock is an OS file lock,
+    released by the kernel if the holder dies."""
     lock = FileLock(folders.lock, timeout=timeout, thread_local=False)
     try:
         lock.acquire()
     except Timeout:
         raise BatchInProgress(f"another deletion batch is running in {folders.workspace} (it has held "
                               f"{folders.lock} for more than {timeout:.0f} s); wait for it to finish, then run "
-                              "`fedunlearn ingest` again") from None
+                              f"`{rerun}` again") from None
     try:
         yield
     finally:
