@@ -1,28 +1,49 @@
 """Where a deletion batch's wall time goes. The core's compute — reading the data version,
-building the batch's evaluation sets, unlearning, evaluating — is timed inside the tasks that run
-it (``@core_compute``); the flow's wall time minus that is orchestration and bookkeeping:
-Prefect's task and flow runs, MLflow, DVC, Great Expectations, the ledger, the receipt."""
+building the batch's evaluation sets, unlearning, evaluating, and the client updates of a
+retrained reference — is timed inside the tasks that run it (``@core_compute``); the flow's
+wall time minus that is orchestration and bookkeeping: Prefect's task and flow runs, MLflow,
+DVC, Great Expectations, the ledger, the receipt."""
 
 from __future__ import annotations
 
 import functools
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ComputeClock:
-    """Seconds spent inside ``@core_compute`` functions by this process, all threads together."""
+    """Wall seconds during which at least one ``@core_compute`` call was running in this process:
+    the union of their intervals, so client updates running in parallel threads (or a compute
+    step inside another) count once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.seconds = 0.0
+        self._active = 0
+        self._since = 0.0
+        self._closed = 0.0
 
-    def add(self, seconds: float) -> None:
+    @property
+    def seconds(self) -> float:
         with self._lock:
-            self.seconds += seconds
+            return self._closed + (time.perf_counter() - self._since if self._active else 0.0)
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._closed += time.perf_counter() - self._since
 
 
 CORE = ComputeClock()
@@ -31,11 +52,8 @@ CORE = ComputeClock()
 def core_compute(function: F) -> F:
     @functools.wraps(function)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
+        with CORE.measure():
             return function(*args, **kwargs)
-        finally:
-            CORE.add(time.perf_counter() - start)
 
     return timed  # type: ignore[return-value]
 

@@ -11,9 +11,11 @@ from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.federation.fedavg import ClientUpdate
 from tasks import tracking
+from tasks.timing import core_compute
 
 
 @task(name="train-client", cache_policy=NO_CACHE, task_run_name="train-client-{client}-round-{round_idx}")
+@core_compute
 def train_client(update_fn: Callable[..., ClientUpdate], global_state: dict, data, client: int,
                  round_idx: int) -> ClientUpdate:
     return update_fn(global_state=global_state, data=data, client=client, round_idx=round_idx)
