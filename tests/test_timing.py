@@ -28,5 +28,4 @@ def test_parallel_and_nested_compute_counts_once_and_the_rest_is_orchestration()
     split = clock.split()
     assert 0.38 <= split["core_seconds"] <= 0.5  # 0.2 s of parallel steps + 0.2 s nested, not 1.0 s
     assert 0.09 <= split["orchestration_seconds"] <= 0.2
-    assert split["flow_seconds"] == round(split["core_seconds"] + split["orchestration_seconds"], 3) or \
-        abs(split["flow_seconds"] - split["core_seconds"] - split["orchestration_seconds"]) < 0.002
+    assert abs(split["flow_seconds"] - split["core_seconds"] - split["orchestration_seconds"]) < 0.002
