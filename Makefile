@@ -25,7 +25,7 @@ serve: $(STAMP)
 	scripts/serve.sh
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
 
 # The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input
 # generation, concurrent batches; prints the figures at the end. `make test` runs a fast subset of it.

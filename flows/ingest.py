@@ -1,7 +1,7 @@
 """Flow ``ingest-deletions``: deletion requests in, a new verified data version out.
 
     requests (form) ─▶ inbox ─▶ validate (GX + domain rules) ─▶ quarantine invalid ─▶ batch journal
-    ─▶ ledger append ─▶ dvc repro (new data version) ─▶ optional purge ─▶ verify erasure
+    ─▶ ledger append ─▶ DVC stages + commit (new data version) ─▶ optional purge ─▶ verify erasure
     ─▶ batch record complete, files to processed/
 
 Exactly once: batches run under a file lock; the journal is written before the ledger, the

@@ -4,7 +4,7 @@ when it passes its gates; a receipt for the batch.
 
     lock ─▶ inbox ─▶ validate (GX + domain rules) ─▶ quarantine invalid ─▶ nothing valid: no-op
          ─▶ data version before the batch + the model trained on it (forget samples in memory)
-         ─▶ ledger ─▶ dvc repro (new data version) ─▶ erasure check            (the ingest steps)
+         ─▶ ledger ─▶ DVC stages + commit (new data version) ─▶ erasure check (the ingest steps)
          ─▶ unlearn [gpu] ─▶ certificate ─▶ evaluate (accuracies, attacks) ─▶ register version
          ─▶ [retrain-reference on the new data version] ─▶ gates ─▶ alias current ─▶ receipt
 
@@ -42,6 +42,7 @@ from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.unlearning import available_methods
 from flows.ingest import finish_batch, summarize
 from flows.reference import retrain_reference as retrain_reference_flow
+from tasks import preload
 from tasks import workspace as data_versions
 from tasks.benchmark import build_evaluator, build_method, evaluate, unlearn
 from tasks.pipeline import (LoadedModel, PromotionGates, alias_ref, apply_gates, find_reference, load_data_version,
@@ -136,6 +137,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         batch_id, entries = (record.batch_id, record.requests) if record else (intake.plan.batch_id,
                                                                                  intake.plan.entries)
         dev = resolve_device(device or params.device)
+        preload.wait()  # a caller's probe export (tasks/preload.py) must not trace beside tensor work
         fed_state = load_data_version(workspace, scenario, params, dev, before)
         registered = registered_for_batch(workspace, scenario, "unlearned", batch_id)  # killed after registering
         source = load_source_model(workspace, scenario, before, registered)

@@ -1,6 +1,6 @@
 """Flow ``retrain-reference``: the gold standard for the current data version.
 
-    dvc repro (current data version) ─▶ already a reference for it? reuse
+    DVC stages (current data version) ─▶ already a reference for it? reuse
     ─▶ train-federated from scratch on it ─▶ registered version: role=retrained, alias ``retrained``
 
 Unlearned versions are judged against it (``process-deletions`` gates). ``process-deletions``

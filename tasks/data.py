@@ -13,7 +13,7 @@ from tasks import validation, workspace
 
 @task(name="reproduce-data", cache_policy=NO_CACHE, retries=1)
 def reproduce_data(root: Path, scenario: str) -> str:
-    """`dvc repro` the scenario's prepare + partition stages; returns the data version."""
+    """The scenario's prepare + partition stages, committed to DVC; returns the data version."""
     workspace.init_workspace(root)
     return workspace.reproduce(root, scenario)
 

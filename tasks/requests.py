@@ -279,7 +279,7 @@ def append_ledger(root: Path, record: BatchRecord) -> BatchRecord:
 
 @task(name="reproduce-versions", cache_policy=NO_CACHE, retries=1)
 def reproduce_versions(root: Path, record: BatchRecord) -> BatchRecord:
-    """`dvc repro`: the stages now exclude the ledger IDs, giving each scenario a new version."""
+    """The DVC stages again (``workspace.reproduce``): they now exclude the ledger IDs, giving each scenario a new version."""
     versions = {scenario: VersionChange(before=change.before, after=workspace.reproduce(root, scenario))
                 for scenario, change in record.data_versions.items()}
     return record.advance(_folders(root), BatchStatus.VERSIONED, data_versions=versions)

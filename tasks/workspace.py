@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR
+from fedunlearn.config import load_params
+from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, partition_scenario, prepare_dataset
+from tasks.timing import CORE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE_FILES = ("params.yaml", "dvc.yaml")
@@ -56,8 +58,16 @@ def _run_dvc(root: Path, args: list[str]) -> str:
 
 
 def reproduce(root: Path, scenario: str) -> str:
-    """``dvc repro partition@<scenario>`` (and its prepare stage); returns the data version."""
-    _run_dvc(root, ["repro", "-q", f"partition@{scenario}"])
+    """What ``dvc repro partition@<scenario>`` does (its prepare stage included), with the stages run
+    in this process; returns the data version. The stage functions are the commands in dvc.yaml
+    (``python -m fedunlearn.stages``), so ``dvc repro`` from a shell writes the same bytes; starting
+    an interpreter per stage took 2 s of a deletion batch's 4 s ``dvc repro``. ``dvc commit`` then
+    hashes the outputs into dvc.lock and the cache, as ``dvc repro`` would: ``dvc status`` is clean."""
+    params = load_params(Path(root) / "params.yaml")
+    with CORE.measure():  # the new data version is the core library's work; DVC's bookkeeping is not
+        prepare_dataset(params.scenario(scenario).dataset, params, Path(root))
+        partition_scenario(scenario, params, Path(root))
+    _run_dvc(root, ["commit", "-f", "-q", "--with-deps", f"partition@{scenario}"])
     return data_version(root, scenario)
 
 

