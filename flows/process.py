@@ -137,7 +137,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         batch_id, entries = (record.batch_id, record.requests) if record else (intake.plan.batch_id,
                                                                                  intake.plan.entries)
         dev = resolve_device(device or params.device)
-        preload.wait()  # a caller's probe export (tasks/preload.py) must not trace beside tensor work
+        preload.wait()  # torch.export's tracing state is process-global: no tensor work beside a probe export
         fed_state = load_data_version(workspace, scenario, params, dev, before)
         registered = registered_for_batch(workspace, scenario, "unlearned", batch_id)  # killed after registering
         source = load_source_model(workspace, scenario, before, registered)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 WEIGHTS_ARTIFACT = "weights/weights.pt"
-# torch.export is not thread-safe (two exports at once fail with "SymInt ... is not tracked with
+# torch.export is not thread-safe (two exports at once fail: "SymInt ... is not tracked with
 # proxy"): a probe saved in the background and a version being registered take turns.
 _EXPORT_LOCK = threading.Lock()
 
