@@ -32,12 +32,11 @@ def _run(steps: tuple[Callable[[], None], ...]) -> None:
             logger.warning("preloading %s failed: %s", step.__name__, err)
 
 
-def in_background(*steps: Callable[[], None]) -> threading.Thread:
-    """Run ``steps`` one after the other in a daemon thread."""
+def in_background(*steps: Callable[[], None]) -> None:
+    """Run ``steps`` one after the other in a daemon thread; ``wait()`` joins it."""
     thread = threading.Thread(target=_run, args=(steps,), name="fedunlearn-preload", daemon=True)
     thread.start()
     _started.append(thread)
-    return thread
 
 
 def wait() -> None:

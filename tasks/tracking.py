@@ -50,7 +50,7 @@ def start_run(root: Path, experiment: str, run_name: str, params: dict[str, Any]
 
     client = use_store(root)
     run = client.create_run(experiment_id(root, experiment), run_name=run_name, tags=tags)
-    # One transaction for all of them: a write per parameter costs ~20 ms on the sqlite store.
+    # One transaction for all of them rather than a sqlite write per parameter.
     client.log_batch(run.info.run_id, params=[Param(key, str(value)) for key, value in params.items()])
     return run.info.run_id
 
