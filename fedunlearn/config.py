@@ -75,11 +75,20 @@ class ScenarioConfig(_Strict):
         return self
 
 
+class RequestsConfig(_Strict):
+    """How the inbox treats request files."""
+
+    inbox_grace_seconds: float = Field(300.0, ge=0, description="a file that does not parse yet and changed less "
+                                       "than this long ago is taken to be still being written: it waits for the "
+                                       "next run instead of going to quarantine")
+
+
 class Params(_Strict):
     seed: int = 0
     device: str = "auto"
     prepare: list[str] = Field(default_factory=list, description="datasets the prepare stage writes")
     datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    requests: RequestsConfig = Field(default_factory=RequestsConfig)
     scenarios: dict[str, ScenarioConfig]
 
     def scenario(self, name: str) -> ScenarioConfig:

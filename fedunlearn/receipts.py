@@ -23,6 +23,8 @@ from fedunlearn.requests.folders import write_text_atomic
 from fedunlearn.requests.model import utc_now
 
 RECEIPTS_DIR = Path("data/receipts")
+UNLEARNED = "unlearned"  # an unlearned version was registered (promoted or not: see the gates)
+NO_MODEL = "no model"  # the batch left nothing to train on: alias current removed, nothing serves
 VERSION_METRICS = ("test_acc", "retain_acc", "forget_acc", "mia_auc", "wall_seconds", "flops", "comm_bytes")
 
 
@@ -61,12 +63,14 @@ class Receipt(BaseModel):
     forgotten_per_client: dict[str, int] = Field(description="training samples unlearned, per client index")
     data_version_before: str
     data_version_after: str
-    method: str
+    outcome: str = Field(UNLEARNED, description=f"{UNLEARNED!r}, or {NO_MODEL!r} when the batch deleted every "
+                                                 "training sample")
+    method: str | None = None
     models: dict[str, ModelRef | None] = Field(
         description="original, source (the version unlearned from), unlearned, retrained (reference, if any), "
                     "current (alias 'current' after the batch)")
-    certificate: dict[str, Any]
-    gates: GateOutcome
+    certificate: dict[str, Any] | None = None
+    gates: GateOutcome | None = None
     promoted: bool = Field(description="alias 'current' moved to the unlearned version")
     metrics: dict[str, dict[str, float | None]] = Field(description="per model (source, unlearned, retrained)")
     costs: dict[str, Any] = Field(description="wall seconds, FLOPs and bytes per model; speed-up vs retrain")
@@ -76,6 +80,11 @@ class Receipt(BaseModel):
     def markdown(self) -> str:
         """A summary for people: the Prefect artifact and ``fedunlearn process`` print it."""
         models = self.models
+        if self.outcome == NO_MODEL:
+            return "\n\n".join([f"## Deletion batch {self.batch_id} ({self.scenario})",
+                                 f"{len(self.request_ids)} request(s) deleted every training sample: data version "
+                                 f"{self.data_version_before} → {self.data_version_after}; no model can be trained on "
+                                 "what is left, alias `current` removed.", self.erasure_line()])
         promotion = (f"alias `current` → v{models['unlearned'].version}" if self.promoted else
                      "alias `current` NOT moved" + (f" (stays at v{models['current'].version})"
                                                     if models.get("current") else ""))
@@ -92,7 +101,22 @@ class Receipt(BaseModel):
             f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; gates "
             f"({self.gates.policy}) **{'passed' if self.gates.passed else 'failed'}**: {promotion}.",
             markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
-            markdown_table(checks, ("gate", "value", "limit", "result"))])
+            markdown_table(checks, ("gate", "value", "limit", "result")), self.erasure_line()])
+
+    def erasure_line(self) -> str:
+        """The erasure scan in one line: the stores scanned and what still holds a deleted row."""
+        report = self.erasure or {}
+        stores = report.get("stores", [])
+        scanned = ", ".join(s["name"] for s in stores if s["in_scope"]) or "none"
+        skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
+        if report.get("verified"):
+            verdict = f"Erasure **verified** in {scanned}"
+        elif report.get("found"):
+            held = "; ".join(f"{s['name']}: {', '.join(s['found'][:3])}" for s in stores if s.get("found"))
+            verdict = f"Erasure **NOT verified**: deleted rows are still in {held}"
+        else:
+            verdict = "Erasure **not verifiable**: no deleted row could be recognised"
+        return verdict + (f"; not scanned: {skipped}" if skipped else "") + "."
 
 
 def receipt_path(root: Path, batch_id: str) -> Path:

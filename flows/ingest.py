@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from fedunlearn.config import load_params
 from fedunlearn.faults import failpoint
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, record_path
+from fedunlearn.requests.erasure import Fingerprints
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.requests import (append_ledger, capture_fingerprints, close_batch, collect_inbox, file_applied_requests,
@@ -29,9 +30,10 @@ from tasks.requests import (append_ledger, capture_fingerprints, close_batch, co
 NO_PENDING = "no pending requests"
 
 
-def finish_batch(workspace: Path, record: BatchRecord) -> BatchRecord:
+def finish_batch(workspace: Path, record: BatchRecord) -> tuple[BatchRecord, Fingerprints | None]:
     """Run every step the journal does not record as done: a fresh batch runs them all, a batch
-    interrupted by a crash resumes after its last recorded step."""
+    interrupted by a crash resumes after its last recorded step. Returns the record and the deleted
+    rows' fingerprints (memory only; None when the batch was already verified)."""
     fingerprints = None
     if record.status in (BatchStatus.FORMED, BatchStatus.LEDGER_APPENDED, BatchStatus.VERSIONED):
         fingerprints = capture_fingerprints(workspace, record)
@@ -42,11 +44,11 @@ def finish_batch(workspace: Path, record: BatchRecord) -> BatchRecord:
         record = reproduce_versions(workspace, record)
     if record.status is BatchStatus.VERSIONED:
         if record.purge_requested and not record.purged:
-            record = purge_cache(workspace, record)
+            record = purge_cache(workspace, record, fingerprints)
         record = verify_erasure(workspace, record, fingerprints)
     if record.status is BatchStatus.VERIFIED:
         record = close_batch(workspace, record)
-    return record
+    return record, fingerprints
 
 
 @flow(name="ingest-deletions")
@@ -63,14 +65,14 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     if requests:
         submit_requests(workspace, scenario, requests)
     with batch_lock(folders):
-        resumed = [finish_batch(workspace, record) for record in recover_interrupted_batches(workspace)]
+        resumed = [finish_batch(workspace, record)[0] for record in recover_interrupted_batches(workspace)]
         inbox = collect_inbox(workspace, scenario)
         already_applied = file_applied_requests(workspace, inbox.applied)
         plan = validate_requests(workspace, scenario, inbox.pending)
         quarantined = quarantine_requests(workspace, inbox.rejected + plan.rejected)
         record = None
         if plan.entries:
-            record = finish_batch(workspace, open_batch(workspace, plan, quarantined, purge))
+            record, _ = finish_batch(workspace, open_batch(workspace, plan, quarantined, purge))
     summary = summarize(folders, scenario, record, resumed, inbox, quarantined, already_applied)
     logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary["status"],
                 len(quarantined), len(resumed), summary.get("data_version_before"), summary.get("data_version_after"))
@@ -82,7 +84,8 @@ def summarize(folders: RequestFolders, scenario: str, record: BatchRecord | None
     """What the CLI prints and the flow returns."""
     summary = {"scenario": scenario, "resumed": [r.batch_id for r in resumed],
                "quarantined": [note.model_dump() for note in quarantined], "already_applied": already_applied,
-               "left_pending": [item.name for item in inbox.elsewhere]}
+               "left_pending": [item.name for item in inbox.elsewhere],
+               "waiting": {item.name: item.waiting for item in inbox.waiting}}
     if record is None:
         return {**summary, "status": "no valid requests" if quarantined else NO_PENDING}
     per_client = Counter()

@@ -33,10 +33,13 @@ from fedunlearn.benchmark.runner import BenchmarkSetup, make_row
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.config import load_params
 from fedunlearn.device import intra_op_threads, resolve_device
+from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
+                               is_no_space)
 from fedunlearn.evaluation.cost import CostRecord
 from fedunlearn.faults import failpoint
-from fedunlearn.receipts import GateOutcome, ModelRef, Receipt
+from fedunlearn.receipts import NO_MODEL, GateOutcome, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchPlan, BatchRecord, QuarantineNote, Triage, record_path
+from fedunlearn.requests.erasure import ErasureReport, Fingerprints
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.unlearning import available_methods
@@ -47,10 +50,10 @@ from tasks import workspace as data_versions
 from tasks.benchmark import build_evaluator, build_method, evaluate, unlearn
 from tasks.pipeline import (LoadedModel, PromotionGates, alias_ref, apply_gates, find_reference, load_data_version,
                             load_source_model, log_reference_metrics, move_alias, prepare_batch, register_version,
-                            registered_for_batch, registered_outcome, unlearning_backlog, version_metrics,
-                            write_receipt)
-from tasks.requests import (collect_inbox, file_applied_requests, open_batch, quarantine_requests,
-                            recover_interrupted_batches, submit_requests, validate_requests)
+                            registered_for_batch, registered_outcome, remove_alias, unlearning_backlog,
+                            version_metrics, write_receipt)
+from tasks.requests import (capture_fingerprints, collect_inbox, file_applied_requests, open_batch, quarantine_requests,
+                            recover_interrupted_batches, scan_stores, submit_requests, validate_requests)
 from tasks.timing import FlowClock
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
@@ -61,10 +64,6 @@ COST_KEYS = ("wall_seconds", "flops", "comm_bytes")
 BATCH_LOCK_TIMEOUT_S = 1800.0
 
 
-class BatchFailed(RuntimeError):
-    """A step after the batch was journaled failed; the message says how to resume."""
-
-
 def choose_method(method: MethodChoice | str, setting: str) -> str:
     """``auto`` is the setting's default: PUF-Special (HFL), FedORA (VFL), certified DFU (DFL)."""
     name = MethodChoice(method).value
@@ -73,13 +72,26 @@ def choose_method(method: MethodChoice | str, setting: str) -> str:
 
 @contextmanager
 def stage(record: BatchRecord, step: str) -> Iterator[None]:
-    """A failure once the batch is journaled names the batch, the step and how to go on."""
+    """A failure once the batch is journaled names the batch and the step. One that a re-run can get
+    past says to re-run (``BatchFailed``); one that it cannot (damaged state, a batch that can never
+    succeed) keeps its meaning and its remedy; a full disk says so."""
+    rerun = f"`fedunlearn process --scenario {record.scenario}`"
+    where = f"batch {record.batch_id} ({record.scenario}) failed at {step}"
     try:
         yield
+    except BatchFailed:
+        raise
+    except FedunlearnError as err:
+        meaning = next(c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
+                       if isinstance(err, c))
+        raise meaning(f"{where}: {err}") from err
     except Exception as err:
-        raise BatchFailed(f"batch {record.batch_id} ({record.scenario}) failed at {step}: {err}; re-run "
-                          f"`fedunlearn process --scenario {record.scenario}` to resume — the ledger is exactly-once "
-                          "and the batch continues from the data version before it") from err
+        if is_no_space(err):
+            path = getattr(err, "filename", None) or record.scenario
+            raise NoSpace(f"{where}: no space left on device ({path}); free space on that filesystem and run {rerun} "
+                          "again: the batch resumes where it stopped") from err
+        raise BatchFailed(f"{where}: {err}; re-run {rerun} to resume — the ledger is exactly-once and the batch "
+                          "continues from the data version before it") from err
 
 
 @dataclass
@@ -122,7 +134,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         submit_requests(workspace, scenario, requests)
     with batch_lock(folders, BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
             intra_op_threads(params.scenario(scenario).threads):
-        resumed = [finish_batch(workspace, record) for record in recover_interrupted_batches(workspace)]
+        resumed = [finish_batch(workspace, record)[0] for record in recover_interrupted_batches(workspace)]
         record = unlearning_backlog(workspace, scenario)
         intake = Intake() if record else take_requests(workspace, scenario)
         if record is None and not intake.plan.entries:
@@ -146,7 +158,9 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         record = record or open_batch(workspace, intake.plan, intake.quarantined, False)
 
         with stage(record, "ingest (ledger, new data version, erasure check)"):
-            record = finish_batch(workspace, record)
+            record, fingerprints = finish_batch(workspace, record)
+        if setup.batch.num_forget >= sum(len(c) for c in fed_state.clients):
+            close_without_model(workspace, record, source)
         with stage(record, f"unlearn ({name})"):
             evaluator = build_evaluator(setup)
             source_metrics, _ = evaluate(evaluator, f"source-v{source.ref.version}",
@@ -162,7 +176,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             metrics, _ = evaluate(evaluator, name, model, None)
         with stage(record, "register"):
             unlearned = register_version(
-                workspace, scenario, model, setup.sets.test.x[:2],
+                workspace, scenario, model, tuple(setup.sets.test.x.shape[1:]),
                 {"role": "unlearned", "scenario": scenario, "method": name, "batch_id": batch_id,
                  "data_version": record.data_version_after, "certificate": certificate.guarantee,
                  "source_version": source.ref.version},
@@ -189,9 +203,11 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             if gate.passed:
                 move_alias(workspace, scenario, "current", unlearned.version)
             failpoint("after-alias-move")
+            # Every store once more, now that the batch registered its versions and logged its runs.
+            erasure = scan_erasure(workspace, record, fingerprints)
             receipt = batch_receipt(workspace, record, setup, name, certificate, gate,
                                     {"source": source, "unlearned": unlearned, "retrained": reference},
-                                    {"source": source_metrics, "unlearned": row, "retrained": reference_row})
+                                    {"source": source_metrics, "unlearned": row, "retrained": reference_row}, erasure)
             path = write_receipt(workspace, receipt)
             failpoint("after-receipt")
     print(receipt.markdown())
@@ -201,9 +217,38 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             "receipt": path.relative_to(workspace).as_posix(), "timings": clock.split()}
 
 
+def scan_erasure(workspace: Path, record: BatchRecord, fingerprints: Fingerprints | None) -> ErasureReport:
+    """The erasure scan of every store (``tasks.stores``) with the batch's fingerprints, taken again
+    from the data before the batch when this run did not take them (the batch was resumed)."""
+    return scan_stores(workspace, record.purged, fingerprints or capture_fingerprints(workspace, record))
+
+
+def close_without_model(workspace: Path, record: BatchRecord, source: LoadedModel) -> None:
+    """The batch deleted every training sample: no model can be trained or unlearned on what is left.
+    The deletion stands (ledger, data version); alias ``current`` — a model trained on the deleted
+    samples — is removed; a receipt says so, so no later run retries the batch."""
+    scenario = record.scenario
+    remove_alias(workspace, scenario, "current")
+    erasure = scan_erasure(workspace, record, None)
+    receipt = Receipt(
+        batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client={},
+        data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+        outcome=NO_MODEL, models={"original": alias_ref(workspace, scenario, "original"), "source": source.ref,
+                                  "unlearned": None, "retrained": None, "current": None},
+        promoted=False, metrics={}, costs={}, erasure=erasure.model_dump(mode="json"),
+        batch_record=record_path(RequestFolders(workspace), record.batch_id).relative_to(workspace).as_posix())
+    path = write_receipt(workspace, receipt)
+    raise BatchCannotSucceed(
+        f"batch {record.batch_id} deleted every training sample of {scenario}: the deletion is applied (data version "
+        f"{record.data_version_after}, receipt {path.relative_to(workspace)}) but no model can be trained or unlearned "
+        f"on no data, so alias 'current' was removed and nothing serves. Add training data, then train a new model "
+        f"with `fedunlearn train --scenario {scenario}`")
+
+
 def batch_receipt(workspace: Path, record: BatchRecord, setup: BenchmarkSetup, method: str, certificate: Certificate,
                   gate: GateOutcome, models: dict[str, LoadedModel | ModelRef | None],
-                  rows: dict[str, dict | None]) -> Receipt:
+                  rows: dict[str, dict | None], erasure: ErasureReport) -> Receipt:
     """The receipt: request IDs, data versions, the registry's versions, certificate, gates, metrics, costs."""
     refs = {key: model.ref if isinstance(model, LoadedModel) else model for key, model in models.items()}
     unlearned = rows["unlearned"]
@@ -218,5 +263,5 @@ def batch_receipt(workspace: Path, record: BatchRecord, setup: BenchmarkSetup, m
         metrics={key: version_metrics(row) for key, row in rows.items() if row is not None},
         costs={**{key: {k: rows[key][k] for k in COST_KEYS} for key in ("unlearned", "retrained") if rows[key]},
                "speedup_vs_retrain": unlearned["speedup_vs_retrain"]},
-        erasure=record.erasure.model_dump(mode="json") if record.erasure else None,
+        erasure=erasure.model_dump(mode="json"),
         batch_record=record_path(RequestFolders(workspace), record.batch_id).relative_to(workspace).as_posix())

@@ -105,7 +105,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
         "forget_acc": math.nan, "mia_auc": math.nan, "wall_seconds": wall_seconds,
         "flops": training_flops(per_sample, sum(samples), train_cfg.local_epochs),
         "comm_bytes": communication_bytes(num_params(state), participants)}, 0)
-    version = register_model(workspace, run_id, model, test.x[:2], scenario, tags, role)
+    version = register_model(workspace, run_id, model, tuple(test.x.shape[1:]), scenario, tags, role)
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, version, role, test_acc)
     return {"scenario": scenario, "data_version": data_version, "test_acc": test_acc, "model_version": version,
             "run_id": run_id, "device": str(dev), "wall_seconds": time.perf_counter() - started}

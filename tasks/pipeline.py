@@ -31,7 +31,7 @@ from fedunlearn.benchmark.settings import load_federation
 from fedunlearn.benchmark.spec import RequestSpec
 from fedunlearn.certify.certificate import GUARANTEES, NOT_CERTIFIED, Certificate, Gates, evaluate_gates
 from fedunlearn.config import Params
-from fedunlearn.data.store import PARTITIONS_DIR
+from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.evaluation.cost import CostRecord
 from fedunlearn.federation.local import Tensors
 from fedunlearn.receipts import VERSION_METRICS, GateCheck, GateOutcome, ModelRef, Receipt, read_receipt
@@ -51,22 +51,6 @@ Guarantee = Enum("Guarantee", {g: g for g in GUARANTEES}, type=str)
 
 # --- Data: the batch's data version and its forget set -----------------------------------------
 
-def checkout_from_cache(root: Path, scenario: str, data_version: str, into: Path) -> None:
-    """Link the files of an earlier data version from DVC's cache under ``into`` (DVC 3 layout:
-    ``files/md5/<2>/<rest>``, a directory listed by its ``.dir`` object). Nothing is copied."""
-    cache = Path(root) / ".dvc" / "cache" / "files" / "md5"
-    listing = cache / data_version[:2] / f"{data_version[2:]}.dir"
-    if not listing.is_file():
-        raise FileNotFoundError(f"data version {data_version} of {scenario} is no longer in the DVC cache "
-                                f"({listing.parent.parent}; purged by `ingest --purge`?): the deleted samples "
-                                f"cannot be read back to unlearn them; register a retrained model for the current "
-                                f"data version with `fedunlearn retrain --scenario {scenario}`")
-    for entry in json.loads(listing.read_text()):
-        target = into / PARTITIONS_DIR / scenario / entry["relpath"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(cache / entry["md5"][:2] / entry["md5"][2:])
-
-
 @task(name="load-data-version", cache_policy=NO_CACHE)
 @core_compute
 def load_data_version(root: Path, scenario: str, params: Params, device: torch.device, data_version: str):
@@ -76,8 +60,8 @@ def load_data_version(root: Path, scenario: str, params: Params, device: torch.d
     Read into memory only."""
     if workspace.data_version(root, scenario) == data_version:
         return load_federation(scenario, params, root, device)
-    with tempfile.TemporaryDirectory(prefix="fedunlearn-version-") as tmp:
-        checkout_from_cache(root, scenario, data_version, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=workspace.temporary_dir(root)) as tmp:
+        workspace.checkout_from_cache(root, scenario, data_version, Path(tmp))
         return load_federation(scenario, params, Path(tmp), device)
 
 
@@ -212,8 +196,9 @@ def registered_for_batch(root: Path, scenario: str, role: str, batch_id: str) ->
 
 
 @task(name="register-version", cache_policy=NO_CACHE)
-def register_version(root: Path, scenario: str, model: torch.nn.Module, example: torch.Tensor, tags: dict[str, str],
-                     params: dict[str, Any], metrics: dict[str, float], texts: dict[str, str]) -> ModelRef:
+def register_version(root: Path, scenario: str, model: torch.nn.Module, input_shape: tuple[int, ...],
+                     tags: dict[str, str], params: dict[str, Any], metrics: dict[str, float],
+                     texts: dict[str, str]) -> ModelRef:
     """A run with the version metrics and ``texts`` as artifacts, then a new registered version
     with ``tags``. Once per batch and role: a re-run of the batch gets the version registered before."""
     existing = registered_for_batch(root, scenario, tags["role"], tags["batch_id"])
@@ -226,7 +211,7 @@ def register_version(root: Path, scenario: str, model: torch.nn.Module, example:
     client = tracking.use_store(root)
     for name, text in texts.items():
         client.log_text(run_id, text, name)
-    version = tracking.register_model(root, run_id, model, example, scenario, tags, alias=None)
+    version = tracking.register_model(root, run_id, model, input_shape, scenario, tags, alias=None)
     tracking.end_run(root, run_id)
     return ModelRef(version=version, role=tags["role"], data_version=tags["data_version"], run_id=run_id)
 
@@ -258,6 +243,12 @@ def log_reference_metrics(root: Path, run_id: str, row: dict[str, Any]) -> None:
 @task(name="move-alias", cache_policy=NO_CACHE)
 def move_alias(root: Path, scenario: str, alias: str, version: str) -> None:
     tracking.use_store(root).set_registered_model_alias(scenario, alias, version)
+
+
+@task(name="remove-alias", cache_policy=NO_CACHE)
+def remove_alias(root: Path, scenario: str, alias: str) -> None:
+    if by_alias(root, scenario, alias) is not None:
+        tracking.use_store(root).delete_registered_model_alias(scenario, alias)
 
 
 def finite(value: float | None) -> float | None:
@@ -353,7 +344,8 @@ def write_receipt(root: Path, receipt: Receipt) -> Path:
     """``data/receipts/<batch_id>.json``, the same file on the unlearned version's run, and two
     Prefect artifacts of the flow run: the receipt in markdown and the models as a table."""
     path = write_receipt_file(root, receipt)
-    tracking.use_store(root).log_artifact(receipt.models["unlearned"].run_id, str(path), artifact_path="receipt")
+    if receipt.models.get("unlearned") is not None:
+        tracking.use_store(root).log_artifact(receipt.models["unlearned"].run_id, str(path), artifact_path="receipt")
     create_markdown_artifact(key="deletion-receipt", markdown=receipt.markdown(),
                              description=f"receipt of deletion batch {receipt.batch_id}")
     table = [{"model": name, "version": ref.version, "role": ref.role, "data_version": ref.data_version,
@@ -368,15 +360,33 @@ def write_receipt(root: Path, receipt: Receipt) -> Path:
 
 @task(name="unlearning-backlog", cache_policy=NO_CACHE)
 def unlearning_backlog(root: Path, scenario: str) -> BatchRecord | None:
-    """The last batch of ``scenario`` if the ledger applied it but no model followed: no receipt,
-    its new data version is the current one, and the original was not retrained on that version
-    since (a crash after the ledger append, or `fedunlearn ingest` run on its own)."""
+    """The last batch of ``scenario`` if the ledger applied it but no receipt followed (a crash after
+    the ledger append, or `fedunlearn ingest` run on its own): its new data version is the current
+    one, and either its unlearned version is registered already (a crash after that: resume to the
+    receipt) or no version under the aliases current, retrained, original is on that data version.
+    It can be unlearned only from a version on the data before it, while the DVC cache still holds
+    that data; otherwise (several ingest-only batches, a purge) the run stops and says to retrain,
+    after which the data version has its model and nothing is owed."""
     records = [r for r in load_records(RequestFolders.create(root))
                if r.scenario == scenario and r.status is BatchStatus.COMPLETE]
-    if not records:
+    current = workspace.data_version(root, scenario) if records else None
+    if not records or read_receipt(root, records[-1].batch_id) is not None \
+            or records[-1].data_version_after != current:
         return None
     last = records[-1]
-    if read_receipt(root, last.batch_id) is not None or last.data_version_after != workspace.data_version(root, scenario):
-        return None
-    original = by_alias(root, scenario, "original")  # the registry last: its first query opens the store (~1 s)
-    return None if original is not None and original.tags.get("data_version") == last.data_version_after else last
+    if registered_for_batch.fn(root, scenario, "unlearned", last.batch_id) is not None:
+        return last  # killed after registering its version: the resumed batch reports it and writes the receipt
+    registered = {alias: v for alias in SOURCE_ALIASES if (v := by_alias(root, scenario, alias)) is not None}
+    on = {alias: v.tags.get("data_version") for alias, v in registered.items()}
+    if current in on.values():
+        return None  # a model was registered on the current data (e.g. `fedunlearn retrain`): nothing owed
+    if last.data_version_before in on.values() and workspace.cached(root, last.data_version_before):
+        return last
+    listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
+    raise BatchCannotSucceed(
+        f"the data of {scenario} moved on to data version {current} (batch {last.batch_id}, applied without "
+        f"unlearning) and no registered model can be unlearned to it: " +
+        ("the data before that batch is no longer in the DVC cache (purged)" if last.data_version_before in on.values()
+         else f"no version is on the data before it ({listing or 'none registered'})") +
+        f". Register a model on the current data version with `fedunlearn retrain --scenario {scenario}`, then run "
+        f"`fedunlearn process --scenario {scenario}` again")

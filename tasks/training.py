@@ -39,8 +39,8 @@ def log_round(root: Path, run_id: str, metrics: dict, step: int) -> None:
 
 
 @task(name="register-model", cache_policy=NO_CACHE)
-def register_model(root: Path, run_id: str, model: torch.nn.Module, input_example: torch.Tensor, name: str,
+def register_model(root: Path, run_id: str, model: torch.nn.Module, input_shape: tuple[int, ...], name: str,
                    tags: dict, alias: str | None) -> str:
-    version = tracking.register_model(root, run_id, model, input_example, name, tags, alias)
+    version = tracking.register_model(root, run_id, model, input_shape, name, tags, alias)
     tracking.end_run(root, run_id)
     return version

@@ -6,16 +6,21 @@ functions (no Prefect) so the CLI, flows and tests share them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+from fedunlearn import lifeline
 from fedunlearn.config import load_params
-from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, partition_scenario, prepare_dataset
+from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, RAW_DIR, partition_scenario, prepare_dataset
+from fedunlearn.errors import NoSpace, StateDamaged
+from tasks.stores import TEMPORARY_DIR
 from tasks.timing import CORE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +29,10 @@ WORKSPACE_FILES = ("params.yaml", "dvc.yaml")
 
 class DvcError(RuntimeError):
     """A DVC command failed; the message carries DVC's own output."""
+
+
+class DataVersionGone(StateDamaged):
+    """An earlier data version is no longer in the DVC cache."""
 
 
 def init_workspace(root: Path, template: Path = PROJECT_ROOT) -> Path:
@@ -39,7 +48,16 @@ def init_workspace(root: Path, template: Path = PROJECT_ROOT) -> Path:
     (root / LEDGER_PATH).parent.mkdir(parents=True, exist_ok=True)
     (root / LEDGER_PATH).touch(exist_ok=True)
     (root / "mlflow").mkdir(exist_ok=True)
+    temporary_dir(root)
     return root
+
+
+def temporary_dir(root: Path) -> Path:
+    """The workspace's own temporary directory (the CLI's TMPDIR): temporary files stay where the
+    erasure scan looks, and on the workspace's filesystem."""
+    path = Path(root) / TEMPORARY_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _env() -> dict[str, str]:
@@ -49,11 +67,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+# Below this much free space a failing DVC command is reported as a full disk: DVC's own message for
+# ENOSPC is often nothing at all.
+LOW_SPACE_BYTES = 16 * 2**20
+
+
 def _run_dvc(root: Path, args: list[str]) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=_env(),
+    proc = subprocess.run(lifeline.command([sys.executable, "-m", "dvc", *args]), cwd=root, env=_env(),
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise DvcError(f"`dvc {' '.join(args)}` failed in {root}:\n{proc.stdout}{proc.stderr}")
+        output = (proc.stdout + proc.stderr).strip()
+        free = shutil.disk_usage(root).free
+        if "no space left on device" in output.lower() or free < LOW_SPACE_BYTES:
+            raise NoSpace(f"no space left on device ({root}: {free // 2**20} MiB free) while running `dvc "
+                          f"{' '.join(args)}`; free space on that filesystem, then run the same command again: the "
+                          "batch resumes where it stopped")
+        raise DvcError(f"`dvc {' '.join(args)}` failed in {root} (exit status {proc.returncode}): "
+                       f"{output or 'DVC printed nothing'}")
     return proc.stdout
 
 
@@ -67,7 +97,7 @@ def reproduce(root: Path, scenario: str) -> str:
     with CORE.measure():  # the new data version is the core library's work; DVC's bookkeeping is not
         prepare_dataset(params.scenario(scenario).dataset, params, Path(root))
         partition_scenario(scenario, params, Path(root))
-    _run_dvc(root, ["commit", "-f", "-q", "--with-deps", f"partition@{scenario}"])
+    _run_dvc(root, ["commit", "-f", "--with-deps", f"partition@{scenario}"])
     return data_version(root, scenario)
 
 
@@ -83,6 +113,43 @@ def data_version(root: Path, scenario: str) -> str:
     raise FileNotFoundError(f"no data version for {scenario!r}: run `fedunlearn prepare --scenario {scenario}`")
 
 
-def garbage_collect(root: Path) -> str:
-    """Remove cache objects not used by the current workspace (earlier data versions)."""
-    return _run_dvc(root, ["gc", "--workspace", "--force", "-q"])
+def garbage_collect(root: Path, cloud: bool = False) -> str:
+    """Remove cache objects not used by the current workspace (earlier data versions); with
+    ``cloud``, from the default remote too."""
+    return _run_dvc(root, ["gc", "--workspace", "--force", *(["--cloud"] if cloud else [])])
+
+
+def _cache_listing(root: Path, data_version: str) -> Path:
+    return Path(root) / ".dvc" / "cache" / "files" / "md5" / data_version[:2] / f"{data_version[2:]}.dir"
+
+
+def cached(root: Path, data_version: str) -> bool:
+    """Whether the DVC cache still holds the data version (not purged)."""
+    return _cache_listing(root, data_version).is_file()
+
+
+def checkout_from_cache(root: Path, scenario: str, data_version: str, into: Path) -> None:
+    """Link the files of an earlier data version from DVC's cache under ``into`` (DVC 3 layout:
+    ``files/md5/<2>/<rest>``, a directory listed by its ``.dir`` object). Nothing is copied."""
+    listing = _cache_listing(root, data_version)
+    if not listing.is_file():
+        raise DataVersionGone(f"data version {data_version} of {scenario} is no longer in the DVC cache "
+                              f"({listing.parent.parent}; purged by `ingest --purge`?): the deleted samples cannot be "
+                              "read back to unlearn them; register a model on the current data version with "
+                              f"`fedunlearn retrain --scenario {scenario}`, then run the command again")
+    cache = listing.parent.parent
+    for entry in json.loads(listing.read_text()):
+        target = into / PARTITIONS_DIR / scenario / entry["relpath"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(cache / entry["md5"][:2] / entry["md5"][2:])
+
+
+def sample_ids(root: Path, dataset: str, scenarios: list[str]) -> set[str]:
+    """Every sample ID the workspace's current data holds: the prepared dataset and the scenarios'
+    partitions (each split's ``sample_ids.npy``)."""
+    found: set[str] = set()
+    directories = [Path(root) / RAW_DIR / dataset] + [Path(root) / PARTITIONS_DIR / s for s in scenarios]
+    for directory in directories:
+        for path in directory.rglob("sample_ids.npy") if directory.is_dir() else []:
+            found.update(np.load(path, allow_pickle=False).tolist())
+    return found

@@ -1,8 +1,10 @@
 """Certified decentralized unlearning: the noise calibration and its empirical scale, the convex
 oracle (noise off: the step lands ≥ 10× closer to the EXACT retrained optimum, computed here
 independently by float64 Newton with autograd Hessians), honest certificates (formal only when
-every assumption holds; a CNN is not certified), budget exhaustion → a reported retrain, and
-sequential batches with the budget and the drift from retraining tracked."""
+every assumption holds; a CNN is not certified), the residual budget as a sum since the last
+retrain (never overdrawn: a bound that does not fit triggers a reported retrain, which resets
+it), how the releases compose, and sequential batches with the budget and the drift from
+retraining tracked."""
 
 import dataclasses
 import hashlib
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedunlearn.certify.budget import ResidualLedger, classical_delta, gaussian_delta, gaussian_sigma
+from fedunlearn.certify.budget import ResidualLedger, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL, NOT_CERTIFIED, certificate_for
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.datasets import load_source
@@ -220,6 +222,10 @@ def test_certificate_is_formal_only_when_every_assumption_holds(breast_cancer_or
     assert numbers["calibration"] == "residual" and (numbers["epsilon"], numbers["delta"]) == (1.0, 1e-5)
     assert numbers["residual_bound"] <= numbers["residual_budget"] == 1e-3
     assert numbers["budget_left"] == pytest.approx(1e-3 - numbers["residual_bound"])
+    # One release since the (virtual) retrain: composed = per-release, basic composition agrees.
+    assert numbers["releases_since_retrain"] == 1 and numbers["triggering_bound"] is None
+    assert (numbers["composed_epsilon"], numbers["composed_delta"]) == (1.0, numbers["delta_exact"])
+    assert numbers["composed_basic"] == {"epsilon": 1.0, "delta": 1e-5}
     assert numbers["delta_exact"] <= 1e-5 and numbers["constants"]["R"] == pytest.approx(1.0, abs=1e-5)
     for hyperparameters, failing in (({"noise": False}, "noise_added"), ({"noise_seed": 1}, "secret_noise"),
                                      ({"calibration": "paper", "hessian": "fisher-diag"}, "exact_or_bounded_hessian")):
@@ -277,14 +283,43 @@ def test_registered_for_dfl_only_and_needs_a_topology(breast_cancer_oracle):
 
 # --- budget and sequences ----------------------------------------------------------------------------
 
-def test_ledger_is_pure_and_serialisable():
-    ledger = ResidualLedger(1e-3).charge("b1", 2e-4, "newton")
-    assert (ledger.used, ledger.left, ledger.retrains) == (2e-4, pytest.approx(8e-4), 0)
-    later = ledger.charge("b2", 5e-4, "retrain")
-    assert len(ledger.entries) == 1 and later.retrains == 1 and later.used == 5e-4
-    assert ResidualLedger.from_json(later.to_json()) == later and not later.admits(2e-3)
+def test_ledger_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
+    ledger = ResidualLedger(1e-3).charge("b1", 2e-4, "newton").charge("b2", 5e-4, "newton")
+    assert (ledger.used, ledger.left, ledger.retrains) == (pytest.approx(7e-4), pytest.approx(3e-4), 0)
+    assert [e.budget_used for e in ledger.entries] == [2e-4, pytest.approx(7e-4)]
+    assert ledger.admits(3e-4 * (1 - 1e-9)) and not ledger.admits(4e-4)
+    with pytest.raises(ValueError, match="does not fit in the 0.0003 left of the residual budget: retrain"):
+        ledger.charge("b3", 4e-4, "newton")
+    # The retrain starts a new sum with the bound after it, and records the bound that triggered it.
+    later = ledger.charge("b3", 1e-4, "retrain", triggering_bound=4e-4)
+    assert len(ledger.entries) == 2 and later.retrains == 1 and later.used == 1e-4
+    assert later.entries[-1].triggering_bound == 4e-4 and len(later.since_retrain) == 1
+    assert later.charge("b4", 6e-4, "newton").used == pytest.approx(7e-4)
+    assert ResidualLedger.from_json(later.to_json()) == later and later.to_dict()["releases_since_retrain"] == 1
+    # Even a retrained model's bound may exceed B: that release is not certified, and nothing is left.
+    over = later.charge("b4", 3e-3, "retrain", triggering_bound=2e-3)
+    assert over.used == 3e-3 and over.left == 0 and over.entries[-1].budget_left == 0
     with pytest.raises(ValueError, match="residual budget must be finite and > 0"):
         ResidualLedger(0.0)
+
+
+def test_a_ledger_written_by_the_per_batch_rule_reads_back_summed():
+    """The earlier serialised form: ``used`` the last bound, entries without the new fields."""
+    old = {"budget": 1e-3, "used": 4e-4, "left": 6e-4, "retrains": 0,
+           "entries": [{"batch_id": "b1", "action": "newton", "residual_bound": 3e-4, "budget_left": 7e-4},
+                       {"batch_id": "b2", "action": "newton", "residual_bound": 4e-4, "budget_left": 6e-4}]}
+    ledger = ResidualLedger.from_dict(old)
+    assert ledger.used == pytest.approx(7e-4) and ledger.left == pytest.approx(3e-4)
+    assert ledger.entries[0].budget_used is None and ledger.entries[0].triggering_bound is None
+
+
+def test_releases_since_the_retrain_compose_within_the_per_release_guarantee():
+    sigma = gaussian_sigma(1e-3, 1.0, 1e-5)
+    numbers = composition([4e-4, 3e-4, 2e-4], sigma, 1.0, 1e-5, 1e-3)
+    assert numbers["releases_since_retrain"] == 3 and numbers["joint_residual_bound"] == pytest.approx(math.sqrt(29e-8))
+    # μ = √Σμ_t² ≤ B/σ: together the three are as private as one release at the full budget.
+    assert numbers["composed_epsilon"] == 1.0 and numbers["composed_delta"] == gaussian_delta(1e-3, sigma, 1.0) < 1e-5
+    assert numbers["composed_basic"] == {"epsilon": 3.0, "delta": pytest.approx(3e-5)}
 
 
 def test_exceeding_the_budget_retrains_and_says_so(breast_cancer_trained):
@@ -293,7 +328,9 @@ def test_exceeding_the_budget_retrains_and_says_so(breast_cancer_trained):
     method = get_method("certified-dfu", setting="dfl", residual_budget=1e-9, newton_steps=1)
     outcome = method.unlearn(fed_state, batch)
     assert outcome.notes["action"] == "retrain" and outcome.ledger["retrains"] == 1
-    assert outcome.ledger["entries"][0]["action"] == "retrain"
+    entry = outcome.ledger["entries"][0]
+    assert entry["action"] == "retrain" and entry["triggering_bound"] > 1e-9 and outcome.ledger["left"] == 0
+    assert outcome.certificate_inputs["triggering_bound"] == entry["triggering_bound"]
     assert {"retrain", "unlearn"} <= {h["phase"] for h in outcome.history}
     certificate = certificate_for(method, outcome)
     bound = outcome.certificate_inputs["residual_bound"]
@@ -310,9 +347,11 @@ def test_sequential_batches_track_the_budget_and_the_drift_from_retraining(breas
     method = get_method("certified-dfu", setting="dfl", residual_budget=2e-3)
     rows, final = unlearn_sequence(method, fed_state, batches)
     assert [r["batch"] for r in rows] == [1, 2, 3] and [r["action"] for r in rows] == ["newton"] * 3
+    # The budget used is the running sum of the bounds (0.50, 0.94, 1.11 of 2 × 10⁻³ measured).
+    assert [r["budget_used"] for r in rows] == pytest.approx(np.cumsum([r["residual_bound"] for r in rows]).tolist())
+    assert [r["releases_since_retrain"] for r in rows] == [1, 2, 3]
     for row in rows:
-        assert row["residual_bound"] == row["budget_used"] <= 2e-3
-        assert row["budget_left"] == pytest.approx(2e-3 - row["budget_used"])
+        assert 0 < row["budget_left"] == pytest.approx(2e-3 - row["budget_used"])
         assert abs(row["test_acc"] - row["retrain_test_acc"]) <= 0.03 and row["drift_prediction_agreement"] >= 0.95
     assert [e["batch_id"] for e in final.ledger["entries"]] == [r["batch_id"] for r in rows]
     assert rows[0]["retained_samples"] > rows[1]["retained_samples"] > rows[2]["retained_samples"]
@@ -320,6 +359,51 @@ def test_sequential_batches_track_the_budget_and_the_drift_from_retraining(breas
     first = batches[0](fed_state)
     assert not remaining & set(np.concatenate(list(first.forget_ids.values())).tolist())
     assert final.statistics["exact"].counts == tuple(len(c) for c in final.clients)
+
+
+def test_a_bound_that_does_not_fit_retrains_and_starts_a_new_sum(breast_cancer_oracle):
+    """The federation carries a ledger (in the earlier serialised form) with nothing left: however
+    small the step's bound, it does not fit, so the batch retrains — and the retrained release,
+    with the budget to itself again, is certified."""
+    fed_state, _ = breast_cancer_oracle
+    spent = {"budget": 1e-3, "entries": [{"batch_id": "b0", "action": "newton", "residual_bound": 1e-3,
+                                          "budget_left": 0.0}]}
+    fed_state = dataclasses.replace(fed_state, ledger=spent, train_config=TrainConfig(rounds=10, lr=0.5, batch_size=16))
+    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.03, fed_state.clients, seed=9)
+    method = get_method("certified-dfu", setting="dfl")
+    outcome = method.unlearn(fed_state, batch)
+    numbers = outcome.certificate_inputs
+    entry = outcome.ledger["entries"][-1]
+    assert outcome.notes["action"] == "retrain" and [e["action"] for e in outcome.ledger["entries"]] == ["newton",
+                                                                                                      "retrain"]
+    assert 0 < entry["triggering_bound"] == numbers["triggering_bound"] == outcome.notes["triggering_bound"]
+    assert numbers["budget_used"] == entry["budget_used"] == numbers["residual_bound"] <= 1e-3
+    assert numbers["budget_left"] == pytest.approx(1e-3 - numbers["residual_bound"]) and numbers["budget_left"] >= 0
+    assert numbers["releases_since_retrain"] == 1 and certificate_for(method, outcome).guarantee == FORMAL
+
+
+@pytest.fixture
+def float64_default():
+    """Models, data and the FLOP probe (evaluation/cost.py follows the default dtype) in float64."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_a_float64_model_retrains_in_float64(float64_default):
+    """The retrain fallback runs D-PSGD in the model's own dtype, its mixing matrix included."""
+    clients, test, classes = tabular("breast_cancer", 4)
+    clients, test = ([Tensors(c.x.double(), c.y, c.sample_ids) for c in clients],
+                     Tensors(test.x.double(), test.y, test.sample_ids))
+    model_fn = lambda: build_model("logreg", (30,), classes, l2=L2)  # noqa: E731
+    config = TrainConfig(rounds=3, lr=0.5, batch_size=16)
+    fed_state = DecentralizedState("dfl", model_fn, model_fn().state_dict(), clients, test, config, 0, CPU, classes,
+                                   topology=ring(4))
+    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.05, clients, seed=6)
+    outcome = get_method("certified-dfu", setting="dfl", residual_budget=1e-9, newton_steps=1).unlearn(fed_state, batch)
+    assert outcome.notes["action"] == "retrain"
+    assert all(v.dtype == torch.float64 for node in outcome.node_states for v in node.values())
 
 
 def test_protocol_cost_counts_the_floods(breast_cancer_oracle):

@@ -41,12 +41,14 @@ def logreg_fn(features: int = 30, classes: int = 2, l2: float = 0.01):
 CONFIG = TrainConfig(rounds=30, local_epochs=1, lr=0.5, batch_size=16)
 
 
-def test_one_iteration_is_mix_then_own_gradient():
-    """x_i ← Σ_j Q_ij x_j − γ ∇F_i(x_i): with the batch = a node's whole data, exactly."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_iteration_is_mix_then_own_gradient(dtype):
+    """x_i ← Σ_j Q_ij x_j − γ ∇F_i(x_i): with the batch = a node's whole data, exactly — in the
+    model's dtype (a float32 mixing matrix once failed on a float64 model)."""
     rng = np.random.default_rng(0)
-    clients = [Tensors.from_arrays(rng.normal(size=(4, 2)), rng.integers(0, 3, 4),
-                                   np.array([f"{c}-{i}" for i in range(4)]), CPU) for c in range(3)]
-    fn = lambda: build_model("logreg", (2,), 3, l2=0.1)  # noqa: E731
+    clients = [Tensors(torch.as_tensor(rng.normal(size=(4, 2)), dtype=dtype), torch.as_tensor(rng.integers(0, 3, 4)),
+                       np.array([f"{c}-{i}" for i in range(4)])) for c in range(3)]
+    fn = lambda: build_model("logreg", (2,), 3, l2=0.1).to(dtype)  # noqa: E731
     config = TrainConfig(rounds=1, lr=0.3, batch_size=4)
     torch.manual_seed(1)
     starts = [{k: v.clone() for k, v in fn().state_dict().items()} for _ in range(3)]
@@ -58,7 +60,8 @@ def test_one_iteration_is_mix_then_own_gradient():
         objective(model, clients[i].x, clients[i].y).backward()
         for name, p in model.named_parameters():
             mixed = sum(q[i, j] * starts[j][name] for j in range(3))
-            assert torch.allclose(result[i][name], mixed - 0.3 * p.grad, atol=1e-6)
+            assert result[i][name].dtype == dtype
+            assert torch.allclose(result[i][name], (mixed - 0.3 * p.grad).to(dtype), atol=1e-6)
 
 
 def test_dpsgd_is_seeded_learns_and_reaches_consensus():

@@ -1,6 +1,8 @@
 """Erasure of raw data: after a batch the deleted rows' bytes are gone from the workspace; the
 DVC cache still holds them (the check can fail, and does) until the purge removes earlier
-versions — after which no file under data/ or .dvc/cache holds them."""
+versions — after which no file of any store holds them. Rows written as numbers in a text file
+(an MLflow input example) are found too, and a purge rewrites the examples of versions registered
+before they were zeros."""
 
 import os
 from pathlib import Path
@@ -9,7 +11,7 @@ import numpy as np
 
 from fedunlearn.data.store import load_horizontal
 from fedunlearn.requests.batch import PendingRequest
-from fedunlearn.requests.erasure import RowMatcher
+from fedunlearn.requests.erasure import RowMatcher, Store, text_numbers
 from fedunlearn.requests.erasure import verify_erasure as scan
 from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.model import DeletionRequestModel
@@ -55,16 +57,71 @@ def test_purge_removes_the_deleted_rows_from_the_cache_and_verification_proves_i
     assert record.data_version_before == before != record.data_version_after
     cache = workspace / ".dvc" / "cache"
     # Without the purge the cache still holds the earlier version: the check finds the rows.
-    unpurged = scan(fingerprints, [workspace / "data", cache], workspace, "test")
+    unpurged = scan(fingerprints, [Store("data", [workspace / "data"]), Store("dvc-cache", [cache])], workspace)
     assert not unpurged.verified and set(unpurged.found) == set(fingerprints.by_sample)
+    assert [store.name for store in unpurged.holding_stores()] == ["dvc-cache"]
     assert all(f.startswith(".dvc/cache/") for found in unpurged.found.values() for f in found)
     assert files_holding([cache], rows) and not files_holding([workspace / "data"], rows)
 
-    record = verify_erasure.fn(workspace, purge_cache.fn(workspace, record), fingerprints)
+    record = verify_erasure.fn(workspace, purge_cache.fn(workspace, record, fingerprints), fingerprints)
     report = record.erasure
     assert record.purged and report.verified and report.found == {}
-    assert report.scanned == ["data", ".dvc/cache"] and report.checked_samples == len(fingerprints.by_sample)
-    assert report.files_scanned == sum(len(files) for root in ("data", ".dvc/cache")
-                                       for _, _, files in os.walk(workspace / root))
+    assert [s.name for s in report.stores] == ["data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files",
+                                              "benchmark outputs"]
+    assert all(s.in_scope for s in report.stores) and report.checked_samples == len(fingerprints.by_sample)
+    scanned = [workspace / "data", cache, workspace / "mlflow", workspace / ".tmp"]
+    assert report.files_scanned >= sum(len(files) for root in scanned for _, _, files in os.walk(root))
     assert "installed packages" in report.scope
     assert not files_holding([workspace / "data", cache], rows)
+
+
+def test_rows_written_as_numbers_in_text_are_found():
+    rng = np.random.default_rng(1)
+    row = (rng.integers(0, 17, 64) / 16.0).astype(np.float32)
+    as_json = ('{"inputs": [[' + ", ".join(str(float(v)) for v in row) + ']]}').encode()
+    assert row.tobytes() not in as_json  # not as bytes ...
+    assert RowMatcher({row.tobytes()}).rows_in(text_numbers(as_json, "<f4")) == {row.tobytes()}  # ... but as numbers
+    assert not RowMatcher({row.tobytes()}).rows_in(text_numbers(as_json.replace(b"0.", b"1."), "<f4"))
+
+
+def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_rows(workspace):
+    """A version registered before input examples were zeros: its examples hold the first test rows."""
+    import mlflow.pytorch
+    import torch
+    from mlflow import MlflowClient
+
+    from models import build_model
+    from tasks import tracking
+
+    reproduce(workspace, "digits-hfl")
+    test = load_horizontal("digits-hfl", workspace).test
+    model = build_model("cnn", (1, 8, 8), 10)
+    run_id = tracking.start_run(workspace, "digits-hfl", "legacy", {}, {})
+    with mlflow.start_run(run_id=run_id):
+        torch.save(model.state_dict(), workspace / ".tmp" / "weights.pt")
+        mlflow.log_artifact(str(workspace / ".tmp" / "weights.pt"), artifact_path="weights")
+        (workspace / ".tmp" / "weights.pt").unlink()
+        info = mlflow.pytorch.log_model(model, name="model", input_example=test.features[:2],
+                                        pip_requirements=mlflow.pytorch.get_default_pip_requirements())
+    mlflow.register_model(info.model_uri, "digits-hfl", tags={"scenario": "digits-hfl", "role": "original"})
+    rows = {test.features[k].tobytes() for k in range(2)}
+    assert files_holding([workspace / "mlflow"], rows)  # the pt2 archive keeps the example as raw float32
+
+    forget = test.sample_ids[:2].tolist()
+    request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=forget)
+    plan = validate_requests.fn(workspace, "digits-hfl",
+                                [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
+    record = append_ledger.fn(workspace, open_batch.fn(workspace, plan, [], True))
+    fingerprints = capture_fingerprints.fn(workspace, record)
+    record = reproduce_versions.fn(workspace, record)
+    unpurged = verify_erasure.fn(workspace, record, fingerprints).erasure
+    assert not unpurged.verified and "mlflow" in [s.name for s in unpurged.holding_stores()]
+    assert any(f.endswith("input_example.json") for s in unpurged.holding_stores() for f in s.found)
+
+    report = verify_erasure.fn(workspace, purge_cache.fn(workspace, record, fingerprints), fingerprints).erasure
+    assert report.verified and not files_holding([workspace / "mlflow"], rows)
+    version = MlflowClient(tracking.tracking_uri(workspace)).get_model_version("digits-hfl", "1")
+    assert version.tags["erasure"] == "artifacts-rewritten" and version.tags["erasure_batch"] == record.batch_id
+    served = mlflow.pytorch.load_model("models:/digits-hfl/1")  # the rewritten model still loads and predicts alike
+    x = torch.as_tensor(test.features[2:6])
+    assert torch.equal(served(x).argmax(1), model(x).argmax(1))

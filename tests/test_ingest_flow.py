@@ -2,6 +2,8 @@
 repository: the acceptance scenario through the CLI, and crash-and-rerun at two points."""
 
 import json
+import os
+import time
 
 import pytest
 
@@ -34,6 +36,7 @@ def test_acceptance_twenty_ids_and_a_malformed_file_then_a_second_ingest_changes
     request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids, "--reason", "user asked").strip()
     folders = RequestFolders.create(workspace)
     (folders.inbox / "broken.json").write_text('{"kind": "sample", "sample_ids": [')
+    os.utime(folders.inbox / "broken.json", (time.time() - 3600, time.time() - 3600))  # written an hour ago
 
     out = cli("ingest", "--scenario", SCENARIO)
     assert names(folders.inbox) == []

@@ -1,5 +1,6 @@
 """Krylov building blocks: CG against direct solves (a small SPD system, an explicit Hessian), the
-Ritz-value condition estimate, double-backprop Hessian-vector products, and no host reads in CG."""
+Ritz-value condition estimate, Lanczos from a random start finding the negative curvature CG's
+own Ritz values cannot show, double-backprop Hessian-vector products, and no host reads."""
 
 import math
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fedunlearn.unlearning.krylov import (add_to_parameters, conjugate_gradient, flat_objective, flatten_parameters,
-                                          gradient, hvp_operator, ritz_values)
+                                          gradient, hvp_operator, lanczos, lanczos_ritz_values, ritz_values)
 from models.logreg import LogisticRegression
 from models.mlp import MLP
 
@@ -37,6 +38,31 @@ def test_cg_solves_a_small_spd_system_and_estimates_its_spectrum():
     assert eig[0] <= few.min() and few.max() <= eig[-1] * (1 + 1e-12)
 
 
+def test_lanczos_finds_the_negative_curvature_cg_never_meets():
+    """A = Q diag(−0.5, 0.1, …, 40) Qᵀ and b orthogonal to the negative eigenvector: CG sees an SPD
+    problem (every α_t > 0, every Ritz value > 0: T_k = LDLᵀ with pivots 1/α_t has their signs),
+    Lanczos from a random start finds λ_min."""
+    generator = torch.Generator().manual_seed(2)
+    q, _ = torch.linalg.qr(torch.randn(40, 40, generator=generator, dtype=F64))
+    eigenvalues = torch.cat([torch.tensor([-0.5], dtype=F64), torch.linspace(0.1, 40, 39, dtype=F64)])
+    a = q @ torch.diag(eigenvalues) @ q.T
+    b = q[:, 1:] @ torch.randn(39, generator=generator, dtype=F64)
+    cg = conjugate_gradient(lambda v: a @ v, b, iterations=10)
+    assert (cg.step_sizes > 0).all() and ritz_values(cg).min() > 0
+
+    start = torch.randn(40, generator=generator, dtype=F64)
+    few = lanczos_ritz_values(lanczos(lambda v: a @ v, start, steps=15))
+    assert -0.5 - 1e-12 <= few.min() < 0 and few.max() <= 40 + 1e-9  # inside the spectrum
+    # dim steps: the whole spectrum, reorthogonalised (no ghost copies); more steps are capped at dim.
+    assert lanczos_ritz_values(lanczos(lambda v: a @ v, start, steps=60)) == pytest.approx(eigenvalues.numpy(),
+                                                                                          abs=1e-9)
+    # An exact breakdown (the start spans an invariant subspace) stops the matrix there.
+    diagonal = torch.diag(eigenvalues)
+    assert lanczos_ritz_values(lanczos(lambda v: diagonal @ v, torch.eye(40, dtype=F64)[0], steps=5)).tolist() == [-0.5]
+    with pytest.raises(ValueError, match="at least one step"):
+        lanczos(lambda v: a @ v, start, steps=0)
+
+
 def test_cg_with_a_zero_right_hand_side_stays_at_zero():
     a, _ = spd_system()
     result = conjugate_gradient(lambda v: a @ v, torch.zeros(8, dtype=F64), iterations=3)
@@ -49,6 +75,8 @@ def test_cg_never_reads_back_to_the_host():
     a, b = torch.empty(16, 16, device="meta"), torch.empty(16, device="meta")
     result = conjugate_gradient(lambda v: a @ v, b, iterations=5)
     assert result.solution.device.type == "meta" and result.residual_norms.shape == (6,)
+    spectrum = lanczos(lambda v: a @ v, b, steps=5)
+    assert spectrum.diagonal.device.type == "meta" and spectrum.off_diagonal.shape == (5,)
 
 
 def test_hvp_by_double_backprop_equals_the_explicit_hessian_of_a_network():

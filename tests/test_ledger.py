@@ -1,6 +1,7 @@
-"""The core of exactly-once deletion (no DVC, no Prefect): the idempotent ledger, triage of
-inbox items, the batch plan that merges duplicates, the batch lock, and a property test that
-random request streams never lose or duplicate a sample ID."""
+"""The core of exactly-once deletion (no DVC, no Prefect): the idempotent, hash-chained ledger and
+its check against the batch journals (a torn tail of a completed batch is damage, not a crash
+trace), triage of inbox items, the batch plan that merges duplicates, the batch lock, and a
+property test that random request streams never lose or duplicate a sample ID."""
 
 import json
 import tempfile
@@ -10,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedunlearn.data.store import deleted_ids
-from fedunlearn.requests.batch import PendingRequest, plan_batch, triage
+from fedunlearn.requests.batch import (BatchRecord, BatchRecordDamaged, BatchStatus, PendingRequest, load_records,
+                                       plan_batch, triage)
 from fedunlearn.requests.catalog import Catalog
 from fedunlearn.requests.folders import BatchInProgress, RequestFolders, batch_lock
 from fedunlearn.requests.inbox import InboxItem
-from fedunlearn.requests.ledger import Ledger, LedgerEntry
+from fedunlearn.requests.integrity import check_ledger, ensure_intact, repair_ledger
+from fedunlearn.requests.ledger import GENESIS, Ledger, LedgerDamaged, LedgerEntry, read_deleted_ids
 from fedunlearn.requests.model import DeletionRequestModel
 
 IDS = [f"toy-{i:03d}" for i in range(60)]
@@ -40,25 +42,110 @@ def entry(request_id: str, ids: list[str]) -> LedgerEntry:
                        subject={"sample_ids": ids}, sample_ids=ids)
 
 
-def test_ledger_appends_each_request_once_and_the_prepare_stage_reads_it(tmp_path):
+def test_ledger_appends_each_request_once_chained_and_the_prepare_stage_reads_it(tmp_path):
     ledger = Ledger(tmp_path / "ledger" / "ledger.jsonl")
     first = ledger.append([entry("r1", IDS[:2]), entry("r2", IDS[2:3])])
     again = ledger.append([entry("r1", IDS[:2]), entry("r3", IDS[3:4])])  # a re-run after a crash, plus one new
     assert [e.request_id for e in first] == ["r1", "r2"] and [e.request_id for e in again] == ["r3"]
     lines = [json.loads(line) for line in ledger.path.read_text().splitlines()]
     assert [line["request_id"] for line in lines] == ["r1", "r2", "r3"]
-    assert {"request_id", "batch_id", "scenario", "kind", "sample_ids", "clients", "applied_at"} <= set(lines[0])
-    assert deleted_ids(ledger.path) == ledger.deleted_ids() == set(IDS[:4])
+    assert {"request_id", "batch_id", "scenario", "kind", "sample_ids", "clients", "applied_at", "checksum",
+            "prev_hash"} <= set(lines[0])
+    assert [line["prev_hash"] for line in lines] == [GENESIS, lines[0]["checksum"], lines[1]["checksum"]]
+    assert read_deleted_ids(ledger.path) == ledger.deleted_ids() == set(IDS[:4])
 
 
-def test_a_torn_last_line_is_cut_off_before_the_batch_appends_again(tmp_path):
+def damage(path: Path, edit) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(edit(lines)))
+
+
+@pytest.mark.parametrize("edit, kind", [
+    (lambda lines: [lines[0], lines[1].replace(IDS[2], IDS[9]), lines[2]], "checksum mismatch"),
+    (lambda lines: [lines[0], lines[2]], "chain broken"),
+    (lambda lines: [lines[0], lines[1], lines[2][:40]], "torn tail"),
+    (lambda lines: [lines[0], "{not json\n", lines[2]], "unreadable"),
+])
+def test_every_kind_of_damage_is_found_and_stops_the_prepare_stage(tmp_path, edit, kind):
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    ledger.append([entry("r1", IDS[:2])])
-    with open(ledger.path, "a") as handle:
-        handle.write('{"request_id": "r2", "sample_')  # a crash in the middle of an append
-    assert ledger.repair_torn_tail()
-    assert [e.request_id for e in ledger.entries()] == ["r1"]
-    assert not ledger.repair_torn_tail()
+    ledger.append([entry("r1", IDS[:2]), entry("r2", IDS[2:3]), entry("r3", IDS[3:4])])
+    damage(ledger.path, edit)
+    inspection = ledger.inspect()
+    assert [p.kind for p in inspection.problems] == [kind]
+    with pytest.raises(LedgerDamaged, match="fedunlearn ledger repair"):
+        read_deleted_ids(ledger.path)  # the prepare stage would otherwise reproduce data without a deletion
+
+
+def journal(folders: RequestFolders, batch_id: str, entries: list[LedgerEntry], status: BatchStatus) -> BatchRecord:
+    """A batch record as the ingest steps leave it: after the append it holds the entries as written."""
+    return BatchRecord(batch_id=batch_id, scenario="toy-hfl", dataset="toy", status=status, requests=entries,
+                       ledger_appended=[e.request_id for e in entries] if status is not BatchStatus.FORMED else []
+                       ).save(folders)
+
+
+def test_a_torn_tail_is_dropped_only_when_its_batch_never_completed_the_append(tmp_path):
+    folders = RequestFolders.create(tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    done = ledger.append([entry("r1", IDS[:2])])
+    journal(folders, "b1", done, BatchStatus.COMPLETE)
+    pending = [entry("r2", IDS[2:4])]
+    journal(folders, "b2", pending, BatchStatus.FORMED)
+    with open(ledger.path, "a") as handle:  # b2's append cut off by a crash: b2's journal never recorded it
+        handle.write('{"request_id": "r2", "sample_')
+    assert "dropped an incomplete last line" in ensure_intact(folders, ledger)
+    assert [e.request_id for e in ledger.entries()] == ["r1"] and ensure_intact(folders, ledger) is None
+
+
+def test_a_torn_tail_of_a_completed_batch_stops_the_run_and_repair_restores_it(tmp_path):
+    folders = RequestFolders.create(tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    journal(folders, "b1", ledger.append([entry("r1", IDS[:2])]), BatchStatus.COMPLETE)
+    journal(folders, "b2", ledger.append([entry("r2", IDS[2:4])]), BatchStatus.COMPLETE)
+    written = ledger.path.read_bytes()
+    ledger.path.write_bytes(written[:-30])  # the last line truncated, as a crash mid-append would leave it
+    with pytest.raises(LedgerDamaged, match=r"entries of completed batch\(es\) b2 are missing"):
+        ensure_intact(folders, ledger)
+    assert ledger.path.read_bytes() == written[:-30]  # nothing dropped: dropping would un-delete IDS[2:4]
+    check = check_ledger(folders, ledger)
+    assert not check.intact and not check.tail_droppable and [m.batch_id for m in check.missing] == ["b2"]
+
+    report = repair_ledger(folders, ledger, {}, {})
+    assert report.restored == ["r2"] and report.backup.read_bytes() == written[:-30]
+    assert ledger.path.read_bytes() == written  # restored exactly, checksum and link included
+    assert check_ledger(folders, ledger).intact and ledger.deleted_ids() == set(IDS[:4])
+
+
+def test_a_changed_or_removed_entry_is_restored_from_its_batch_record(tmp_path):
+    folders = RequestFolders.create(tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    for n in range(3):
+        journal(folders, f"b{n}", ledger.append([entry(f"r{n}", IDS[2 * n:2 * n + 2])]), BatchStatus.COMPLETE)
+    written = ledger.path.read_bytes()
+    damage(ledger.path, lambda lines: [lines[0], lines[2]])
+    with pytest.raises(LedgerDamaged, match="chain broken"):
+        ensure_intact(folders, ledger)
+    assert repair_ledger(folders, ledger, {}, {}).restored == ["r1"] and ledger.path.read_bytes() == written
+    damage(ledger.path, lambda lines: [lines[0], lines[1].replace(IDS[2], IDS[50]), lines[2]])
+    repair_ledger(folders, ledger, {}, {})
+    assert ledger.path.read_bytes() == written
+
+
+def test_a_damaged_batch_record_names_itself_and_repair_rebuilds_or_sets_it_aside(tmp_path):
+    folders = RequestFolders.create(tmp_path)
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    journal(folders, "b1", ledger.append([entry("r1", IDS[:2])]), BatchStatus.COMPLETE)
+    journal(folders, "b9", [entry("r9", IDS[9:10])], BatchStatus.FORMED)
+    for name in ("b1", "b9"):
+        path = folders.batches / f"{name}.json"
+        path.write_text(path.read_text()[:50])
+    with pytest.raises(BatchRecordDamaged, match=r"record of deletion batch b1 .*b1\.json.*fedunlearn ledger repair"):
+        load_records(folders)
+    report = repair_ledger(folders, ledger, {"toy-hfl": "toy"}, {"b1": ("v0", "v1")})
+    assert report.rebuilt_records == ["b1"] and report.set_aside_records == ["b9"]
+    [rebuilt] = load_records(folders)
+    assert rebuilt.status is BatchStatus.LEDGER_APPENDED and rebuilt.recovered_from == "b1.json.damaged"
+    assert rebuilt.data_version_before == "v0" and rebuilt.dataset == "toy"
+    assert sorted(p.name for p in folders.batches.iterdir()) == ["b1.json", "b1.json.damaged", "b9.json.damaged"]
 
 
 def test_triage_files_resubmissions_and_rejects_reused_request_ids():

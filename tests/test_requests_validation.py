@@ -4,6 +4,9 @@ leave the inbox) and the Great Expectations checks against the current data vers
 digits-hfl (unknown ID, already deleted, unknown client, class out of range)."""
 
 import json
+import os
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from fedunlearn.requests.batch import PendingRequest, triage
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, InboxItem, quarantine, scan_inbox, submit_request
 from fedunlearn.requests.model import (MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, DeletionRequestModel, RequestError,
-                                       build_request)
+                                       build_request, parse_request)
 from tasks.requests import validate_requests
 from tasks.workspace import init_workspace, reproduce
 
@@ -87,6 +90,33 @@ def test_each_bad_file_gets_a_clear_reason_and_lands_in_quarantine(folders):
     for name, (_, expected) in FILE_PROBLEMS.items():
         assert expected in (folders.quarantine / f"{name}{REASON_SUFFIX}").read_text()
         assert (folders.quarantine / name).is_file()
+
+
+def test_a_file_still_being_written_waits_and_an_old_unreadable_one_is_quarantined(folders):
+    half = b'{"kind": "sample", "sample_ids": ["digits-000'
+    (folders.inbox / "slow.json").write_bytes(half)  # a writer pausing half-way
+    (folders.inbox / "empty.json").write_bytes(b"")
+    (folders.inbox / "stale.json").write_bytes(half)
+    os.utime(folders.inbox / "stale.json", (time.time() - 3600, time.time() - 3600))
+    items = {item.name: item for item in scan_inbox(folders, SCENARIO, grace_seconds=300)}
+    assert items["slow.json"].waiting.startswith("malformed JSON") and items["slow.json"].problem is None
+    assert "still being written" in items["empty.json"].waiting
+    assert items["stale.json"].problem.startswith("malformed JSON") and items["stale.json"].waiting is None
+    triaged = triage(list(items.values()), {}, SCENARIO, [SCENARIO])
+    assert sorted(i.name for i in triaged.waiting) == ["empty.json", "slow.json"]
+    assert [r.items[0].name for r in triaged.rejected] == ["stale.json"]
+    (folders.inbox / "slow.json").write_bytes(half + b'01"]}')  # the writer finishes: the next run applies it
+    finished = {item.name: item for item in scan_inbox(folders, SCENARIO, grace_seconds=300)}["slow.json"]
+    assert finished.request.sample_ids == ["digits-00001"] and finished.waiting is None
+
+
+def test_a_request_dated_more_than_a_day_ahead_is_refused():
+    with pytest.raises(RequestError, match="submitted_at: .*more than a day in the future"):
+        parse_request(b'{"kind": "client", "client": 0, "submitted_at": "2099-01-01T00:00:00Z"}',
+                      {"request_id": "r", "scenario": SCENARIO})
+    soon = (datetime.now(timezone.utc) + timedelta(hours=2)).isoformat()  # clock skew between machines
+    assert parse_request(json.dumps({"kind": "client", "client": 0, "submitted_at": soon}).encode(),
+                         {"request_id": "r", "scenario": SCENARIO}).client == 0
 
 
 def test_names_that_try_to_leave_the_inbox_are_never_followed(folders, tmp_path):

@@ -7,12 +7,15 @@ so the core stays importable without them and ``--help`` is quick.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 from pathlib import Path
 
-COMMAND_MODULES = ("data", "train", "benchmark", "requests", "pipeline")
+from fedunlearn.errors import FedunlearnError, NoSpace
+
+COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:
@@ -51,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_environment(root)
     try:
         return int(args.handler(args, root) or 0)
+    except FedunlearnError as err:  # each meaning its exit status (fedunlearn.errors)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        print(f"error: no space left on device ({err.filename or root}); free space on that filesystem and run the "
+              f"same command again: a deletion batch resumes where it stopped", file=sys.stderr)
+        return NoSpace.exit_code
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -9,8 +9,9 @@ from pathlib import Path
 from fedunlearn.benchmark.spec import _FORMS, parse_request
 from fedunlearn.cli.data import DEFAULT_SCENARIO
 from fedunlearn.device import DEVICE_CHOICES
+from fedunlearn.errors import BenchmarkRegressed
 
-REGRESSION_EXIT = 3  # the run itself succeeded; a method got worse than the baseline
+REGRESSION_EXIT = BenchmarkRegressed.exit_code  # the run itself succeeded; a method got worse than the baseline
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
-    from fedunlearn.cli.train import quiet_task_logs
+    from fedunlearn.cli.train import prepare_flow_run
     from flows.benchmark import benchmark
     from tasks.workspace import init_workspace
 
@@ -59,7 +60,7 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     if baseline is not None:  # a wrong baseline fails before any work
         require_same_run(baseline, args.scenario, parse_request(args.request).text)
     init_workspace(root)
-    quiet_task_logs()
+    prepare_flow_run()
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
     rows = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
                      backdoor=args.backdoor, root=str(root), device=args.device, method_options=args.method_options,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from fedunlearn.cli.data import DEFAULT_SCENARIO
@@ -61,31 +60,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_process(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.requests import print_summary
-    from fedunlearn.cli.train import quiet_task_logs
-    from fedunlearn.requests.folders import BatchInProgress
-    from flows.process import BatchFailed, process_deletions
+    from fedunlearn.cli.requests import erasure_status, print_summary
+    from fedunlearn.cli.train import prepare_flow_run
+    from flows.process import process_deletions
     from tasks import preload
     from tasks.workspace import init_workspace
 
     init_workspace(root)
-    quiet_task_logs()
+    prepare_flow_run()
     preload.in_background(*preload.BATCH_LIBRARIES)  # while the ephemeral Prefect server starts
-    try:
-        result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
-                                   retrain_reference=args.retrain, method_options=args.method_options,
-                                   device=args.device)
-    except BatchInProgress as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except BatchFailed as err:  # the message names the batch, the step and how to resume
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
+                               retrain_reference=args.retrain, method_options=args.method_options,
+                               device=args.device)
     print_summary(result)
     if "receipt" not in result:
         return 0
     print(describe_batch(result))
-    return 1 if result["erasure"]["found"] else 0
+    return erasure_status(result["erasure"])
 
 
 def describe_batch(result: dict) -> str:
@@ -104,12 +95,12 @@ def describe_batch(result: dict) -> str:
 
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.train import quiet_task_logs
+    from fedunlearn.cli.train import prepare_flow_run
     from flows.reference import retrain_reference
     from tasks.workspace import init_workspace
 
     init_workspace(root)
-    quiet_task_logs()
+    prepare_flow_run()
     result = retrain_reference(scenario=args.scenario, root=str(root), device=args.device)
     print(f"{args.scenario} v{result['model_version']} (alias 'retrained') on data version {result['data_version']}"
           f"{' (already there)' if result['reused'] else ''}")

@@ -82,20 +82,22 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.train import quiet_task_logs
-    from fedunlearn.requests.folders import BatchInProgress
+    from fedunlearn.cli.train import prepare_flow_run
     from flows.ingest import ingest_deletions
     from tasks.workspace import init_workspace
 
     init_workspace(root)
-    quiet_task_logs()
-    try:
-        result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
-    except BatchInProgress as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
+    prepare_flow_run()
+    result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
     print_summary(result)
-    return 1 if result.get("erasure") and result["erasure"]["found"] else 0
+    return erasure_status(result.get("erasure"))
+
+
+def erasure_status(report: dict | None) -> int:
+    """The exit status after a batch: ``ErasureNotVerified``'s when a store still holds a deleted row."""
+    from fedunlearn.errors import ErasureNotVerified
+
+    return ErasureNotVerified.exit_code if report and report["found"] else 0
 
 
 def print_summary(result: dict) -> None:
@@ -108,6 +110,8 @@ def print_summary(result: dict) -> None:
               f"{note['moved_to']}.reason.txt)")
     if result["left_pending"]:
         print(f"left in the inbox (other scenarios): {', '.join(result['left_pending'])}")
+    for name, why in result.get("waiting", {}).items():
+        print(f"left in the inbox, still being written? {name!r}: {why}")
     if "batch_id" not in result:
         print(result["status"])
         return
@@ -122,12 +126,13 @@ def print_summary(result: dict) -> None:
 def erasure_line(report: dict) -> str:
     unverifiable = len(report["not_verifiable"])
     caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
+    stores = report.get("stores", [])
     if report["found"]:
-        files = sorted({f for found in report["found"].values() for f in found})
-        return (f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in "
-                f"{', '.join(files)}")
+        held = "; ".join(f"store {s['name']}: {', '.join(s['found'])}" for s in stores if s["found"])
+        return f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in {held}"
     if not report["verified"]:
         return f"erasure not verifiable: none of the {report['deleted_samples']} deleted samples can be recognised"
-    cache = "" if ".dvc/cache" in report["scanned"] else " (.dvc/cache keeps earlier versions: ingest --purge)"
+    skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
     return (f"erasure verified: no bytes of the {report['checked_samples']} checked samples in "
-            f"{report['files_scanned']} files under {', '.join(report['scanned'])}{caveat}{cache}")
+            f"{report['files_scanned']} files of the stores {', '.join(s['name'] for s in stores if s['in_scope'])}"
+            f"{caveat}{'; not scanned: ' + skipped if skipped else ''}")

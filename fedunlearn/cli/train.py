@@ -42,10 +42,14 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                                                           "(benchmark SPEC, e.g. client:largest)")
 
 
-def quiet_task_logs() -> None:
-    """Per-task-run chatter would bury the per-round progress lines."""
+def prepare_flow_run() -> None:
+    """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
+    and Prefect's ephemeral server (if no PREFECT_API_URL is set) must die with this process."""
+    from tasks.ephemeral_server import install
+
     for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    install()
 
 
 def train(args: argparse.Namespace, root: Path) -> dict:
@@ -56,7 +60,7 @@ def train(args: argparse.Namespace, root: Path) -> dict:
     if args.backdoor != bool(args.request):
         raise ValueError("--backdoor and --request go together: --backdoor --request client:largest")
     init_workspace(root)
-    quiet_task_logs()
+    prepare_flow_run()
     flow = train_federated.with_options(task_runner=make_task_runner(args.runner, args.runner_address))
     return flow(scenario=args.scenario, root=str(root), rounds=args.rounds, local_epochs=args.local_epochs,
                 client_tasks=not args.inline, device=args.device, backdoor_request=args.request)

@@ -21,8 +21,8 @@ from fedunlearn.config import Params
 from fedunlearn.data.datasets import Dataset, load_source
 from fedunlearn.data.partition import (assign_dirichlet, assign_iid, holdout_mask, slice_features,
                                        vertical_slices)
+from fedunlearn.requests.ledger import LEDGER_PATH, read_deleted_ids
 
-LEDGER_PATH = Path("data/ledger/ledger.jsonl")
 RAW_DIR = Path("data/raw")
 PARTITIONS_DIR = Path("data/partitions")
 
@@ -44,21 +44,10 @@ def _load(directory: Path, name: str) -> np.ndarray:
     return np.load(path, allow_pickle=False)
 
 
-def deleted_ids(ledger_path: Path) -> set[str]:
-    """Sample IDs the append-only ledger says were deleted."""
-    if not ledger_path.is_file():
-        return set()
-    ids: set[str] = set()
-    for line in ledger_path.read_text().splitlines():
-        if line.strip():
-            ids.update(json.loads(line)["sample_ids"])
-    return ids
-
-
 def prepare_dataset(name: str, params: Params, root: Path) -> Path:
     """Stage ``prepare``: load the source, drop ledger IDs, write ``data/raw/<name>``."""
     dataset = load_source(name, params.datasets.get(name))
-    gone = deleted_ids(root / LEDGER_PATH)
+    gone = read_deleted_ids(root / LEDGER_PATH)
     keep = np.array([sid not in gone for sid in dataset.sample_ids.tolist()], dtype=bool)
     kept = dataset.subset(keep)
     out = root / RAW_DIR / name

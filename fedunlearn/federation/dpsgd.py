@@ -18,8 +18,10 @@ iterations are synchronous); ``lr`` is γ. The paper: batch size 100, one epoch 
 Seeded and deterministic: the initial model comes from the seed (every node starts from the same
 one, as FedAvg's clients do), node i's mini-batches in round r from (seed, r, i). All nodes'
 gradients are one vectorised call (``torch.func.vmap``), which is how N devices computing in
-parallel are simulated on one. Nodes without data (a removed client) have left the graph: the
-engine trains on the subgraph of the others and checks it is connected (ρ < 1).
+parallel are simulated on one. The mixing runs in the parameters' dtype (a float64 model, as the
+certified unlearning's float64 oracles use, mixes in float64). Nodes without data (a removed
+client) have left the graph: the engine trains on the subgraph of the others and checks it is
+connected (ρ < 1).
 
 Cost: every iteration each node sends its model to each neighbour, 2|E| copies of P floats —
 ``communication_bytes(P, |E|)`` per iteration, PUF's 2·P·B formula with one "participant" per
@@ -116,7 +118,6 @@ class DPSGD(Engine):
         seeded initial model at every node), one state (at every node) or one per client."""
         graph = self.active_topology(clients)
         active = [i for i, c in enumerate(clients) if len(c) > 0]
-        q = torch.as_tensor(graph.mixing(), dtype=torch.float32, device=self.device)
         starts = self._starting_states(state, len(clients), active)
         model = self.model_fn().to(self.device)
         if next(model.buffers(), None) is not None:
@@ -128,6 +129,8 @@ class DPSGD(Engine):
 
         gradients = vmap(grad_and_value(loss))
         stacked = {k: torch.stack([starts[i][k] for i in active]).to(self.device) for k in starts[active[0]]}
+        # Q in the parameters' dtype: tensordot does not promote, so a float32 Q fails on a float64 model.
+        q = torch.as_tensor(graph.mixing(), dtype=next(iter(stacked.values())).dtype, device=self.device)
         num_params = sum(v[0].numel() for v in stacked.values())
         steps = self.steps_per_round([clients[i] for i in active])
         batch = self.config.batch_size

@@ -10,14 +10,16 @@ A batch moves through its statuses in order, and the record is saved (durably) a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, ValidationError, computed_field
 
+from fedunlearn.errors import StateDamaged
 from fedunlearn.requests.catalog import Catalog
 from fedunlearn.requests.erasure import ErasureReport
 from fedunlearn.requests.folders import RequestFolders, write_json_atomic
@@ -51,6 +53,7 @@ class Triage:
     rejected: list[Rejection] = field(default_factory=list)
     applied: list[InboxItem] = field(default_factory=list)  # already in the ledger: file only
     elsewhere: list[InboxItem] = field(default_factory=list)  # for another scenario: left pending
+    waiting: list[InboxItem] = field(default_factory=list)  # still being written: left for the next run
 
 
 def triage(items: list[InboxItem], applied: dict[str, LedgerEntry], scenario: str,
@@ -62,7 +65,9 @@ def triage(items: list[InboxItem], applied: dict[str, LedgerEntry], scenario: st
     pending: dict[str, PendingRequest] = {}
     for item in items:
         request = item.request
-        if request is None:
+        if item.waiting:
+            result.waiting.append(item)
+        elif request is None:
             result.rejected.append(Rejection([item], item.problem or "unreadable request"))
         elif request.request_id in applied:
             entry = applied[request.request_id]
@@ -168,6 +173,8 @@ class BatchRecord(BaseModel):
     purged: bool = False
     erasure: ErasureReport | None = None
     processed_files: list[str] = Field(default_factory=list)
+    recovered_from: str | None = Field(None, description="rebuilt by `fedunlearn ledger repair` from the ledger; "
+                                                         "the damaged file was set aside under this name")
 
     @computed_field
     @property
@@ -196,7 +203,38 @@ def record_path(folders: RequestFolders, batch_id: str) -> Path:
     return folders.batches / f"{batch_id}.json"
 
 
+class BatchRecordDamaged(StateDamaged):
+    """A batch record (also the batch's journal) does not read back."""
+
+    def __init__(self, path: Path, cause: str):
+        self.path, self.batch_id = path, path.name.removesuffix(".json")
+        super().__init__(f"the record of deletion batch {self.batch_id} ({path}) cannot be read: {cause}. Every later "
+                         "batch waits for it, since it may be the journal of an unfinished batch. Run `fedunlearn "
+                         "ledger repair`: it rebuilds the record from the batch's ledger entries (and its receipt) when "
+                         "the ledger holds them, and otherwise sets the file aside, since the batch never applied a "
+                         "deletion; or restore the file from a backup")
+
+
+def read_records(folders: RequestFolders) -> tuple[list[BatchRecord], list[BatchRecordDamaged]]:
+    """All readable batch records, oldest first, and one error per record that does not read back."""
+    records, damaged = [], []
+    for path in sorted(folders.batches.glob("*.json")):
+        try:
+            # json, not pydantic's parser: a quarantined file's undecodable name is kept as a lone
+            # surrogate, which JSON escapes and Python reads back but pydantic's JSON parser refuses.
+            records.append(BatchRecord.model_validate(json.loads(path.read_bytes())))
+        except json.JSONDecodeError as err:
+            damaged.append(BatchRecordDamaged(path, f"not JSON ({err.msg} at line {err.lineno} column {err.colno})"))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the file"
+            damaged.append(BatchRecordDamaged(path, f"{first['msg']} at {where}"))
+    return sorted(records, key=lambda r: r.created_at), damaged
+
+
 def load_records(folders: RequestFolders) -> list[BatchRecord]:
-    """All batch records, oldest first."""
-    records = [BatchRecord.model_validate_json(path.read_text()) for path in folders.batches.glob("*.json")]
-    return sorted(records, key=lambda r: r.created_at)
+    """All batch records, oldest first; a damaged one raises ``BatchRecordDamaged``."""
+    records, damaged = read_records(folders)
+    if damaged:
+        raise damaged[0]
+    return records

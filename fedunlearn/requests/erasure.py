@@ -4,8 +4,17 @@ Before a batch produces the new data version, each deleted sample's feature rows
 *as stored* (the prepared ``features.npy`` and every partition file holding the sample: the
 same bytes for images, standardized bytes for tabular data, a column slice per VFL party).
 These byte strings — fingerprints — stay in memory only. After the new version (and the
-optional purge of the DVC cache) every file under the scanned roots is read once and searched
-for every fingerprint.
+optional purge of the DVC cache) every file of every store in scope is read once and searched
+for every fingerprint: as raw bytes, and — in text files (JSON, YAML, CSV, logs, sqlite
+databases) — as the sequence of numbers the text writes, decoded to the rows' dtype (an MLflow
+``input_example.json`` writes a row as numbers, not bytes).
+
+A store (``Store``) is a named set of directories the product writes: the data, the DVC cache
+and remote, MLflow's tracking store and artifacts, Prefect's database and result storage,
+temporary files. A store is in scope or not (the DVC cache keeps earlier data versions until a
+purge, by design); stores out of scope are listed with the reason and not scanned. The report
+is ``verified`` only when at least one sample could be checked and no store in scope holds a
+deleted row; otherwise it names the store and file that do.
 
 A fingerprint that would prove nothing is not used, and its sample is reported as "not
 verifiable" rather than claimed: a row with too little content (mostly zero bytes, e.g. an
@@ -16,8 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -36,6 +46,10 @@ class RowSource:
     name: str
     sample_ids: list[str]
     rows: np.ndarray  # 2-D: one flattened row per sample, dtype and byte order as stored
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.rows.dtype
 
     @classmethod
     def from_arrays(cls, name: str, sample_ids: np.ndarray, features: np.ndarray,
@@ -72,6 +86,7 @@ class Fingerprints:
 
     by_sample: dict[str, set[bytes]]
     not_verifiable: dict[str, str]
+    dtypes: set[str] = field(default_factory=set)  # how the rows are stored: text numbers are decoded to these
 
     def sample_ids(self) -> set[str]:
         return set(self.by_sample) | set(self.not_verifiable)
@@ -84,6 +99,7 @@ def _digest(row: bytes) -> bytes:
 def take_fingerprints(sources: list[RowSource], deleted: set[str]) -> Fingerprints:
     rows: dict[str, set[bytes]] = {sample_id: set() for sample_id in deleted}
     retained: set[bytes] = set()  # digests, not rows: a large dataset stays cheap to hold
+    dtypes = {source.dtype.str for source in sources if source.sample_ids}
     for source in sources:
         for index, sample_id in enumerate(source.sample_ids):
             row = source.rows[index].tobytes()
@@ -91,7 +107,7 @@ def take_fingerprints(sources: list[RowSource], deleted: set[str]) -> Fingerprin
                 rows[sample_id].add(row)
             else:
                 retained.add(_digest(row))
-    fingerprints = Fingerprints({}, {})
+    fingerprints = Fingerprints({}, {}, dtypes)
     for sample_id in sorted(rows):
         distinctive = {r for r in rows[sample_id]
                        if np.count_nonzero(np.frombuffer(r, dtype=np.uint8)) >= MIN_CONTENT_BYTES}
@@ -107,8 +123,32 @@ def take_fingerprints(sources: list[RowSource], deleted: set[str]) -> Fingerprin
     return fingerprints
 
 
+@dataclass
+class Store:
+    """A place the product writes to: a name, its directories, and whether the scan covers it."""
+
+    name: str
+    paths: list[Path]
+    in_scope: bool = True
+    note: str = ""
+
+
+class StoreScan(BaseModel):
+    name: str
+    paths: list[str]
+    in_scope: bool
+    note: str = ""
+    files: int = 0
+    bytes: int = 0
+    found: list[str] = []  # files holding a deleted row
+
+    @property
+    def clean(self) -> bool:
+        return not self.found
+
+
 class ErasureReport(BaseModel):
-    verified: bool  # at least one sample checked and no checked sample's bytes found
+    verified: bool  # at least one sample checked and no checked sample's bytes found in a store in scope
     deleted_samples: int
     checked_samples: int
     not_verifiable: dict[str, str]
@@ -117,6 +157,10 @@ class ErasureReport(BaseModel):
     files_scanned: int
     bytes_scanned: int
     scope: str
+    stores: list[StoreScan] = []
+
+    def holding_stores(self) -> list[StoreScan]:
+        return [store for store in self.stores if store.found]
 
 
 class RowMatcher:
@@ -168,6 +212,9 @@ class RowMatcher:
 
 def _files_under(roots: list[Path]) -> Iterator[Path]:
     for root in roots:
+        if root.is_file() and not root.is_symlink():
+            yield root
+            continue
         for directory, _, names in os.walk(root):  # never follows directory symlinks
             for name in sorted(names):
                 path = Path(directory) / name
@@ -177,25 +224,71 @@ def _files_under(roots: list[Path]) -> Iterator[Path]:
                     yield path
 
 
-def verify_erasure(fingerprints: Fingerprints, roots: list[Path], base: Path, scope: str) -> ErasureReport:
-    """Read every file under ``roots`` once and search it for every fingerprint."""
+# Files whose numbers are read as text too: serialised examples, configs, logs, CSV, sqlite
+# databases (JSON in a TEXT column is stored as text). Other binaries (.npy, .pt, .pt2 weights) are
+# searched as bytes only.
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".md", ".csv", ".tsv", ".log", ".db", ".sqlite",
+                 ".html", ".MLmodel", "MLmodel", ".py")
+NUMBER = re.compile(rb"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _looks_textual(path: Path, data: bytes) -> bool:
+    return path.name.endswith(TEXT_SUFFIXES) or b"\0" not in data[:8192]
+
+
+def text_numbers(data: bytes, dtype: str) -> bytes:
+    """The numbers a text writes, in order, as the bytes of an array of ``dtype``."""
+    values = np.array([float(match) for match in NUMBER.findall(data)], dtype=np.float64)
+    with np.errstate(over="ignore"):  # a number beyond the dtype's range becomes inf: it matches no row
+        return values.astype(np.dtype(dtype)).tobytes() if len(values) else b""
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path) -> ErasureReport:
+    """Read every file of every store in scope once and search it for every fingerprint."""
     owners: dict[bytes, list[str]] = {}
     for sample_id, rows in fingerprints.by_sample.items():
         for row in rows:
             owners.setdefault(row, []).append(sample_id)
     matcher = RowMatcher(set(owners))
+    float_dtypes = sorted(d for d in fingerprints.dtypes if np.dtype(d).kind == "f")
     found: dict[str, set[str]] = {}
-    files = size = 0
-    for path in _files_under([r for r in roots if r.is_dir()]):
-        data = path.read_bytes()
-        files, size = files + 1, size + len(data)
-        for row in matcher.rows_in(data):
-            for sample_id in owners[row]:
-                found.setdefault(sample_id, set()).add(path.relative_to(base).as_posix())
+    scans = []
+    for store in stores:
+        scan = StoreScan(name=store.name, paths=[_relative(p, base) for p in store.paths], in_scope=store.in_scope,
+                         note=store.note)
+        scans.append(scan)
+        if not store.in_scope:
+            continue
+        holding: set[str] = set()
+        for path in _files_under([p for p in store.paths if p.exists()]):
+            data = path.read_bytes()
+            scan.files, scan.bytes = scan.files + 1, scan.bytes + len(data)
+            hits = matcher.rows_in(data)
+            if owners and _looks_textual(path, data):
+                for dtype in float_dtypes:
+                    hits |= matcher.rows_in(text_numbers(data, dtype))
+            for row in hits:
+                name = _relative(path, base)
+                holding.add(name)
+                for sample_id in owners[row]:
+                    found.setdefault(sample_id, set()).add(name)
+        scan.found = sorted(holding)
+    in_scope = [scan for scan in scans if scan.in_scope]
     return ErasureReport(verified=bool(fingerprints.by_sample) and not found,
                          deleted_samples=len(fingerprints.sample_ids()),
                          checked_samples=len(fingerprints.by_sample),
                          not_verifiable=fingerprints.not_verifiable,
                          found={k: sorted(v) for k, v in sorted(found.items())},
-                         scanned=[r.relative_to(base).as_posix() for r in roots],
-                         files_scanned=files, bytes_scanned=size, scope=scope)
+                         scanned=[path for scan in in_scope for path in scan.paths],
+                         files_scanned=sum(scan.files for scan in in_scope),
+                         bytes_scanned=sum(scan.bytes for scan in in_scope),
+                         scope="; ".join(f"{scan.name}: {'scanned' if scan.in_scope else 'not scanned'}"
+                                         f"{' — ' + scan.note if scan.note else ''}" for scan in scans),
+                         stores=scans)

@@ -23,12 +23,10 @@ from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
+from fedunlearn.errors import BatchInProgress
+
 REQUESTS_DIR = Path("data/deletion_requests")
 LOCK_TIMEOUT_S = 60.0
-
-
-class BatchInProgress(RuntimeError):
-    """Another deletion batch holds the lock."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ Only regular files directly inside ``inbox/`` with a safe name are read. Anythin
 symlink, a directory, a hidden file, a name with ``..`` or odd characters, another suffix) is
 never followed or opened: it becomes an item with a ``problem``, which the batch quarantines.
 Files are opened with ``O_NOFOLLOW`` and read up to the size limit; nothing is unpickled.
+
+A file that does not parse yet (empty, malformed JSON) and was modified less than
+``grace_seconds`` ago is taken to be still being written: it stays in the inbox for the next
+run (``InboxItem.waiting``) rather than going to quarantine, where a completed request would
+never be applied. Other writers should write elsewhere and rename into the inbox, as
+``submit_request`` does: a rename is atomic, so the inbox only ever sees whole files.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fedunlearn.requests.folders import RequestFolders, free_name, move_into, place_new_file, write_text_atomic
-from fedunlearn.requests.model import (MAX_REQUEST_BYTES, DeletionRequestModel, RequestError, parse_request,
-                                       utc_now)
+from fedunlearn.requests.model import (MAX_REQUEST_BYTES, DeletionRequestModel, IncompleteRequest, RequestError,
+                                       parse_request, utc_now)
 
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json$")
 REASON_SUFFIX = ".reason.txt"
@@ -32,6 +38,7 @@ class InboxItem:
     path: Path
     request: DeletionRequestModel | None = None
     problem: str | None = None
+    waiting: str | None = None  # does not parse yet and is young: left for the next run, with why
 
 
 def unsafe_name_problem(name: str) -> str | None:
@@ -47,13 +54,14 @@ def unsafe_name_problem(name: str) -> str | None:
     return None
 
 
-def scan_inbox(folders: RequestFolders, scenario: str) -> list[InboxItem]:
-    """Every entry of the inbox, in name order; ``scenario`` fills requests that name none."""
+def scan_inbox(folders: RequestFolders, scenario: str, grace_seconds: float = 0.0) -> list[InboxItem]:
+    """Every entry of the inbox, in name order; ``scenario`` fills requests that name none; a file
+    that does not parse and changed within ``grace_seconds`` is left waiting."""
     with os.scandir(folders.inbox) as entries:
-        return [_read_entry(entry, scenario) for entry in sorted(entries, key=lambda e: e.name)]
+        return [_read_entry(entry, scenario, grace_seconds) for entry in sorted(entries, key=lambda e: e.name)]
 
 
-def _read_entry(entry: os.DirEntry, scenario: str) -> InboxItem:
+def _read_entry(entry: os.DirEntry, scenario: str, grace_seconds: float) -> InboxItem:
     item = InboxItem(entry.name, Path(entry.path))
     if entry.is_symlink():
         item.problem = "symbolic link: not followed; put the request file itself into the inbox"
@@ -62,10 +70,19 @@ def _read_entry(entry: os.DirEntry, scenario: str) -> InboxItem:
     else:
         item.problem = unsafe_name_problem(entry.name)
     if item.problem is None:
+        modified = None
         try:
             data, modified = _read_limited(item.path)
             item.request = parse_request(data, {"request_id": entry.name.removesuffix(".json"),
                                                 "scenario": scenario, "submitted_at": modified})
+        except IncompleteRequest as err:
+            age = (utc_now() - modified).total_seconds() if modified else float("inf")
+            if age < grace_seconds:
+                item.waiting = (f"{err}, and the file changed {age:.0f} s ago: taken to be still being written, it "
+                                f"is read again by the next run (quarantined if still unreadable after "
+                                f"{grace_seconds:.0f} s)")
+            else:
+                item.problem = str(err)
         except RequestError as err:
             item.problem = str(err)
     return item

@@ -3,20 +3,34 @@ request. The DVC ``prepare`` stage depends on it and drops every ``sample_ids`` 
 
 Appends are idempotent by ``request_id`` (a request already in the ledger is skipped, so a
 re-run after a crash never applies it twice) and durable (fsync) before they return.
+
+A ledger that loses a line silently un-deletes: the next data version brings the line's samples
+back. So every entry is chained: ``prev_hash`` is the ``checksum`` of the entry before it
+(``GENESIS`` for the first), and ``checksum`` is the SHA-256 of the entry's canonical JSON with
+its ``prev_hash`` (everything but the checksum itself). An edited line fails its checksum, a
+removed or reordered line breaks the next one's ``prev_hash``, and a line cut off by a crash
+does not parse. ``Ledger.inspect`` finds all three; it never repairs anything itself — what may
+be dropped or restored is decided against the batch journals (``requests.integrity``). Lines
+written before entries were chained (no checksum) are accepted only as a prefix of the file.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
+import json
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fedunlearn.data.store import deleted_ids
-from fedunlearn.requests.folders import append_lines_durable
+from fedunlearn.errors import StateDamaged
+from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
+
+LEDGER_PATH = Path("data/ledger/ledger.jsonl")
+GENESIS = "0" * 64
 
 
 class LedgerEntry(BaseModel):
@@ -36,47 +50,192 @@ class LedgerEntry(BaseModel):
     merged_ids: list[str] = Field(default_factory=list)
     submitted_at: datetime | None = None
     applied_at: datetime | None = None
+    prev_hash: str | None = Field(None, description="checksum of the entry before this one (GENESIS for the first)")
+    checksum: str | None = Field(None, description="SHA-256 of this entry's canonical JSON, prev_hash included")
 
     def matches(self, request: DeletionRequestModel) -> bool:
         """The same request (kind, scenario, subject), e.g. its file seen again after a crash."""
         return (self.kind, self.scenario, self.subject) == (request.kind, request.scenario, request.subject)
+
+    def chained(self, prev_hash: str, applied_at: datetime) -> "LedgerEntry":
+        """This entry as it is appended after ``prev_hash``: stamped, linked and checksummed."""
+        linked = self.model_copy(update={"applied_at": applied_at, "prev_hash": prev_hash, "checksum": None})
+        return linked.model_copy(update={"checksum": content_checksum(linked.document())})
+
+    def document(self) -> dict[str, Any]:
+        """The JSON object of the ledger line."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def line(self) -> str:
+        return json.dumps(self.document(), ensure_ascii=False, sort_keys=True)
+
+
+def content_checksum(document: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a ledger line without its ``checksum`` field."""
+    content = {key: value for key, value in document.items() if key != "checksum"}
+    canonical = json.dumps(content, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class LedgerProblem:
+    """One way the ledger file is damaged, by 1-based line number."""
+
+    line: int
+    kind: str  # "torn tail" | "unreadable" | "checksum mismatch" | "chain broken" | "unchained after chained"
+    detail: str
+    request_id: str | None = None
+
+    def __str__(self) -> str:
+        who = f" (request {self.request_id})" if self.request_id else ""
+        return f"line {self.line}{who}: {self.kind}: {self.detail}"
+
+
+@dataclass
+class LedgerInspection:
+    """What the file holds: the entries that read back intact, in order, and every problem."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+    problems: list[LedgerProblem] = field(default_factory=list)
+    torn_tail: bytes = b""  # the bytes after the last newline, when they are not a whole entry
+    missing_final_newline: bool = False  # the last line is a whole, valid entry without its newline
+    legacy_entries: int = 0  # lines written before entries were chained
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+    @property
+    def head(self) -> str:
+        """The checksum a new entry links to."""
+        for entry in reversed(self.entries):
+            if entry.checksum:
+                return entry.checksum
+        return GENESIS
 
 
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
 
-    def entries(self) -> list[LedgerEntry]:
+    def inspect(self) -> LedgerInspection:
+        """Read every line and check its checksum and link; never changes the file."""
+        found = LedgerInspection()
         if not self.path.is_file():
-            return []
-        return [LedgerEntry.model_validate_json(line) for line in self.path.read_text().splitlines() if line.strip()]
+            return found
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        previous: str | None = None  # the last checksum seen; None while in the legacy prefix
+        unreadable_before = False  # the line before could not be read: its checksum is unknown
+        for number, raw in enumerate(lines + ([tail] if tail else []), start=1):
+            is_tail = bool(tail) and number == len(lines) + 1
+            if not raw.strip():
+                continue
+            try:
+                document = json.loads(raw)
+                entry = LedgerEntry.model_validate(document)
+            except (ValueError, ValidationError) as err:
+                if is_tail:
+                    found.torn_tail = raw
+                    found.problems.append(LedgerProblem(number, "torn tail", "the last line is incomplete (an "
+                                                        "append cut off by a crash or a truncation)",
+                                                        _request_id_in(raw)))
+                else:
+                    found.problems.append(LedgerProblem(number, "unreadable", f"not a ledger entry: {err}",
+                                                        _request_id_in(raw)))
+                unreadable_before = True
+                continue
+            if entry.checksum is None:
+                if previous is not None:
+                    found.problems.append(LedgerProblem(number, "unchained after chained", "an entry without a "
+                                                        "checksum after chained entries", entry.request_id))
+                found.legacy_entries += 1
+            elif entry.checksum != content_checksum(document):
+                found.problems.append(LedgerProblem(number, "checksum mismatch", "the line was changed after it "
+                                                    "was written", entry.request_id))
+                previous, unreadable_before = entry.checksum, False  # the next line links to what this one claims
+                continue
+            elif entry.prev_hash != (previous or GENESIS) and not unreadable_before:
+                found.problems.append(LedgerProblem(number, "chain broken", "the entry before it is missing or "
+                                                    "was replaced (an entry was removed or lines reordered)",
+                                                    entry.request_id))
+            if entry.checksum is not None:
+                previous = entry.checksum
+            unreadable_before = False
+            found.missing_final_newline = is_tail
+            found.entries.append(entry)
+        return found
+
+    def entries(self) -> list[LedgerEntry]:
+        """The entries of an intact ledger; a damaged one raises ``LedgerDamaged``."""
+        inspection = self.inspect()
+        if not inspection.intact:
+            raise LedgerDamaged(self.path, inspection.problems)
+        return inspection.entries
 
     def by_request(self) -> dict[str, LedgerEntry]:
         return {entry.request_id: entry for entry in self.entries()}
 
     def deleted_ids(self) -> set[str]:
-        return deleted_ids(self.path)
+        return {i for entry in self.entries() for i in entry.sample_ids}
 
     def append(self, entries: list[LedgerEntry]) -> list[LedgerEntry]:
-        """Append the entries whose request is not in the ledger yet; returns those appended."""
-        present = set(self.by_request())
-        applied_at = utc_now()
-        new = [entry.model_copy(update={"applied_at": applied_at}) for entry in entries
-               if entry.request_id not in present]
+        """Append the entries whose request is not in the ledger yet, chained to the last entry;
+        returns those appended (as written). Callers hold the batch lock."""
+        inspection = self.inspect()
+        if not inspection.intact:
+            raise LedgerDamaged(self.path, inspection.problems)
+        present = {entry.request_id for entry in inspection.entries}
+        applied_at, head, new = utc_now(), inspection.head, []
+        for entry in entries:
+            if entry.request_id not in present:
+                new.append(entry.chained(head, applied_at))
+                head = new[-1].checksum
         if new:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            append_lines_durable(self.path, [entry.model_dump_json(exclude_none=True) for entry in new])
+            lines = [entry.line() for entry in new]
+            if inspection.missing_final_newline:  # the last entry is whole; only its newline was lost
+                lines[0] = "\n" + lines[0]
+            append_lines_durable(self.path, lines)
         return new
 
-    def repair_torn_tail(self) -> bool:
-        """Drop a last line without its newline: the trace of an append cut off by a crash
-        (that append never returned, so its batch re-appends it). Run under the batch lock."""
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            return False
-        data = self.path.read_bytes()
-        if data.endswith(b"\n"):
-            return False
-        with open(self.path, "r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
-            os.fsync(handle.fileno())
-        return True
+    def rewrite(self, entries: list[LedgerEntry]) -> Path:
+        """Replace the file with ``entries`` (each line as written), keeping the old file beside
+        it as ``ledger.jsonl.bak-<UTC time>``. For ``fedunlearn ledger repair`` only."""
+        backup = self.path.with_name(f"{self.path.name}.bak-{utc_now():%Y%m%dT%H%M%S%fZ}")
+        if self.path.is_file():
+            backup.write_bytes(self.path.read_bytes())
+        write_text_atomic(self.path, "".join(entry.line() + "\n" for entry in entries))
+        return backup
+
+
+def _request_id_in(raw: bytes) -> str | None:
+    """The request ID a damaged line still shows, if it got that far."""
+    text = raw.decode("utf-8", errors="replace")
+    start = text.find('"request_id"')
+    if start < 0:
+        return None
+    rest = text[start + len('"request_id"'):].lstrip(" :")
+    if not rest.startswith('"'):
+        return None
+    end = rest.find('"', 1)
+    return rest[1:end] if end > 0 else None
+
+
+class LedgerDamaged(StateDamaged):
+    """The ledger file does not read back as the chain that was written; nothing was changed."""
+
+    def __init__(self, path: Path, problems: list[LedgerProblem], detail: str = ""):
+        self.path, self.problems = Path(path), problems
+        listing = "; ".join(str(p) for p in problems)
+        super().__init__(f"the deletion ledger {path} is damaged ({listing}){detail}. Nothing was changed: a damaged "
+                         "ledger could bring deleted samples back. Run `fedunlearn ledger verify` for the details and "
+                         "`fedunlearn ledger repair` to restore the entries from the batch records "
+                         "(data/deletion_requests/batches/)")
+
+
+def read_deleted_ids(path: Path) -> set[str]:
+    """Sample IDs the ledger at ``path`` deletes (the ``prepare`` stage's input); a damaged
+    ledger stops the stage rather than reproduce data without some deletions."""
+    return Ledger(path).deleted_ids()

@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
+# A submitted_at further ahead than this is not clock skew but a wrong date (a deadline computed from it
+# would never come due).
+MAX_FUTURE = timedelta(days=1)
 MAX_IDS_PER_REQUEST = 100_000
 MAX_SAMPLE_ID_LENGTH = 512
 # A request ID doubles as a file name (<request_id>.json): a safe charset, no leading dot, no "..".
@@ -31,6 +34,11 @@ SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 class RequestError(ValueError):
     """A request that cannot be accepted; the message says what was wrong and what to do."""
+
+
+class IncompleteRequest(RequestError):
+    """The file does not parse (yet): empty, cut inside a UTF-8 character, or malformed JSON — what a
+    file still being written looks like. The inbox waits for a young one (``inbox_grace_seconds``)."""
 
 
 class RequestKind(str, Enum):
@@ -116,11 +124,15 @@ class DeletionRequestModel(BaseModel):
     def _in_utc(cls, value: datetime) -> datetime:
         # A time without a zone is read as UTC, so every timestamp in the records compares.
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=timezone.utc)
         try:
-            return value.astimezone(timezone.utc)
+            value = value.astimezone(timezone.utc)
         except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
             raise ValueError(f"{value.isoformat()} is out of range once converted to UTC") from None
+        if value - utc_now() > MAX_FUTURE:
+            raise ValueError(f"{value.isoformat()} is more than a day in the future (now {utc_now():%Y-%m-%dT%H:%M}Z): "
+                             "give the time the request was made, in UTC")
+        return value
 
     @model_validator(mode="after")
     def _subject_matches_kind(self) -> "DeletionRequestModel":
@@ -201,11 +213,11 @@ def parse_request(data: bytes, defaults: dict[str, Any]) -> DeletionRequestModel
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise RequestError(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise IncompleteRequest(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
         document = json.loads(text, object_pairs_hook=_object_without_duplicate_keys)
     except json.JSONDecodeError as err:
-        raise RequestError(f"malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+        raise IncompleteRequest(f"malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise RequestError("malformed JSON: nested too deeply") from None
     except DuplicateKey as err:

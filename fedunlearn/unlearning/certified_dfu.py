@@ -69,9 +69,16 @@ makes w̃ and A(D_r) (ε, δ)-indistinguishable both ways (certify/budget.py; no
 reference is centred exactly at w*_r). The step's input x̄ may carry an earlier batch's noise:
 the bound holds for every value of it, and a mixture of distributions each (ε, δ)-close to one
 reference is (ε, δ)-close to it. Fine-tuning (``finetune_rounds``) is D-PSGD on retained data
-applied to w̃ — post-processing (Eq. 12). Not covered: models released before this batch (no
-retrain recalls them) and the fact that a retrain happened (reported; data-dependent, as in
-Guo et al.).
+applied to w̃ — post-processing (Eq. 12). Every batch is such a release, with fresh noise, and
+every release stays published: with the residual calibration the k releases since the last
+retrain are (ε, δ)-close to their k references TOGETHER, because the budget caps the SUM of
+their bounds and Gaussian mechanisms compose in quadrature (certify/budget.py: Dong, Roth & Su;
+Smith & Thakurta's filter); the certificate records k (``releases_since_retrain``), that
+composed guarantee (``composed_epsilon``, ``composed_delta``) and, for comparison, basic
+composition's (kε, kδ) (``composed_basic``). The paper's calibration certifies each release on
+its own: k of them compose to μ = √k·ε/√(2 ln(1.25/δ)) in GDP terms, or (kε, kδ) basic, and no
+ledger counts them. Not covered: models released before this batch (no retrain recalls them)
+and the fact that a retrain happened (reported; data-dependent, as in Guo et al.).
 
 Calibrations (``calibration``), both rigorous for λ-strongly convex models:
   "paper": Δ = ΔF = 2ML²m²/(λ³n²) a priori (Algorithm 1, Lemma 3), m and n the forget and local
@@ -83,9 +90,11 @@ Calibrations (``calibration``), both rigorous for λ-strongly convex models:
       test accuracy 12% (chance) against 81% for the residual calibration.
   "residual" (default): Δ = B, the ``residual_budget``, fixed in advance. After the steps the
       bound r = ‖∇L_r(x̂)‖/λ ≥ ‖x̂ − w*_r‖ (λ-strong convexity) is measured in float64 and
-      charged to the ledger (certify/budget.py). r ≤ B: certified. r > B: retrain by D-PSGD on
-      the retained data (the training's rounds), take the Newton steps from there, measure
-      again, report the retrain. The curvature's accuracy can cost utility, never the guarantee.
+      charged to the ledger (certify/budget.py), which sums the bounds since the last retrain;
+      the steps aim at what is left of B. Sum + r ≤ B: certified. Otherwise: retrain by D-PSGD
+      on the retained data (the training's rounds), take the Newton steps from there, measure
+      again, start a new sum with that bound and record the one that triggered the retrain
+      (``triggering_bound``). The curvature's accuracy can cost utility, never the guarantee.
 For a model that is not λ-strongly convex (a CNN) the step still runs with the residual
 calibration's noise, but there is no residual bound and the certificate says not certified.
 
@@ -102,8 +111,8 @@ Hyperparameters (default; the paper's value):
     epsilon: ε (1.0; not stated).
     delta: δ (1e-5; not stated). (ε, δ) must be a pair where the classical calibration is valid.
     calibration: "residual" or "paper" ("residual"; the paper's is "paper").
-    residual_budget: B, the distance to w*_r the noise is calibrated for ("residual" only;
-        1e-3, i.e. σ = 4.8e-3 at ε = 1, δ = 1e-5; —).
+    residual_budget: B, the sum of the distance bounds to w*_r between retrains the noise is
+        calibrated for ("residual" only; 1e-3, i.e. σ = 4.8e-3 at ε = 1, δ = 1e-5; —).
     hessian: "exact" or "fisher-diag" ("exact"; exact for the convex model, Fisher for the
         networks).
     newton_steps: at most this many Newton steps; at least one is always taken (8; 1). With
@@ -131,7 +140,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedunlearn.certify.budget import ResidualLedger, classical_delta, gaussian_delta, gaussian_sigma
+from fedunlearn.certify.budget import ResidualLedger, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL
 from fedunlearn.evaluation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
 from fedunlearn.federation.dpsgd import average_state
@@ -440,17 +449,20 @@ class CertifiedDFU(UnlearningMethod):
         per_sample = fed_state.flops_per_sample()
         numbers = self._calibration_numbers(problem, fed_state, batch)
         statistics, precomputed, statistics_seconds = self._statistics(fed_state, problem)
+        budgeted = convex and self.calibration == "residual"
+        ledger = self._ledger(fed_state)
         start = problem.flatten(average_state(fed_state.nodes()))
+        # With the budget the steps aim at what is left of it: the bound is charged on top of the sum.
         step = self._newton(problem, start, statistics, fed_state.forget_by_client(batch), retained, per_sample,
-                            numbers["sensitivity"])
+                            ledger.left if budgeted else numbers["sensitivity"])
         cost = self._step_cost(step, before, after, problem.num_params)
         if not precomputed:  # Step 4 happens now: every node computes its statistic and floods it
             cost += self._statistics_cost(before, sum(len(c) for c in fed_state.clients), problem.num_params,
                                           per_sample)
-        ledger = self._ledger(fed_state)
-        action = "newton"
-        if convex and self.calibration == "residual" and not ledger.admits(step.residual_bound):
-            action = "retrain"  # the budget would be exceeded: retrain, then the same steps from there
+        action, triggering_bound = "newton", None
+        if budgeted and not ledger.admits(step.residual_bound):
+            # The bound does not fit in what is left: retrain (a new sum), then the same steps from there.
+            action, triggering_bound = "retrain", step.residual_bound
             nodes, retrain_cost = dpsgd_rounds(fed_state, retained, state=None, rounds=fed_state.train_config.rounds,
                                                first_round=0, phase="retrain", monitor=monitor)
             point = problem.flatten(average_state(nodes))
@@ -458,8 +470,8 @@ class CertifiedDFU(UnlearningMethod):
                                 retained, per_sample, numbers["sensitivity"])
             cost += retrain_cost + self._step_cost(step, after, after, problem.num_params) \
                 + self._statistics_cost(after, sum(len(c) for c in retained), problem.num_params, per_sample)
-        if convex and self.calibration == "residual":
-            ledger = ledger.charge(batch.batch_id, step.residual_bound, action)
+        if budgeted:
+            ledger = ledger.charge(batch.batch_id, step.residual_bound, action, triggering_bound)
         sigma = numbers["sigma"] if self.noise else 0.0
         noise = self._noise(problem.num_params, sigma, len(after), batch.batch_id)
         released = problem.unflatten(step.theta + noise.to(step.theta.device), fed_state.state)
@@ -471,15 +483,16 @@ class CertifiedDFU(UnlearningMethod):
                                                 monitor=monitor)
             cost += finetune_cost
         notes = {"action": action, "calibration": self.calibration, "sigma": sigma,
-                 "residual_bound": step.residual_bound, "residual_bounds": step.bounds, "newton_steps": step.steps,
+                 "residual_bound": step.residual_bound, "triggering_bound": triggering_bound,
+                 "residual_bounds": step.bounds, "newton_steps": step.steps,
                  "curvature_refreshes": step.refreshes, "hessian": self.hessian, "nodes": len(after),
                  "topology": after.kind, "statistics_precomputed": precomputed,
                  "statistics_seconds": statistics_seconds, "finetune_rounds": self.finetune_rounds}
         return DecentralizedOutcome(average_state(nodes), cost,
-                                    certificate_inputs=self._certificate_inputs(numbers, step, ledger, action, convex,
-                                                                                sigma, after),
+                                    certificate_inputs=self._certificate_inputs(numbers, step, ledger, action,
+                                                                                triggering_bound, convex, sigma, after),
                                     notes=notes, node_states=nodes, statistics={self.hessian: step.statistics},
-                                    ledger=ledger.to_dict() if convex and self.calibration == "residual" else None)
+                                    ledger=ledger.to_dict() if budgeted else None)
 
     def _step_cost(self, step: _Step, before: Topology, after: Topology, num_params: int) -> CostRecord:
         """Floods (messages counted by simulating them): every node's model on the graph before the
@@ -520,7 +533,8 @@ class CertifiedDFU(UnlearningMethod):
     def _newton(self, problem: FlatObjective, theta: torch.Tensor, statistics: CurvatureStatistics,
                 forget: dict[int, Tensors], retained: list[Tensors], per_sample: int, target: float) -> _Step:
         """Newton steps on L_r from θ — at least one, the removal step — until the distance bound
-        ‖∇L_r‖/λ is within ``target`` (the calibrated sensitivity), at most ``newton_steps``. They
+        ‖∇L_r‖/λ is within ``target`` (what is left of the residual budget, or the paper's
+        calibrated sensitivity), at most ``newton_steps``. They
         use the stored curvature with the forget samples' share removed until a step shrinks the
         gradient less than ``_CONTRACTION``-fold (a large move, e.g. a class removal); then the
         curvature is recomputed at the current iterate. Returns the iterate with the smallest bound."""
@@ -586,8 +600,11 @@ class CertifiedDFU(UnlearningMethod):
                 "delta_exact": gaussian_delta(sensitivity, sigma, self.epsilon)}
 
     def _certificate_inputs(self, numbers: dict[str, Any], step: _Step, ledger: ResidualLedger, action: str,
-                            convex: bool, sigma: float, after: Topology) -> dict[str, Any]:
-        within = step.residual_bound <= numbers["sensitivity"]
+                            triggering_bound: float | None, convex: bool, sigma: float,
+                            after: Topology) -> dict[str, Any]:
+        budgeted = convex and self.calibration == "residual"
+        # The residual calibration certifies the sum since the last retrain; the paper's, each release.
+        within = ledger.used <= ledger.budget if budgeted else step.residual_bound <= numbers["sensitivity"]
         assumptions = {"strongly_convex": convex,
                        "bounded_features": math.isfinite(numbers["constants"]["R"]),
                        # The residual calibration measures the distance, so the curvature's accuracy
@@ -603,9 +620,11 @@ class CertifiedDFU(UnlearningMethod):
                   "constants": numbers["constants"], "hessian": self.hessian, "newton_steps": step.steps,
                   "damping": self.damping, "action": action, "noise_shares": len(after),
                   "released": "every node's model, identical: the global model", "assumptions": assumptions}
-        if convex and self.calibration == "residual":
+        if budgeted:
             inputs.update(residual_budget=ledger.budget, budget_used=ledger.used, budget_left=ledger.left,
-                          ledger=ledger.to_dict())
+                          triggering_bound=triggering_bound, ledger=ledger.to_dict(),
+                          **composition([e.residual_bound for e in ledger.since_retrain], sigma, self.epsilon,
+                                        self.delta, ledger.budget))
         return inputs
 
 

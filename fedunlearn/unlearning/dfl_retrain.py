@@ -156,7 +156,8 @@ def unlearn_sequence(method: UnlearningMethod, fed_state: DecentralizedState, ba
                      compare_to_retrain: bool = True) -> tuple[list[dict[str, Any]], DecentralizedState]:
     """Apply ``batches`` one after another (a batch may be a function of the current federation,
     e.g. a fraction of what each client still holds). After each: test accuracy, cost, the
-    certificate numbers (budget used and left), and — with ``compare_to_retrain`` — the drift
+    certificate numbers (budget used and left — a sum since the last retrain — the releases it
+    covers and the bound that triggered a retrain), and — with ``compare_to_retrain`` — the drift
     from a D-PSGD retrain on the data retained so far (its test accuracy and the functional
     distance on the test set). Returns the rows and the final federation."""
     rows = []
@@ -169,7 +170,8 @@ def unlearn_sequence(method: UnlearningMethod, fed_state: DecentralizedState, ba
                "retained_samples": sum(len(c) for c in fed_state.clients),
                "test_acc": accuracy(model, fed_state.test), "wall_seconds": outcome.cost.wall_seconds,
                "action": outcome.notes.get("action"),
-               **{k: outcome.certificate_inputs.get(k) for k in ("residual_bound", "budget_used", "budget_left")}}
+               **{k: outcome.certificate_inputs.get(k) for k in ("residual_bound", "budget_used", "budget_left",
+                                                                 "releases_since_retrain", "triggering_bound")}}
         if compare_to_retrain:
             reference = fed_state.model_from(average_state(fed_state.dpsgd().fit(fed_state.clients)))
             row["retrain_test_acc"] = accuracy(reference, fed_state.test)

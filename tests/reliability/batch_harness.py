@@ -71,6 +71,26 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_members(pgid: int) -> list[str]:
+    """The command lines of the live processes in process group ``pgid`` (from /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                members.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return members
+
+
+def wait_until_group_gone(pgid: int, timeout: float = 10.0) -> list[str]:
+    """Poll until nothing of the group lives (a child signalled by the kernel needs a moment to
+    die); returns what is still there at the timeout."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return group_members(pgid) if group_alive(pgid) else []
+
+
 class PrefectServer:
     """`prefect server start` (API only, no services) on a free port, with its own home and database."""
 
@@ -132,18 +152,19 @@ class Running:
     started: float = field(default_factory=time.monotonic)
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> Finished:
-        """Wait for the run; then nothing it started may be left in its process group."""
+        """Wait for the run; then nothing it started may be left in its process group (its
+        ephemeral Prefect server included: a killed run's dies with it, within seconds)."""
         try:
             self.process.wait(timeout)
         finally:
-            leftover = group_alive(self.process.pid)
+            leftover = wait_until_group_gone(self.process.pid)
             if leftover:  # the run itself (out of time) or what it left behind: ours to kill, then fail
                 with suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         finished = Finished(self.args, self.process.returncode, self.out.read_text(), self.err.read_text(),
                             time.monotonic() - self.started)
-        assert not leftover, f"processes of the run outlived it:\n{finished.describe()}"
+        assert not leftover, f"processes of the run outlived it: {leftover}\n{finished.describe()}"
         return finished
 
 
@@ -157,9 +178,13 @@ class Cli:
     numbers: count = field(default_factory=count)
     started: list[Running] = field(default_factory=list)
 
-    def start(self, *args: str, failpoint: str | None = None) -> Running:
+    def start(self, *args: str, failpoint: str | None = None, ephemeral: bool = False) -> Running:
+        """``ephemeral``: no PREFECT_API_URL, so the run starts its own Prefect server, as a user's
+        `fedunlearn process` does by default."""
         n = next(self.numbers)
-        env = {**base_environment(self.scratch / f"prefect-home-{n}"), "PREFECT_API_URL": self.api_url}
+        env = base_environment(self.scratch / f"prefect-home-{n}")
+        if not ephemeral:
+            env["PREFECT_API_URL"] = self.api_url
         if failpoint:
             env[FAILPOINT_VARIABLE] = failpoint
         out, err = self.scratch / f"run-{n}.out", self.scratch / f"run-{n}.err"
@@ -176,11 +201,11 @@ class Cli:
                 os.killpg(run.process.pid, signal.SIGKILL)
                 run.process.wait()
 
-    def run(self, *args: str, failpoint: str | None = None) -> Finished:
-        return self.start(*args, failpoint=failpoint).wait()
+    def run(self, *args: str, failpoint: str | None = None, ephemeral: bool = False) -> Finished:
+        return self.start(*args, failpoint=failpoint, ephemeral=ephemeral).wait()
 
-    def process(self, failpoint: str | None = None) -> Finished:
-        return self.run("process", "--scenario", SCENARIO, failpoint=failpoint)
+    def process(self, failpoint: str | None = None, ephemeral: bool = False) -> Finished:
+        return self.run("process", "--scenario", SCENARIO, failpoint=failpoint, ephemeral=ephemeral)
 
 
 class SampleIds:

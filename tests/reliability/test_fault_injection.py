@@ -5,18 +5,22 @@ one unlearned model version and one receipt per batch, the alias `current` on an
 the receipts account for, the inbox empty, every request file processed once, the lock free.
 
 Each stage is a new batch in the same workspace, so every batch also starts from whatever the
-killed and resumed batches before it left behind. `make test` runs one stage, `make reliability`
-(RELIABILITY_FULL=1) all six.
+killed and resumed batches before it left behind. The killed run starts its own (ephemeral)
+Prefect server, as a user's does: nothing it started may outlive it. The same holds for runs
+killed from outside at random moments. `make test` runs one stage and one outside kill,
+`make reliability` (RELIABILITY_FULL=1) all six stages and eight outside kills.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
 
 import pytest
 
-from batch_harness import Stores, check_exactly_once, submit, tally, trained_workspace
+from batch_harness import Stores, check_exactly_once, group_members, submit, tally, trained_workspace, wait_for
 from fedunlearn.faults import FAILPOINTS
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -77,7 +81,7 @@ def test_a_batch_killed_at_a_stage_is_finished_exactly_once_by_the_next_run(benc
     submitted.extend(requests)
     reliability_report.count("requests submitted", len(requests))
 
-    killed = cli.process(failpoint=stage)
+    killed = cli.process(failpoint=stage, ephemeral=True)  # Running.wait: no process of it outlives it
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     reliability_report.count("faults injected (SIGKILL)")
     assert what_the_kill_left(Stores.read(cli.workspace), requests) == KILL_LEAVES[stage]
@@ -97,3 +101,29 @@ def test_a_batch_killed_at_a_stage_is_finished_exactly_once_by_the_next_run(benc
     reliability_report.count("requests applied twice", len(found.applied_twice))
     check_exactly_once(cli.workspace, submitted)
     assert newest_batch_requests(after_resume) == sorted(requests)  # the killed batch, not a later one, took them
+
+
+OUTSIDE_KILLS = 8 if FULL else 1
+
+
+def test_no_process_outlives_a_cli_killed_from_outside(bench, submitted, reliability_report):
+    """`fedunlearn process` and `fedunlearn ingest` SIGKILLed by someone else once their own Prefect
+    server runs, after a random further delay: the server dies with them, and the next run finishes
+    the batch exactly once."""
+    cli, sample_ids = bench
+    rng = random.Random(15)
+    for kill in range(OUTSIDE_KILLS):
+        requests = [submit(cli.workspace, sample_ids.take(IDS_PER_REQUEST))]
+        submitted.extend(requests)
+        command = ("ingest" if kill % 2 else "process", "--scenario", "digits-hfl")
+        run = cli.start(*command, ephemeral=True)
+        wait_for(lambda: any("uvicorn" in member for member in group_members(run.process.pid)), [run])
+        time.sleep(rng.uniform(0.0, 3.0) if FULL else 0.5)
+        os.killpg(run.process.pid, 0)  # still running: the kill below hits a live run
+        os.kill(run.process.pid, signal.SIGKILL)  # the CLI alone, as the OOM killer would
+        killed = run.wait()  # asserts that nothing of its process group is left
+        assert killed.returncode == -signal.SIGKILL, killed.describe()
+        reliability_report.count("outside kills, no process left", 1)
+        resumed = cli.process()
+        assert resumed.returncode == 0, resumed.describe()
+        check_exactly_once(cli.workspace, submitted)

@@ -28,6 +28,7 @@ import re
 import shutil
 import string
 import sys
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -847,6 +848,8 @@ def stage_history(root: Path, outside: Path) -> DataFacts:
     (outside / "folder").mkdir(parents=True)
     (outside / "request.json").write_bytes(OUTSIDE_REQUEST)
     (outside / "secret.txt").write_bytes(OUTSIDE_SECRET)
+    settled = time.time() - 86400  # a hard link shares the target's time: finished files, not ones being written
+    os.utime(outside / "secret.txt", (settled, settled))
     live = by_client[0] + by_client[1]
     return DataFacts(root, outside, ledger, tuple(live), tuple(by_client[2]),
                      tuple(sorted({catalog.labels[i] for i in live})), catalog.num_classes, len(catalog.clients))
@@ -868,6 +871,9 @@ def place(inbox: Path, file: InboxFile) -> None:
     if file.node == "file":
         with open(path, "wb") as handle:
             handle.write(file.payload())
+        # A finished file: one that changed within the inbox's grace period may still be being written.
+        settled = time.time() - 86400
+        os.utime(path, (settled, settled))
     elif file.node == "directory":
         os.mkdir(path)
         with open(os.path.join(path, b"request.json"), "wb") as handle:
@@ -1058,6 +1064,7 @@ def test_acceptance_traversal_name_malformed_and_valid_file_together(workspace, 
     traversal = "..%2F..%2F..%2Fetc%2Fpasswd.json"
     (folders.inbox / traversal).write_text(json.dumps({"kind": "sample", "sample_ids": others}))
     (folders.inbox / "malformed.json").write_text('{"kind": "sample", "sample_ids": ["' + others[0])
+    os.utime(folders.inbox / "malformed.json", (time.time() - 3600, time.time() - 3600))  # written an hour ago
     (folders.inbox / "valid.json").write_text(json.dumps({"kind": "sample", "sample_ids": wanted}))
 
     out = cli("process", "--scenario", SCENARIO)

@@ -1,0 +1,52 @@
+"""``fedunlearn ledger verify`` and ``fedunlearn ledger repair``: the deletion ledger checked
+against the batch records (checksums, hash chain, every journaled append present) and restored
+from them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ledger = sub.add_parser("ledger", help="check or repair the deletion ledger against the batch records",
+                            description="The deletion ledger (data/ledger/ledger.jsonl) chains its entries by "
+                                        "checksum; the batch records hold each batch's entries as written.")
+    actions = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = actions.add_parser("verify", help="check every entry's checksum and link, and that every journaled "
+                                               "append is in the ledger (exit status 4 when damaged)")
+    verify.set_defaults(handler=run_verify)
+    repair = actions.add_parser("repair", help="restore missing or changed entries from the batch records, drop a "
+                                               "torn last line of an append that never returned, rebuild damaged "
+                                               "batch records; the old ledger is kept as a backup")
+    repair.set_defaults(handler=run_repair)
+
+
+def run_verify(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.errors import StateDamaged
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.integrity import check_ledger
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+
+    check = check_ledger(RequestFolders.create(root), Ledger(root / LEDGER_PATH))
+    print("\n".join(check.lines()))
+    return 0 if check.intact else StateDamaged.exit_code
+
+
+def run_repair(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.config import load_params
+    from fedunlearn.receipts import RECEIPTS_DIR, Receipt
+    from fedunlearn.requests.folders import RequestFolders, batch_lock
+    from fedunlearn.requests.integrity import repair_ledger
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+
+    folders = RequestFolders.create(root)
+    datasets = {name: cfg.dataset for name, cfg in load_params(root / "params.yaml").scenarios.items()}
+    receipts = {}
+    for path in sorted((root / RECEIPTS_DIR).glob("*.json")):
+        receipt = Receipt.model_validate_json(path.read_text())
+        receipts[receipt.batch_id] = (receipt.data_version_before, receipt.data_version_after)
+    with batch_lock(folders, rerun="fedunlearn ledger repair"):
+        report = repair_ledger(folders, Ledger(root / LEDGER_PATH), datasets, receipts)
+    print("\n".join(report.lines()))
+    return run_verify(args, root)

@@ -1,0 +1,311 @@
+"""Per-example forgetting audit without retraining per deletion batch (DESIGN.md §6).
+
+Population attacks see little on a model that generalises; the power is in calibrating each
+sample's score by how the same sample scores under models that never saw it:
+
+- Watson et al. (2022), "On the importance of difficulty calibration in membership inference
+  attacks": subtract what reference models predict for the sample;
+- Carlini et al. (2022), "Membership inference attacks from first principles" (LiRA), offline
+  variant: only "out" reference models, the score is how far the target's logit-scaled confidence
+  lies above the references' Gaussian, with one variance pooled over all examples when there are
+  few references (they recommend it below about 64);
+- Hayes et al. (2024), "Inexact unlearning needs more careful evaluations to avoid a false sense of
+  privacy" (U-LiRA): audit unlearning per example; population attacks overestimate forgetting.
+
+Reference models. The references are trained once per data version on the *held-out split only*:
+a seeded split gives pool A (the references' training pool) and pool B (non-members); each of K
+references trains on a seeded random subset of pool A. No production training sample is in any
+reference, so every forget sample of every later batch is an "out" sample for all of them and
+nothing has to be retrained per batch. (The held-out rows are user data too: ``without`` retires
+the references that trained on rows a request names.)
+
+Score (primary: offline LiRA). φ = log(p_y / (1 − p_y)) (``mia.logit_scaled_confidence``);
+z(x) = (φ_target(x) − μ_out(x)) / σ_out, μ_out(x) the mean of the K references' φ(x), σ_out one
+standard deviation pooled over pool B (``fixed_variance``, the default below 64 references) or
+per example. With the pooled σ, z orders samples exactly like Watson et al.'s difficulty-calibrated
+score φ_target − μ_out, so the AUC is the same; z only puts it on a readable scale.
+
+Verdict. The forget set's z against label-matched non-members' z from pool B (labels matched
+because a label mix alone separates populations, DESIGN.md §4): the AUC with the DeLong-logit
+interval of ``uncertainty.check_auc`` and the rule "AUC ≤ 0.5 + tolerance" at level α:
+``not forgotten`` iff the one-sided (1 − α) lower bound exceeds 0.5 + tolerance, ``forgotten``
+iff the one-sided upper bound is within it, else ``inconclusive``. For an exact retrain the forget
+samples are, like pool B, samples the model never saw, so (forget samples and held-out samples
+being drawn from one distribution) their z are exchangeable with the non-members' and the true
+AUC is 0.5 whatever the references are: an exact retrain is called ``not forgotten`` with
+probability ≤ α (far less for a tolerance > 0). The references decide only the audit's power.
+An AUC well *below* 0.5 (forget samples scored lower than never-seen ones: over-unlearning,
+which can also reveal the forget set) is reported by the AUC but is not what this verdict tests.
+
+Per-sample p-values are conformal: p = (1 + #{pool-B samples of the same label with z ≥ z_i}) /
+(1 + #{pool-B samples of that label}), valid (P(p ≤ t) ≤ t for a never-seen sample) without
+assuming the references match the target's training, which a Gaussian p-value would need; they
+are per sample and not corrected for multiplicity.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_scaled_confidence
+from fedunlearn.evaluation.uncertainty import AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, Check, check_auc
+from fedunlearn.federation.local import Tensors, sgd_epochs
+
+# INCONCLUSIVE is shared with the gate checks; the other two verdicts are the audit's words for pass/fail.
+FORGOTTEN, NOT_FORGOTTEN = "forgotten", "not forgotten"
+_AUDIT_VERDICT = {PASS: FORGOTTEN, FAIL: NOT_FORGOTTEN, INCONCLUSIVE: INCONCLUSIVE}
+_CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
+# Carlini et al.: below about 64 reference models a per-example variance is mostly noise.
+PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 64
+CHECK_NAME = "forget_audit_auc"
+
+
+class AuditConfig(BaseModel):
+    """How the references are trained and the audit judged (defaults are the documented ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_references: int = Field(4, ge=2, description="K reference models (≥ 2: a variance needs two)")
+    reference_pool_fraction: float = Field(
+        0.5, gt=0, lt=1, description="share of the held-out split in pool A, the references' training pool; "
+        "the rest (pool B) supplies the non-members")
+    subset_fraction: float = Field(0.5, gt=0, le=1,
+                                   description="share of pool A each reference trains on (its own seeded subset)")
+    epochs: int = Field(20, ge=1, description="central SGD epochs per reference")
+    lr: float = Field(0.05, gt=0, description="SGD learning rate of the references")
+    batch_size: int = Field(32, ge=1, description="SGD mini-batch size of the references")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum of the references")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="error rate of the verdict: an exact retrain is "
+                         "called 'not forgotten' with probability ≤ alpha")
+    tolerance: float = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
+                             "against never-seen samples is ≤ 0.5 + tolerance")
+    fixed_variance: bool | None = Field(
+        None, description="one σ pooled over pool B (True) or a σ per example (False); None: pooled below "
+        f"{PER_EXAMPLE_VARIANCE_MIN_REFERENCES} references")
+
+
+@dataclass(eq=False)
+class ReferenceSet:
+    """K reference models and their non-member pool. ``train_ids[k]``: the sample IDs reference
+    k trained on (all in pool A, ``pool_a_ids``); ``pool``: pool B; ``pool_phi``: (K, |pool|)
+    the references' φ on pool B, kept so that an audit scores only the forget set under them;
+    ``seconds``: wall time of the training."""
+
+    models: list[nn.Module]
+    train_ids: list[np.ndarray]
+    pool_a_ids: np.ndarray
+    pool: Tensors
+    pool_phi: np.ndarray
+    config: AuditConfig
+    seconds: float
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def trained_on(self, sample_ids: Iterable[Any]) -> list[int]:
+        """Indices of the references whose training subset holds any of ``sample_ids``."""
+        ids = np.asarray(list(sample_ids))
+        return [k for k, seen in enumerate(self.train_ids) if np.isin(ids, seen).any()]
+
+    def without(self, sample_ids: Iterable[Any]) -> "ReferenceSet":
+        """The set after a request named held-out rows: references that trained on any of them are
+        retired and the rows leave pool B. Fewer than 2 references left: retrain the set."""
+        ids = np.asarray(list(sample_ids))
+        retired = self.trained_on(ids)
+        keep = [k for k in range(len(self)) if k not in retired]
+        if len(keep) < 2:
+            raise ValueError(f"{len(self) - len(keep)} of {len(self)} references trained on deleted rows; fewer "
+                             "than 2 remain: train a new reference set on the current held-out split")
+        in_pool = ~np.isin(self.pool.sample_ids, ids)
+        return ReferenceSet([self.models[k] for k in keep], [self.train_ids[k] for k in keep],
+                            self.pool_a_ids[~np.isin(self.pool_a_ids, ids)], self.pool.select(in_pool),
+                            self.pool_phi[keep][:, in_pool], self.config, self.seconds)
+
+
+def train_references(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
+                     seed: int = 0) -> ReferenceSet:
+    """Split ``heldout`` (the held-out split, never production training data) into pools A and B
+    and train ``config.num_references`` models on seeded random subsets of pool A.
+
+    ``model_fn``: builds a fresh model (called after ``torch.manual_seed``, so its initial
+    weights are seeded); models are moved to the device of ``heldout``. ``config`` (default
+    ``AuditConfig()``): sizes and the central SGD (``sgd_epochs``) settings. ``seed`` (default
+    0): the pools, subsets, initial weights and batch orders."""
+    config = config or AuditConfig()
+    rng = np.random.default_rng([seed, 0xA0D1])
+    order = rng.permutation(len(heldout))
+    in_pool_a = np.zeros(len(heldout), dtype=bool)
+    in_pool_a[order[:int(round(config.reference_pool_fraction * len(heldout)))]] = True
+    pool_a, pool_b = heldout.select(in_pool_a), heldout.select(~in_pool_a)
+    subset_size = int(round(config.subset_fraction * len(pool_a)))
+    if subset_size < 1 or len(pool_b) < 1:
+        raise ValueError(f"a held-out split of {len(heldout)} samples is too small for pool A subsets of "
+                         f"{config.subset_fraction:.0%} and a non-empty pool B")
+    started = time.perf_counter()
+    models, train_ids = [], []
+    for model_seed in rng.integers(0, 2**31 - 1, size=config.num_references):
+        subset = np.zeros(len(pool_a), dtype=bool)
+        subset[rng.permutation(len(pool_a))[:subset_size]] = True
+        data = pool_a.select(subset)
+        torch.manual_seed(int(model_seed))
+        model = model_fn().to(heldout.x.device)
+        sgd_epochs(model, data, epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
+                   momentum=config.momentum, generator=torch.Generator().manual_seed(int(model_seed)))
+        models.append(model)
+        train_ids.append(data.sample_ids.copy())
+    pool_phi = np.stack([logit_scaled_confidence(model, pool_b) for model in models])
+    return ReferenceSet(models, train_ids, pool_a.sample_ids.copy(), pool_b, pool_phi, config,
+                        time.perf_counter() - started)
+
+
+def _uses_fixed_variance(config: AuditConfig, num_references: int) -> bool:
+    if config.fixed_variance is not None:
+        return config.fixed_variance
+    return num_references < PER_EXAMPLE_VARIANCE_MIN_REFERENCES
+
+
+def _calibrated(target_phi: np.ndarray, reference_phi: np.ndarray, pooled_std: float | None) -> np.ndarray:
+    """z = (φ_target − μ_out) / σ_out with ``pooled_std`` or, if None, the per-example σ."""
+    mean = reference_phi.mean(axis=0)
+    std = pooled_std if pooled_std is not None else reference_phi.std(axis=0, ddof=1)
+    return (target_phi - mean) / np.maximum(std, MIN_STD)
+
+
+def _pooled_std(reference_phi: np.ndarray) -> float:
+    """σ pooled over examples: the mean of the per-example variances (K − 1 degrees of freedom each)."""
+    return float(np.sqrt(reference_phi.var(axis=0, ddof=1).mean()))
+
+
+def matched_nonmember_rows(member_labels: np.ndarray, pool_labels: np.ndarray, seed: int) -> np.ndarray:
+    """Distinct pool rows whose label histogram is r × the members' (r ≥ 1 as large as the pool
+    allows without repeating a row): more non-members narrow the AUC's interval. Where a label is
+    short of even one per member, the shortfall is not filled with repeats (a repeated non-member
+    would count as independent evidence twice) and that label is under-represented."""
+    member_labels, pool_labels = np.asarray(member_labels), np.asarray(pool_labels)
+    labels, member_counts = np.unique(member_labels, return_counts=True)
+    pool_counts = np.array([(pool_labels == label).sum() for label in labels])
+    ratio = max(1, int((pool_counts // member_counts).min()))
+    return np.unique(label_matched_nonmembers(np.repeat(member_labels, ratio), pool_labels, seed))
+
+
+def _conformal_p_values(forget_z: np.ndarray, forget_labels: np.ndarray, pool_z: np.ndarray,
+                        pool_labels: np.ndarray) -> np.ndarray:
+    """(1 + #{same-label pool z ≥ z_i}) / (1 + #{same-label pool}): the +1s make it valid, not just
+    approximately so, for a sample exchangeable with the pool's."""
+    p_values = np.empty(len(forget_z))
+    for i, (z, label) in enumerate(zip(forget_z, forget_labels)):
+        same_label = pool_z[pool_labels == label]
+        p_values[i] = (1 + (same_label >= z).sum()) / (1 + len(same_label))
+    return p_values
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars become Python ones, for JSON."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+@dataclass
+class AuditResult:
+    """One audit. ``interval``: the two-sided (1 − 2α) interval of ``auc`` (one-sided (1 − α)
+    bounds, see the module docstring); ``limit`` = 0.5 + tolerance; ``references``: K;
+    ``samples``: per forget sample ``{"sample_id", "label", "z", "p_value"}``; ``nonmember_z``:
+    the matched non-members' scores (for the plot); ``seconds``: the audit's wall time,
+    ``reference_seconds`` the one-off training of the references it used."""
+
+    verdict: str
+    auc: float
+    interval: tuple[float, float]
+    limit: float
+    alpha: float
+    n_forget: int
+    n_nonmembers: int
+    references: int
+    fixed_variance: bool
+    samples: list[dict[str, Any]]
+    nonmember_z: list[float]
+    seconds: float
+    reference_seconds: float
+
+    def as_check(self) -> Check:
+        """The audit as a gate check ("AUC ≤ limit"; ``pass`` = forgotten, ``fail`` = not forgotten)."""
+        return Check(CHECK_NAME, self.auc, self.interval, self.limit, self.n_forget + self.n_nonmembers,
+                     _CHECK_VERDICT[self.verdict], self.alpha, AT_MOST, AUC_METHOD, 1.0 - 2.0 * self.alpha)
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["interval"] = list(self.interval)
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "AuditResult":
+        return cls(**{**record, "interval": tuple(record["interval"])})
+
+
+def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
+                     config: AuditConfig | None = None, seed: int = 0) -> AuditResult:
+    """Audit whether ``target`` still carries the ``forget`` samples (module docstring: score,
+    rule, error rate). ``forget`` must hold none of the references' held-out rows (they would be
+    "in" for a reference or their own non-members). ``config`` (default: the references'
+    config): ``alpha``, ``tolerance`` and ``fixed_variance`` are read from it. ``seed``
+    (default 0): which pool-B rows become the matched non-members."""
+    config = config or references.config
+    started = time.perf_counter()
+    if len(forget) == 0:
+        raise ValueError("the audit needs at least one forget sample")
+    overlap = np.isin(forget.sample_ids, np.concatenate([references.pool_a_ids, references.pool.sample_ids]))
+    if overlap.any():
+        raise ValueError(f"{int(overlap.sum())} forget sample(s) belong to the references' held-out pools "
+                         f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with ReferenceSet.without")
+    fixed = _uses_fixed_variance(config, len(references))
+    pooled_std = _pooled_std(references.pool_phi) if fixed else None
+    forget_phi = np.stack([logit_scaled_confidence(model, forget) for model in references.models])
+    forget_z = _calibrated(logit_scaled_confidence(target, forget), forget_phi, pooled_std)
+    pool_z = _calibrated(logit_scaled_confidence(target, references.pool), references.pool_phi, pooled_std)
+
+    forget_labels, pool_labels = forget.y.cpu().numpy(), references.pool.y.cpu().numpy()
+    rows = matched_nonmember_rows(forget_labels, pool_labels, seed)
+    check = check_auc(CHECK_NAME, forget_z, pool_z[rows], 0.5 + config.tolerance, alpha=config.alpha)
+    p_values = _conformal_p_values(forget_z, forget_labels, pool_z, pool_labels)
+    samples = [{"sample_id": _plain(sample_id), "label": int(label), "z": float(z), "p_value": float(p)}
+               for sample_id, label, z, p in zip(forget.sample_ids, forget_labels, forget_z, p_values)]
+    return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval,
+                       check.limit, config.alpha, len(forget), len(rows), len(references), fixed, samples,
+                       [float(z) for z in pool_z[rows]], time.perf_counter() - started, references.seconds)
+
+
+def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path:
+    """Histograms (densities, shared bins) of the forget samples' and the matched non-members'
+    z, titled with the verdict, written as a PNG to ``path``. ``bins`` (default 30)."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
+
+    forget_z = np.array([row["z"] for row in result.samples])
+    nonmember_z = np.asarray(result.nonmember_z)
+    edges = np.histogram_bin_edges(np.concatenate([forget_z, nonmember_z]), bins=bins)
+    figure = Figure(figsize=(6.0, 3.6))
+    axes = figure.subplots()
+    axes.hist(nonmember_z, bins=edges, density=True, alpha=0.6, label=f"never seen (n={result.n_nonmembers})")
+    axes.hist(forget_z, bins=edges, density=True, alpha=0.6, label=f"forget set (n={result.n_forget})")
+    axes.set_xlabel("calibrated score z (offline LiRA)")
+    axes.set_ylabel("density")
+    low, high = result.interval
+    axes.set_title(f"{result.verdict}: AUC {result.auc:.3f} [{low:.3f}, {high:.3f}], "
+                   f"limit {result.limit:.2f}, {result.references} references", fontsize=9)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=100)
+    return path

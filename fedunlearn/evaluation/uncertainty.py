@@ -1,0 +1,380 @@
+"""Gates that carry their uncertainty (DESIGN.md §6): a metric measured on few samples is judged
+with its confidence interval, and a check answers ``pass``, ``fail`` or ``inconclusive`` — it
+never fails on noise, and it never passes on a number too uncertain to prove anything.
+
+Intervals (all two-sided at ``confidence``):
+
+- a proportion (accuracy, attack success rate): Clopper–Pearson (1934), exact: coverage is at
+  least the nominal level for every true proportion and every n; or Wilson (1927), the score
+  interval: shorter, coverage close to nominal on average but slightly below it for some p.
+- the difference of two proportions: Newcombe (1998a, "Interval estimation for the difference
+  between independent proportions", method 10, the hybrid Wilson score interval) for independent
+  samples; Newcombe (1998b, "Improved confidence intervals for the difference between binomial
+  proportions based on paired data", method 10) for two models evaluated on the same samples,
+  whose correlation makes the interval much shorter (two models that agree on 97 % of a test set
+  differ in accuracy far less than two independent samples would). Coverage close to nominal.
+- ROC AUC of members vs non-members (the Mann–Whitney parameter P(member score > non-member
+  score) + ½P(tie)): DeLong et al. (1988) variance from the placement values, with the interval
+  built on the logit scale as Pohar Perme & Manevski (2018, "Confidence intervals for the
+  Mann–Whitney test") recommend (the plain Wald interval leaves [0, 1] and undercovers away from
+  0.5), and the variance floored at Hanley & McNeil's (1982) variance at the estimate: with a
+  handful of samples or perfectly separated scores DeLong's estimate collapses towards 0 and the
+  interval with it. Measured coverage (normal and unequal-variance normal scores, 2,000 draws per
+  cell, n = 8…200 per side, AUC 0.5…0.9): each one-sided error at most 0.057 for a nominal 0.05,
+  at most 0.05 up to simulation noise.
+- the difference of two AUCs: DeLong et al.'s (1988) covariance of the two estimates — paired
+  when both are computed on the same members and non-members (two models, same samples), the
+  sum of the variances when the samples are independent; Wald interval on the difference.
+
+Verdict rules at level α (default 0.05):
+
+- ``at most`` (metric ≤ limit): the interval is the two-sided (1 − 2α) one, i.e. a one-sided
+  (1 − α) bound on each side. ``fail`` iff the lower bound exceeds the limit, ``pass`` iff the
+  upper bound is within it, otherwise ``inconclusive``. False-reject rate: a model whose true
+  value is within the limit is failed with probability ≤ α (the lower bound exceeds the true
+  value with probability ≤ α); false-accept rate: one whose true value exceeds the limit passes
+  with probability ≤ α. Exact for Clopper–Pearson, approximate (see above) for the others.
+- ``|gap| at most`` (|metric − reference| ≤ tolerance): the interval of the signed gap is the
+  two-sided (1 − α) one. ``fail`` iff it lies entirely outside [−tolerance, tolerance], ``pass``
+  iff it lies entirely inside (the two one-sided tests of equivalence), otherwise
+  ``inconclusive``. False-reject rate ≤ α: the two ways to fail (interval above the band, below
+  it) are disjoint and each happens with probability ≤ α/2 when the true gap is in the band;
+  false-accept rate ≤ α/2.
+
+Every check returns a ``Check`` record that serialises to JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+from scipy.special import expit, logit
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+AT_MOST, ABS_AT_MOST = "at most", "|gap| at most"
+DEFAULT_ALPHA = 0.05
+AUC_METHOD = "delong-logit"
+
+ProportionMethod = Literal["clopper-pearson", "wilson"]
+Bounds = tuple[float, float]
+# confidence level → (low, high): the verdict rules pick the level they need.
+IntervalAt = Callable[[float], Bounds]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged metric. ``estimate`` and ``interval`` are on the metric's scale (for a gap
+    check: the signed gap, metric − reference); ``limit`` is the limit or the tolerance;
+    ``confidence`` the two-sided level of ``interval``; ``n`` the samples behind the estimate
+    (an AUC: members + non-members; a paired gap: the shared samples; an independent gap: both
+    samples); ``method`` names the interval."""
+
+    name: str
+    estimate: float
+    interval: Bounds
+    limit: float
+    n: int
+    verdict: str
+    alpha: float
+    rule: str
+    method: str
+    confidence: float
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["interval"] = list(self.interval)
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "Check":
+        return cls(**{**record, "interval": tuple(record["interval"])})
+
+
+# --- intervals ----------------------------------------------------------------------------------
+
+def _require_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+
+
+def _z(confidence: float) -> float:
+    """The standard normal quantile of a two-sided ``confidence`` level."""
+    _require_confidence(confidence)
+    return float(stats.norm.ppf(0.5 + confidence / 2.0))
+
+
+def _require_counts(successes: int, n: int) -> None:
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"a proportion needs n ≥ 1 and 0 ≤ successes ≤ n, got {successes}/{n}")
+
+
+def proportion_interval(successes: int, n: int, *, confidence: float = 0.95,
+                        method: ProportionMethod = "clopper-pearson") -> Bounds:
+    """Two-sided interval for a binomial proportion ``successes / n``.
+
+    ``confidence`` (default 0.95): two-sided level. ``method`` (default ``"clopper-pearson"``):
+    ``"clopper-pearson"`` (exact, coverage ≥ ``confidence`` always) or ``"wilson"`` (score
+    interval, shorter, coverage close to nominal)."""
+    _require_counts(successes, n)
+    if method == "clopper-pearson":
+        _require_confidence(confidence)
+        tail = (1.0 - confidence) / 2.0
+        low = 0.0 if successes == 0 else float(stats.beta.ppf(tail, successes, n - successes + 1))
+        high = 1.0 if successes == n else float(stats.beta.ppf(1.0 - tail, successes + 1, n - successes))
+        return low, high
+    if method == "wilson":
+        return _wilson(successes, n, _z(confidence))
+    raise ValueError(f"unknown proportion interval {method!r}; choose 'clopper-pearson' or 'wilson'")
+
+
+def _wilson(successes: int, n: int, z: float) -> Bounds:
+    p = successes / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # Clamp rounding only: the Wilson interval always contains p and lies in [0, 1].
+    return max(0.0, min(p, center - half)), min(1.0, max(p, center + half))
+
+
+def _newcombe(p_a: float, wilson_a: Bounds, p_b: float, wilson_b: Bounds, phi: float) -> Bounds:
+    """Newcombe's square-and-add of the Wilson limits, with correlation ``phi`` (0: independent)."""
+    gap = p_a - p_b
+    below_a, above_a = p_a - wilson_a[0], wilson_a[1] - p_a
+    below_b, above_b = p_b - wilson_b[0], wilson_b[1] - p_b
+    down = math.sqrt(max(below_a ** 2 - 2 * phi * below_a * above_b + above_b ** 2, 0.0))
+    up = math.sqrt(max(above_a ** 2 - 2 * phi * above_a * below_b + below_b ** 2, 0.0))
+    return max(-1.0, gap - down), min(1.0, gap + up)
+
+
+def proportion_difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int, *,
+                                   confidence: float = 0.95) -> Bounds:
+    """Two-sided interval for p_a − p_b from two *independent* samples (Newcombe 1998a, method 10).
+    On two models scored on the same samples it is valid but conservative when they agree more
+    often than chance would have it (the usual case); prefer
+    ``paired_proportion_difference_interval`` when the per-sample outcomes are at hand.
+    ``confidence`` (default 0.95): two-sided level."""
+    _require_counts(successes_a, n_a)
+    _require_counts(successes_b, n_b)
+    z = _z(confidence)
+    return _newcombe(successes_a / n_a, _wilson(successes_a, n_a, z),
+                     successes_b / n_b, _wilson(successes_b, n_b, z), 0.0)
+
+
+def _paired_outcomes(outcomes_a: np.ndarray, outcomes_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(outcomes_a, dtype=bool), np.asarray(outcomes_b, dtype=bool)
+    if a.ndim != 1 or a.shape != b.shape or len(a) == 0:
+        raise ValueError(f"paired outcomes need two 1-D arrays of the same non-zero length, got "
+                         f"{a.shape} and {b.shape}")
+    return a, b
+
+
+def paired_proportion_difference_interval(outcomes_a: np.ndarray, outcomes_b: np.ndarray, *,
+                                          confidence: float = 0.95) -> Bounds:
+    """Two-sided interval for p_a − p_b where ``outcomes_a[i]`` and ``outcomes_b[i]`` (booleans,
+    e.g. "model a / model b classified sample i correctly") are measured on the same sample i
+    (Newcombe 1998b, method 10, with its continuity-corrected correlation).
+    ``confidence`` (default 0.95): two-sided level."""
+    a, b = _paired_outcomes(outcomes_a, outcomes_b)
+    n = len(a)
+    both, only_a, only_b = int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum())
+    neither = n - both - only_a - only_b
+    z = _z(confidence)
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    association = both * neither - only_a * only_b
+    if association > 0:  # Newcombe's correction: shrink a positive association by n/2
+        association = max(association - n / 2.0, 0.0)
+    phi = association / math.sqrt(margins) if margins > 0 else 0.0
+    k_a, k_b = both + only_a, both + only_b
+    return _newcombe(k_a / n, _wilson(k_a, n, z), k_b / n, _wilson(k_b, n, z), phi)
+
+
+def _placements(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeLong's structural components: per member, the share of non-members it outscores (ties
+    count ½); per non-member, the share of members that outscore it. Their means are the AUC."""
+    members = np.asarray(member_scores, dtype=np.float64)
+    nonmembers = np.asarray(nonmember_scores, dtype=np.float64)
+    if members.ndim != 1 or nonmembers.ndim != 1 or len(members) == 0 or len(nonmembers) == 0:
+        raise ValueError("an AUC needs 1-D scores with at least one member and one non-member")
+    joint = stats.rankdata(np.concatenate([members, nonmembers]))
+    m = len(members)
+    member_placements = (joint[:m] - stats.rankdata(members)) / len(nonmembers)
+    nonmember_placements = 1.0 - (joint[m:] - stats.rankdata(nonmembers)) / m
+    return member_placements, nonmember_placements
+
+
+def _component_variance(placements: np.ndarray) -> float:
+    return float(placements.var(ddof=1)) / len(placements) if len(placements) > 1 else 0.0
+
+
+def _hanley_mcneil_variance(auc: float, members: int, nonmembers: int) -> float:
+    """Hanley & McNeil (1982): Var(AUC) when the scores are exponentially distributed; at 0.5 it
+    equals the exact permutation variance (m + n + 1) / (12 m n) of the Mann–Whitney statistic."""
+    return auc * (1 - auc) / (members * nonmembers) * (
+        1 + (members - 1) * (1 - auc) / (2 - auc) + (nonmembers - 1) * auc / (1 + auc))
+
+
+def auc(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> float:
+    """P(member score > non-member score) + ½ P(tie): the ROC AUC, higher scores meaning members."""
+    return float(_placements(member_scores, nonmember_scores)[0].mean())
+
+
+def auc_interval(member_scores: np.ndarray, nonmember_scores: np.ndarray, *,
+                 confidence: float = 0.95) -> Bounds:
+    """Two-sided interval for the ROC AUC of members vs non-members: DeLong variance floored at
+    Hanley–McNeil's, logit scale (see the module docstring for the choice and its coverage).
+    ``confidence`` (default 0.95): two-sided level."""
+    member_placements, nonmember_placements = _placements(member_scores, nonmember_scores)
+    m, n = len(member_placements), len(nonmember_placements)
+    estimate = float(member_placements.mean())
+    # Keep the estimate off 0 and 1 by half a pair so that its logit is finite.
+    shrunk = min(max(estimate, 0.5 / (m * n)), 1 - 0.5 / (m * n))
+    variance = max(_component_variance(member_placements) + _component_variance(nonmember_placements),
+                   _hanley_mcneil_variance(shrunk, m, n))
+    half_width = _z(confidence) * math.sqrt(variance) / (shrunk * (1 - shrunk))
+    center = float(logit(shrunk))
+    return float(expit(center - half_width)), float(expit(center + half_width))
+
+
+def auc_difference(member_scores_a: np.ndarray, nonmember_scores_a: np.ndarray,
+                   member_scores_b: np.ndarray, nonmember_scores_b: np.ndarray) -> float:
+    """AUC_a − AUC_b."""
+    return auc(member_scores_a, nonmember_scores_a) - auc(member_scores_b, nonmember_scores_b)
+
+
+def auc_difference_interval(member_scores_a: np.ndarray, nonmember_scores_a: np.ndarray,
+                            member_scores_b: np.ndarray, nonmember_scores_b: np.ndarray, *, paired: bool,
+                            confidence: float = 0.95) -> Bounds:
+    """Two-sided interval for AUC_a − AUC_b (DeLong et al. 1988, Wald).
+
+    ``paired`` (no default: say which): True when a and b score the *same* members and the same
+    non-members in the same order (two models, one sample set; their covariance is subtracted),
+    False when the samples are independent (the variances add). ``confidence`` (default 0.95):
+    two-sided level."""
+    members_a, nonmembers_a = _placements(member_scores_a, nonmember_scores_a)
+    members_b, nonmembers_b = _placements(member_scores_b, nonmember_scores_b)
+    gap = float(members_a.mean() - members_b.mean())
+    if paired:
+        if members_a.shape != members_b.shape or nonmembers_a.shape != nonmembers_b.shape:
+            raise ValueError("paired AUCs need the same members and non-members under both models")
+        # Variance of the difference = the DeLong variance of the per-sample placement differences.
+        variance = (_component_variance(members_a - members_b)
+                    + _component_variance(nonmembers_a - nonmembers_b))
+    else:
+        variance = sum(_component_variance(p) for p in (members_a, nonmembers_a, members_b, nonmembers_b))
+    half_width = _z(confidence) * math.sqrt(variance)
+    return max(-1.0, gap - half_width), min(1.0, gap + half_width)
+
+
+# --- verdict rules ------------------------------------------------------------------------------
+
+def _require_alpha(alpha: float) -> None:
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"alpha must lie strictly between 0 and 0.5, got {alpha}")
+
+
+def judge_at_most(name: str, estimate: float, interval_at: IntervalAt, limit: float, *, n: int,
+                  method: str, alpha: float = DEFAULT_ALPHA) -> Check:
+    """Check "metric ≤ limit": ``fail`` iff the one-sided (1 − α) lower bound exceeds ``limit``,
+    ``pass`` iff the one-sided (1 − α) upper bound is within it, else ``inconclusive``
+    (false-reject and false-accept rate ≤ α each). ``interval_at(confidence)`` gives the
+    metric's two-sided interval at a level; ``n`` and ``method`` are recorded.
+    ``alpha`` (default 0.05): the error rate."""
+    _require_alpha(alpha)
+    confidence = 1.0 - 2.0 * alpha
+    low, high = interval_at(confidence)
+    verdict = FAIL if low > limit else PASS if high <= limit else INCONCLUSIVE
+    return Check(name, float(estimate), (float(low), float(high)), float(limit), int(n), verdict, alpha,
+                 AT_MOST, method, confidence)
+
+
+def judge_abs_at_most(name: str, gap: float, interval_at: IntervalAt, tolerance: float, *, n: int,
+                      method: str, alpha: float = DEFAULT_ALPHA) -> Check:
+    """Check "|gap| ≤ tolerance" for a signed ``gap``: ``fail`` iff the two-sided (1 − α)
+    interval lies entirely outside [−tolerance, tolerance], ``pass`` iff entirely inside, else
+    ``inconclusive`` (false-reject rate ≤ α, false-accept rate ≤ α/2).
+    ``alpha`` (default 0.05): the error rate."""
+    _require_alpha(alpha)
+    if tolerance < 0:
+        raise ValueError(f"a tolerance must be ≥ 0, got {tolerance}")
+    confidence = 1.0 - alpha
+    low, high = interval_at(confidence)
+    if low > tolerance or high < -tolerance:
+        verdict = FAIL
+    elif -tolerance <= low and high <= tolerance:
+        verdict = PASS
+    else:
+        verdict = INCONCLUSIVE
+    return Check(name, float(gap), (float(low), float(high)), float(tolerance), int(n), verdict, alpha,
+                 ABS_AT_MOST, method, confidence)
+
+
+# --- checks for the metrics the gates use ------------------------------------------------------
+
+def check_proportion(name: str, successes: int, n: int, limit: float, *, alpha: float = DEFAULT_ALPHA,
+                     method: ProportionMethod = "clopper-pearson") -> Check:
+    """"successes / n ≤ limit" (e.g. the backdoor attack success rate). ``alpha`` (default 0.05);
+    ``method`` (default ``"clopper-pearson"``, whose error rates hold exactly)."""
+    _require_counts(successes, n)
+    return judge_at_most(name, successes / n,
+                         lambda level: proportion_interval(successes, n, confidence=level, method=method),
+                         limit, n=n, method=method, alpha=alpha)
+
+
+def check_auc(name: str, member_scores: np.ndarray, nonmember_scores: np.ndarray, limit: float, *,
+              alpha: float = DEFAULT_ALPHA) -> Check:
+    """"AUC(members vs non-members) ≤ limit" (e.g. a membership attack). ``alpha`` (default 0.05)."""
+    return judge_at_most(name, auc(member_scores, nonmember_scores),
+                         lambda level: auc_interval(member_scores, nonmember_scores, confidence=level),
+                         limit, n=len(member_scores) + len(nonmember_scores), method=AUC_METHOD,
+                         alpha=alpha)
+
+
+def check_proportion_gap(name: str, successes_a: int, n_a: int, successes_b: int, n_b: int,
+                         tolerance: float, *, alpha: float = DEFAULT_ALPHA) -> Check:
+    """"|p_a − p_b| ≤ tolerance" from counts of two independent samples (or from accuracies ×
+    sizes when per-sample outcomes are not kept: conservative for two models on one sample).
+    ``alpha`` (default 0.05)."""
+    _require_counts(successes_a, n_a)
+    _require_counts(successes_b, n_b)
+    return judge_abs_at_most(
+        name, successes_a / n_a - successes_b / n_b,
+        lambda level: proportion_difference_interval(successes_a, n_a, successes_b, n_b, confidence=level),
+        tolerance, n=n_a + n_b, method="newcombe-hybrid-score", alpha=alpha)
+
+
+def check_paired_proportion_gap(name: str, outcomes_a: np.ndarray, outcomes_b: np.ndarray, tolerance: float, *,
+                                alpha: float = DEFAULT_ALPHA) -> Check:
+    """"|p_a − p_b| ≤ tolerance" for two models' per-sample outcomes on the same samples (e.g.
+    test accuracy of the unlearned vs the retrained model). ``alpha`` (default 0.05)."""
+    a, b = _paired_outcomes(outcomes_a, outcomes_b)
+    return judge_abs_at_most(
+        name, float(a.mean() - b.mean()),
+        lambda level: paired_proportion_difference_interval(a, b, confidence=level),
+        tolerance, n=len(a), method="newcombe-paired", alpha=alpha)
+
+
+def check_auc_gap(name: str, member_scores_a: np.ndarray, nonmember_scores_a: np.ndarray,
+                  member_scores_b: np.ndarray, nonmember_scores_b: np.ndarray, tolerance: float, *,
+                  paired: bool, alpha: float = DEFAULT_ALPHA) -> Check:
+    """"|AUC_a − AUC_b| ≤ tolerance" (e.g. membership-attack AUC of the unlearned vs the retrained
+    model). ``paired``: see ``auc_difference_interval``. ``alpha`` (default 0.05)."""
+    n = len(member_scores_a) + len(nonmember_scores_a)
+    if not paired:
+        n += len(member_scores_b) + len(nonmember_scores_b)
+    return judge_abs_at_most(
+        name, auc_difference(member_scores_a, nonmember_scores_a, member_scores_b, nonmember_scores_b),
+        lambda level: auc_difference_interval(member_scores_a, nonmember_scores_a, member_scores_b,
+                                              nonmember_scores_b, paired=paired, confidence=level),
+        tolerance, n=n, method="delong-paired" if paired else "delong-independent", alpha=alpha)

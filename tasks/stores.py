@@ -1,0 +1,106 @@
+"""Every store the product writes, for the erasure scan: where it is on this machine and whether
+a deletion batch can vouch for it.
+
+    data               data/ (raw, partitions, ledger, requests, batch records) without receipts
+    receipts           data/receipts/
+    dvc-cache          .dvc/cache — earlier data versions stay until `ingest --purge` (then in scope)
+    dvc-remote         the default DVC remote, when it is a local directory (in scope after a purge,
+                       which also runs `dvc gc --cloud`)
+    mlflow             the tracking database and every version's artifacts (mlflow/)
+    prefect            Prefect's home: its database, result storage and logs (PREFECT_HOME)
+    temporary files    .tmp/ (the CLI's TMPDIR) and .dvc/tmp/
+    benchmark outputs  artifacts/ (cached originals) and results/
+
+A store this machine cannot read (an S3 remote, a remote Prefect or MLflow server) is listed out of
+scope with the reason: the report never vouches for what it did not scan.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from fedunlearn.requests.erasure import Store
+
+TEMPORARY_DIR = Path(".tmp")
+PURGE_NOTE = "keeps earlier data versions (deleted rows included) until `fedunlearn ingest --purge`"
+
+
+def dvc_remote(root: Path) -> tuple[str, str] | None:
+    """The default DVC remote (name, url) from .dvc/config and .dvc/config.local, if one is set."""
+    from configobj import ConfigObj
+
+    merged: dict = {}
+    for name in ("config", "config.local"):
+        path = Path(root) / ".dvc" / name
+        if path.is_file():
+            for section, values in ConfigObj(str(path)).items():
+                merged.setdefault(section, {}).update(values)
+    default = merged.get("core", {}).get("remote")
+    if not default:
+        return None
+    url = merged.get(f'remote "{default}"', {}).get("url")
+    return (default, url) if url else None
+
+
+def local_remote_path(root: Path, url: str) -> Path | None:
+    """The directory of a local remote (a path, or file://), resolved like DVC does from .dvc/."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("", "file") or (len(parsed.scheme) == 1):  # "C:" would parse as a scheme
+        return None
+    path = Path(parsed.path if parsed.scheme == "file" else url)
+    return path if path.is_absolute() else (Path(root) / ".dvc" / path).resolve()
+
+
+def prefect_store(root: Path) -> Store:
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    home = Path(settings.home).expanduser()
+    paths = [home, Path(settings.results.local_storage_path).expanduser()]
+    database = settings.server.database.connection_url
+    url = database.get_secret_value() if database is not None else ""
+    if url.startswith("sqlite"):
+        paths.append(Path(url.split(":///", 1)[-1]).expanduser())
+    note = "its home (database, result storage, logs)"
+    api = settings.api.url or ""
+    if api and urlparse(api).hostname not in ("127.0.0.1", "localhost"):
+        note += f"; the API server at {api} keeps its own database, which this machine cannot scan"
+    return Store("prefect", _distinct(paths), note=note)
+
+
+def erasure_stores(root: Path, purged: bool) -> list[Store]:
+    root = Path(root)
+    data = root / "data"
+    data_paths = sorted(p for p in data.iterdir() if p.name != "receipts") if data.is_dir() else []
+    stores = [Store("data", data_paths),
+              Store("receipts", [data / "receipts"]),
+              Store("dvc-cache", [root / ".dvc" / "cache"], in_scope=purged,
+                    note="purged of earlier data versions" if purged else PURGE_NOTE)]
+    remote = dvc_remote(root)
+    if remote is not None:
+        name, url = remote
+        path = local_remote_path(root, url)
+        if path is None:
+            stores.append(Store("dvc-remote", [], in_scope=False, note=f"remote {name!r} ({url}) is not a local "
+                                                                       "directory: not scanned"))
+        else:
+            stores.append(Store("dvc-remote", [path], in_scope=purged,
+                                note=f"remote {name!r}, " + ("`dvc gc --cloud` after the purge" if purged
+                                                             else PURGE_NOTE)))
+    stores += [Store("mlflow", [root / "mlflow"], note="tracking database and every version's artifacts"),
+               prefect_store(root),
+               Store("temporary files", [root / TEMPORARY_DIR, root / ".dvc" / "tmp"]),
+               Store("benchmark outputs", [root / "artifacts", root / "results"])]
+    return stores
+
+
+def _distinct(paths: list[Path]) -> list[Path]:
+    """Paths not inside another of them (each file is read once)."""
+    resolved = sorted({Path(os.path.abspath(p)) for p in paths}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in resolved:
+        if not any(path == k or k in path.parents for k in kept):
+            kept.append(path)
+    return kept
