@@ -1,5 +1,5 @@
-import sys
+"""``python -m fedunlearn``: the command line (the ``cli`` package, one layer above the core)."""
 
-from fedunlearn.cli import main
+import runpy
 
-sys.exit(main())
+runpy.run_module("cli", run_name="__main__", alter_sys=True)

@@ -4,10 +4,9 @@ versions, with which guarantee, whether the new version was promoted, and at wha
 ``data/receipts/<batch_id>.json`` (the process flow also logs it as an MLflow artifact of the
 unlearned version's run). Pure: pydantic and JSON, no orchestration.
 
-``VERSION_METRICS`` are the keys every registered model version's run carries (original,
-retrained and unlearned alike), so MLflow's compare view and ``fedunlearn compare`` line them
-up; a metric that cannot be measured for a version (the forget accuracy of a model trained
-before any deletion) is logged as NaN, never left out.
+The metrics per model are ``evaluation.records.VersionMetrics`` (the keys every registered
+version's run carries); the gates are ``certify.gates.GateOutcome`` with every check's verdict
+and interval.
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.benchmark.report import markdown_table
+from fedunlearn.certify.gates import GateOutcome
+from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.requests.folders import write_text_atomic
 from fedunlearn.requests.model import utc_now
 
 RECEIPTS_DIR = Path("data/receipts")
 UNLEARNED = "unlearned"  # an unlearned version was registered (promoted or not: see the gates)
 NO_MODEL = "no model"  # the batch left nothing to train on: alias current removed, nothing serves
-VERSION_METRICS = ("test_acc", "retain_acc", "forget_acc", "mia_auc", "wall_seconds", "flops", "comm_bytes")
 
 
 class ModelRef(BaseModel):
@@ -37,17 +37,24 @@ class ModelRef(BaseModel):
     run_id: str | None = None
 
 
-class GateCheck(BaseModel):
-    name: str
-    value: float | str | None
-    limit: float | list[str] | None
-    passed: bool
+class AttemptRecord(BaseModel):
+    """One step of the batch's escalation: a method run (or exact retrain), the version it
+    registered, its certificate class and, when it was gated, the gates' outcome."""
 
+    model_config = ConfigDict(ser_json_inf_nan="null")
 
-class GateOutcome(BaseModel):
-    passed: bool
-    policy: str = Field(description="'vs retrained reference' or 'without reference' (see the process flow)")
-    checks: list[GateCheck]
+    attempt: int
+    method: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    version: ModelRef | None = None
+    certificate: str | None = None
+    gates: GateOutcome | None = Field(None, description="None: not gated (exact retrain, or nothing to unlearn)")
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.gates is None or self.gates.passed
 
 
 class Receipt(BaseModel):
@@ -67,11 +74,14 @@ class Receipt(BaseModel):
                                                  "training sample")
     method: str | None = None
     models: dict[str, ModelRef | None] = Field(
-        description="original, source (the version unlearned from), unlearned, retrained (reference, if any), "
-                    "current (alias 'current' after the batch)")
+        description="original, source (the version unlearned from), unlearned (the version promoted: an unlearned "
+                    "one, or the exact retrain an escalation ended with), retrained (reference, if any), current "
+                    "(alias 'current' after the batch)")
     certificate: dict[str, Any] | None = None
     gates: GateOutcome | None = None
-    promoted: bool = Field(description="alias 'current' moved to the unlearned version")
+    attempts: list[AttemptRecord] = Field(default_factory=list, description="the escalation chain, in order; the "
+                                                                            "last one is the version promoted")
+    promoted: bool = Field(description="alias 'current' moved to a version of the batch's new data version")
     metrics: dict[str, dict[str, float | None]] = Field(description="per model (source, unlearned, retrained)")
     costs: dict[str, Any] = Field(description="wall seconds, FLOPs and bytes per model; speed-up vs retrain")
     erasure: dict[str, Any] | None = None
@@ -91,17 +101,26 @@ class Receipt(BaseModel):
         rows = [{"model": name, "version": f"v{models[name].version}", "role": models[name].role,
                  **self.metrics.get(name, {})}
                 for name in ("source", "unlearned", "retrained") if models.get(name)]
-        checks = [{"gate": c.name, "value": c.value, "result": "pass" if c.passed else "FAIL",
+        checks = [{"gate": c.name, "value": c.value, "interval": _interval(c.interval), "n": c.n,
+                   "result": c.verdict if c.verdict != "fail" else "FAIL",
                    "limit": ", ".join(c.limit) if isinstance(c.limit, list) else c.limit}
-                  for c in self.gates.checks]
+                  for c in (self.gates.checks if self.gates else [])]
         return "\n\n".join([
             f"## Deletion batch {self.batch_id} ({self.scenario})",
             f"{len(self.request_ids)} request(s): {', '.join(self.request_ids)}; {self.deleted_samples} sample IDs "
             f"deleted; data version {self.data_version_before} → {self.data_version_after}.",
-            f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; gates "
-            f"({self.gates.policy}) **{'passed' if self.gates.passed else 'failed'}**: {promotion}.",
+            f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; "
+            + (f"gates ({self.gates.policy}) **{self.gates.verdict}**" if self.gates else "not gated")
+            + f": {promotion}.",
+            self.chain(),
             markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
-            markdown_table(checks, ("gate", "value", "limit", "result")), self.erasure_line()])
+            markdown_table(checks, ("gate", "value", "interval", "n", "limit", "result")), self.erasure_line()])
+
+    def chain(self) -> str:
+        """The escalation in one line: every attempt and how its gates ended."""
+        steps = [f"{a.attempt + 1}. `{a.method}`" + (f" v{a.version.version}" if a.version else "")
+                 + f" ({a.gates.verdict if a.gates else a.note or 'not gated'})" for a in self.attempts]
+        return "Attempts: " + " → ".join(steps) if steps else ""
 
     def erasure_line(self) -> str:
         """The erasure scan in one line: the stores scanned and what still holds a deleted row."""
@@ -117,6 +136,10 @@ class Receipt(BaseModel):
         else:
             verdict = "Erasure **not verifiable**: no deleted row could be recognised"
         return verdict + (f"; not scanned: {skipped}" if skipped else "") + "."
+
+
+def _interval(bounds: list[float] | None) -> str:
+    return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
 
 
 def receipt_path(root: Path, batch_id: str) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fedunlearn.config import load_params
 from fedunlearn.data.store import partition_scenario, prepare_dataset
+from fedunlearn.requests.ledger import LEDGER_PATH, read_deleted_ids
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,7 +17,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path.cwd()
     params = load_params(root / "params.yaml")
-    out = (prepare_dataset if args.stage == "prepare" else partition_scenario)(args.name, params, root)
+    if args.stage == "prepare":
+        out = prepare_dataset(args.name, params, root, read_deleted_ids(root / LEDGER_PATH))
+    else:
+        out = partition_scenario(args.name, params, root)
     print(f"{args.stage} {args.name} -> {out.relative_to(root)}")
 
 

@@ -4,51 +4,27 @@
     ─▶ ledger append ─▶ DVC stages + commit (new data version) ─▶ optional purge ─▶ verify erasure
     ─▶ batch record complete, files to processed/
 
-Exactly once: batches run under a file lock; the journal is written before the ledger, the
-ledger skips requests it already holds, and files move only after the ledger is durable, so a
-re-run after a crash at any point first finishes the interrupted batch. No unlearning here:
-that is ``fedunlearn process`` (the unlearning flows).
+Its two sub-flows, ``intake-requests`` and ``apply-deletions`` (``flows.intake``), are the first
+two of ``process-deletions`` too. Exactly once: batches run under a file lock; the journal is
+written before the ledger, the ledger skips requests it already holds, and files move only after
+the ledger is durable, so a re-run after a crash at any point first finishes the interrupted
+batch. No unlearning here: that is ``fedunlearn process`` (the unlearning flows).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from fedunlearn.config import load_params
-from fedunlearn.faults import failpoint
-from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, record_path
-from fedunlearn.requests.erasure import Fingerprints
-from fedunlearn.requests.folders import RequestFolders, batch_lock
+from fedunlearn.requests.batch import BatchRecord, QuarantineNote, Triage, record_path
+from fedunlearn.requests.folders import LOCK_TIMEOUT_S, RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel
-from tasks.requests import (append_ledger, capture_fingerprints, close_batch, collect_inbox, file_applied_requests,
-                            open_batch, purge_cache, quarantine_requests, recover_interrupted_batches,
-                            reproduce_versions, submit_requests, validate_requests, verify_erasure)
+from flows.intake import apply_deletions, intake_requests
+from tasks.requests import submit_requests
+from tasks.workspace import Workspace
 
 NO_PENDING = "no pending requests"
-
-
-def finish_batch(workspace: Path, record: BatchRecord) -> tuple[BatchRecord, Fingerprints | None]:
-    """Run every step the journal does not record as done: a fresh batch runs them all, a batch
-    interrupted by a crash resumes after its last recorded step. Returns the record and the deleted
-    rows' fingerprints (memory only; None when the batch was already verified)."""
-    fingerprints = None
-    if record.status in (BatchStatus.FORMED, BatchStatus.LEDGER_APPENDED, BatchStatus.VERSIONED):
-        fingerprints = capture_fingerprints(workspace, record)
-    if record.status is BatchStatus.FORMED:
-        failpoint("after-ingest")
-        record = append_ledger(workspace, record)
-    if record.status is BatchStatus.LEDGER_APPENDED:
-        record = reproduce_versions(workspace, record)
-    if record.status is BatchStatus.VERSIONED:
-        if record.purge_requested and not record.purged:
-            record = purge_cache(workspace, record, fingerprints)
-        record = verify_erasure(workspace, record, fingerprints)
-    if record.status is BatchStatus.VERIFIED:
-        record = close_batch(workspace, record)
-    return record, fingerprints
 
 
 @flow(name="ingest-deletions")
@@ -59,23 +35,18 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     Prefect UI) are written to the inbox first; ``purge`` removes earlier data versions from
     the DVC cache."""
     logger = get_run_logger()
-    workspace = Path(root).resolve()
-    load_params(workspace / "params.yaml").scenario(scenario)  # an unknown scenario stops here
-    folders = RequestFolders.create(workspace)
+    ws = Workspace.open(root)
+    ws.scenario(scenario)  # an unknown scenario stops here
     if requests:
-        submit_requests(workspace, scenario, requests)
-    with batch_lock(folders):
-        resumed = [finish_batch(workspace, record)[0] for record in recover_interrupted_batches(workspace)]
-        inbox = collect_inbox(workspace, scenario)
-        already_applied = file_applied_requests(workspace, inbox.applied)
-        plan = validate_requests(workspace, scenario, inbox.pending)
-        quarantined = quarantine_requests(workspace, inbox.rejected + plan.rejected)
-        record = None
-        if plan.entries:
-            record, _ = finish_batch(workspace, open_batch(workspace, plan, quarantined, purge))
-    summary = summarize(folders, scenario, record, resumed, inbox, quarantined, already_applied)
+        submit_requests(ws, scenario, requests)
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"):
+        taken = intake_requests(root=str(ws.root), scenario=scenario, purge=purge)
+        record = apply_deletions(root=str(ws.root), batch_id=taken.batch.batch_id).record if taken.batch else None
+    summary = summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied)
     logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary["status"],
-                len(quarantined), len(resumed), summary.get("data_version_before"), summary.get("data_version_after"))
+                len(taken.quarantined), len(taken.resumed), summary.get("data_version_before"),
+                summary.get("data_version_after"))
     return summary
 
 

@@ -1,73 +1,76 @@
-"""Flow ``process-deletions``: pending deletion requests in; a new data version and an
-unlearned, certified, evaluated and registered model version out, promoted to ``current`` only
-when it passes its gates; a receipt for the batch.
+"""Flow ``process-deletions``: pending deletion requests in; a new data version and a version of
+it that is shown to have forgotten them out, promoted to ``current``; a receipt for the batch.
 
-    lock ─▶ inbox ─▶ validate (GX + domain rules) ─▶ quarantine invalid ─▶ nothing valid: no-op
-         ─▶ data version before the batch + the model trained on it (forget samples in memory)
-         ─▶ ledger ─▶ DVC stages + commit (new data version) ─▶ erasure check (the ingest steps)
-         ─▶ unlearn [gpu] ─▶ certificate ─▶ evaluate (accuracies, attacks) ─▶ register version
-         ─▶ [retrain-reference on the new data version] ─▶ gates ─▶ alias current ─▶ receipt
+    intake-requests      lock ─▶ the batch owed by an earlier run, or the inbox validated (GX +
+                         domain rules), invalid files quarantined, one batch journaled
+    apply-deletions      ledger ─▶ DVC stages + commit (new data version) ─▶ erasure check
+    unlearn-and-register the data before the batch (forget samples in memory) + the model trained on
+                         it ─▶ [retrain-reference] ─▶ escalation: method ─▶ certificate ─▶ evaluate
+                         ─▶ register ─▶ gates; until an attempt passes (the last is exact retrain)
+    promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
 
-Exactly once: the ingest steps journal the batch; a run that fails after the ledger append is
-resumed by the next run (the data before the batch is read back from the DVC cache), and the
-registry holds at most one unlearned version per batch.
-
-Gates (``PromotionGates``, a form in the Prefect UI): against the retrained reference of the new
-data version when there is one, otherwise against the source model and chance; see
-``tasks.pipeline.PromotionGates``.
+Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
+quarantined — VFL parties hold features of every sample, not samples), DFL (certified DFU, its
+residual budget carried from version to version in the registry). One resume point
+(``tasks.progress``): a run killed anywhere is finished by the next from what the stores record.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 from prefect import flow, get_run_logger
 
-from fedunlearn.benchmark.runner import BenchmarkSetup, make_row
-from fedunlearn.certify.certificate import Certificate
-from fedunlearn.config import load_params
+from fedunlearn.benchmark import runner
+from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
+from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space)
 from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.evaluation.evaluator import evaluation_sets
+from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
-from fedunlearn.receipts import NO_MODEL, GateOutcome, ModelRef, Receipt
-from fedunlearn.requests.batch import BatchPlan, BatchRecord, QuarantineNote, Triage, record_path
-from fedunlearn.requests.erasure import ErasureReport, Fingerprints
-from fedunlearn.requests.folders import RequestFolders, batch_lock
+from fedunlearn.federation.protocol import Federation
+from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
+from fedunlearn.requests.batch import BatchRecord, load_records, record_path
+from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.unlearning import available_methods
-from flows.ingest import finish_batch, summarize
+from fedunlearn.unlearning.base import Outcome
+from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_method, default_policy
+from flows.ingest import summarize
+from flows.intake import apply_deletions, intake_requests
 from flows.reference import retrain_reference as retrain_reference_flow
 from tasks import preload
-from tasks import workspace as data_versions
-from tasks.benchmark import build_evaluator, build_method, evaluate, unlearn
-from tasks.pipeline import (LoadedModel, PromotionGates, alias_ref, apply_gates, find_reference, load_data_version,
-                            load_source_model, log_reference_metrics, move_alias, prepare_batch, register_version,
-                            registered_for_batch, registered_outcome, remove_alias, unlearning_backlog,
-                            version_metrics, write_receipt)
-from tasks.requests import (capture_fingerprints, collect_inbox, file_applied_requests, open_batch, quarantine_requests,
-                            recover_interrupted_batches, scan_stores, submit_requests, validate_requests)
+from tasks.data import load_data
+from tasks.evaluation import apply_gates, build_evaluator, evaluate
+from tasks.models import backdoor_ids, find_reference, load_source_model, register_version, remove_alias
+from tasks.progress import attempts_registered
+from tasks.receipts import write_receipt
+from tasks.registry import ModelWeights, RegisteredModel
+from tasks.requests import capture_fingerprints, scan_stores, submit_requests
 from tasks.timing import FlowClock
+from tasks.unlearning import unlearn
+from tasks.workspace import Workspace
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
-DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
-COST_KEYS = ("wall_seconds", "flops", "comm_bytes")
 # A batch triggered while another runs waits for it (unlearning, evaluation and an optional retrain
 # take minutes) instead of failing; past this it exits with BatchInProgress and its requests wait.
 BATCH_LOCK_TIMEOUT_S = 1800.0
+UNCHANGED = "unchanged"  # the method of a batch that deleted only held-out samples: nothing to unlearn
 
 
 def choose_method(method: MethodChoice | str, setting: str) -> str:
     """``auto`` is the setting's default: PUF-Special (HFL), FedORA (VFL), certified DFU (DFL)."""
     name = MethodChoice(method).value
-    return DEFAULT_METHODS[setting] if name == "auto" else name
+    return default_method(setting) if name == "auto" else name
 
 
 @contextmanager
@@ -94,174 +97,300 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
                           "continues from the data version before it") from err
 
 
-@dataclass
-class Intake:
-    """The inbox sorted and validated (the ingest steps); ``plan.entries`` is the new batch."""
-
-    inbox: Triage = field(default_factory=Triage)
-    already_applied: list[str] = field(default_factory=list)
-    quarantined: list[QuarantineNote] = field(default_factory=list)
-    plan: BatchPlan | None = None
-
-
-def take_requests(workspace: Path, scenario: str) -> Intake:
-    inbox = collect_inbox(workspace, scenario)
-    already_applied = file_applied_requests(workspace, inbox.applied)
-    plan = validate_requests(workspace, scenario, inbox.pending)
-    return Intake(inbox, already_applied, quarantine_requests(workspace, inbox.rejected + plan.rejected), plan)
-
-
-def on_device(state: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {key: value.to(device) for key, value in state.items()}
-
-
 @flow(name="process-deletions", log_prints=True)
 def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: MethodChoice = MethodChoice.auto,
                       requests: list[DeletionRequestModel] | None = None, retrain_reference: bool = False,
                       gates: PromotionGates | None = None, method_options: dict[str, Any] | None = None,
-                      device: str | None = None) -> dict:
+                      escalation: list[Attempt] | None = None, device: str | None = None) -> dict:
     """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
     the Prefect UI) are written to the inbox first. ``method`` ``auto`` picks the setting's default;
-    ``retrain_reference`` also retrains the gold standard on the new data version, which the gates
-    then compare with. With nothing pending the run changes nothing."""
+    ``escalation`` the attempts in order (default: the method, the method stronger, another method,
+    exact retrain); ``retrain_reference`` also retrains the gold standard on the new data version
+    first, which the gates then compare with. With nothing pending the run changes nothing."""
     clock = FlowClock()
-    workspace = Path(root).resolve()
-    params = load_params(workspace / "params.yaml")
-    setting = params.scenario(scenario).setting
-    name, gates, options = choose_method(method, setting), gates or PromotionGates(), method_options or {}
-    folders = RequestFolders.create(workspace)
+    ws = Workspace.open(root)
+    cfg = ws.scenario(scenario)
+    first = Attempt(method=choose_method(method, cfg.setting), options=method_options or {})
+    gates = gates or PromotionGates()
     if requests:
-        submit_requests(workspace, scenario, requests)
-    with batch_lock(folders, BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
-            intra_op_threads(params.scenario(scenario).threads):
-        resumed = [finish_batch(workspace, record)[0] for record in recover_interrupted_batches(workspace)]
-        record = unlearning_backlog(workspace, scenario)
-        intake = Intake() if record else take_requests(workspace, scenario)
-        if record is None and not intake.plan.entries:
-            return summarize(folders, scenario, None, resumed, intake.inbox, intake.quarantined,
-                             intake.already_applied)
-        if record is not None:
-            get_run_logger().warning("resuming batch %s: the ledger applied it but no model followed; requests in "
-                                     "the inbox wait for the next run", record.batch_id)
-
-        # The samples to forget exist only in the data before the batch: read them before the ledger moves on.
-        before = record.data_version_before if record else data_versions.data_version(workspace, scenario)
-        batch_id, entries = (record.batch_id, record.requests) if record else (intake.plan.batch_id,
-                                                                                 intake.plan.entries)
-        dev = resolve_device(device or params.device)
-        preload.wait()  # torch.export's tracing state is process-global: no tensor work beside a probe export
-        fed_state = load_data_version(workspace, scenario, params, dev, before)
-        registered = registered_for_batch(workspace, scenario, "unlearned", batch_id)  # killed after registering
-        source = load_source_model(workspace, scenario, before, registered)
-        setup = prepare_batch(scenario, fed_state, batch_id, entries)
-        build_method(name, setting, setup.batch.kind, None, options)  # an unsupported method stops here
-        record = record or open_batch(workspace, intake.plan, intake.quarantined, False)
-
+        submit_requests(ws, scenario, requests)
+    with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
+            intra_op_threads(cfg.threads):
+        taken = intake_requests(root=str(ws.root), scenario=scenario, take_owed=True)
+        if taken.batch is None:
+            return summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
+                             taken.already_applied)
+        record = taken.batch
+        if taken.owed:
+            get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
+                                     "inbox wait for the next run", record.batch_id)
+        # An unsupported method stops here, before the ledger moves on.
+        policy = (checked_policy(cfg.setting, record.kind, escalation) if escalation
+                  else default_policy(cfg.setting, record.kind, first))
         with stage(record, "ingest (ledger, new data version, erasure check)"):
-            record, fingerprints = finish_batch(workspace, record)
-        if setup.batch.num_forget >= sum(len(c) for c in fed_state.clients):
-            close_without_model(workspace, record, source)
-        with stage(record, f"unlearn ({name})"):
-            evaluator = build_evaluator(setup)
-            source_metrics, _ = evaluate(evaluator, f"source-v{source.ref.version}",
-                                         fed_state.model_from(on_device(source.state, dev)), None)
-            if registered is None:
-                # PUF recovers until the source model's test accuracy: no reference exists yet.
-                outcome, certificate = unlearn(setup, on_device(source.state, dev), name,
-                                               source_metrics["test_acc"], options)
-            else:
-                outcome, certificate = registered_outcome(workspace, scenario, registered)
-                name = certificate.method
-            model = fed_state.model_from(on_device(outcome.state, dev))
-            metrics, _ = evaluate(evaluator, name, model, None)
-        with stage(record, "register"):
-            unlearned = register_version(
-                workspace, scenario, model, tuple(setup.sets.test.x.shape[1:]),
-                {"role": "unlearned", "scenario": scenario, "method": name, "batch_id": batch_id,
-                 "data_version": record.data_version_after, "certificate": certificate.guarantee,
-                 "source_version": source.ref.version},
-                {"method": name, "batch_id": batch_id, "requests": len(entries),
-                 "forget_samples": setup.batch.num_forget, "data_version_before": before,
-                 "source_version": source.ref.version, **options},
-                version_metrics({**metrics, **asdict(outcome.cost)}), {"certificate.json": certificate.to_json()})
-        failpoint("after-registration")
-        with stage(record, "retrained reference"):
-            if retrain_reference:
-                retrain_reference_flow(scenario=scenario, root=str(workspace), device=device, batch_id=batch_id)
-            reference = find_reference(workspace, scenario, record.data_version_after)
-            reference_row = None
-            if reference is not None:
-                reference_metrics, _ = evaluate(evaluator, "retrained",
-                                                fed_state.model_from(on_device(reference.state, dev)), None)
-                reference_row = {**reference.metrics, **reference_metrics}  # the cost is its training run's
-                log_reference_metrics(workspace, reference.ref.run_id, reference_row)
-        row = make_row(setup, name, metrics, outcome.cost, certificate,
-                       CostRecord(reference_row["wall_seconds"]) if reference_row else None, reference_row,
-                       outcome.notes)
-        with stage(record, "gates, alias and receipt"):
-            gate = apply_gates(row, reference_row, source_metrics, gates)
-            if gate.passed:
-                move_alias(workspace, scenario, "current", unlearned.version)
-            failpoint("after-alias-move")
-            # Every store once more, now that the batch registered its versions and logged its runs.
-            erasure = scan_erasure(workspace, record, fingerprints)
-            receipt = batch_receipt(workspace, record, setup, name, certificate, gate,
-                                    {"source": source, "unlearned": unlearned, "retrained": reference},
-                                    {"source": source_metrics, "unlearned": row, "retrained": reference_row}, erasure)
-            path = write_receipt(workspace, receipt)
-            failpoint("after-receipt")
+            record = apply_deletions(root=str(ws.root), batch_id=record.batch_id).record
+        with stage(record, "unlearn and register"):
+            outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
+                                           policy=policy, gates=gates, retrain_reference=retrain_reference,
+                                           device=device)
+        with stage(record, "alias and receipt"):
+            receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
+                                                outcome=outcome)
     print(receipt.markdown())
-    return {**summarize(folders, scenario, record, resumed, intake.inbox, intake.quarantined, intake.already_applied),
-            "method": name, "certificate": certificate.guarantee, "promoted": receipt.promoted,
+    return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied),
+            "method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
+            "attempts": [a.model_dump(mode="json", include={"attempt", "method", "note"}) | {
+                "verdict": a.gates.verdict if a.gates else None} for a in receipt.attempts],
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
-            "receipt": path.relative_to(workspace).as_posix(), "timings": clock.split()}
+            "receipt": ws.relative(path), "timings": clock.split()}
 
 
-def scan_erasure(workspace: Path, record: BatchRecord, fingerprints: Fingerprints | None) -> ErasureReport:
-    """The erasure scan of every store (``tasks.stores``) with the batch's fingerprints, taken again
-    from the data before the batch when this run did not take them (the batch was resumed)."""
-    return scan_stores(workspace, record.purged, fingerprints or capture_fingerprints(workspace, record))
+# --- unlearn and register ------------------------------------------------------------------------
+
+@dataclass
+class BatchOutcome:
+    """What unlearning a batch came to: the source, the reference, every attempt, the one chosen."""
+
+    source: ModelRef
+    source_metrics: VersionMetrics
+    attempts: list[AttemptRecord]
+    certificate: dict[str, Any]
+    cost: CostRecord
+    forgotten_per_client: dict[str, int]
+    reference: ModelRef | None = None
+    reference_metrics: VersionMetrics | None = None
+    evaluations: dict[str, Evaluation] = field(default_factory=dict, repr=False)
+
+    @property
+    def chosen(self) -> AttemptRecord:
+        return self.attempts[-1]
 
 
-def close_without_model(workspace: Path, record: BatchRecord, source: LoadedModel) -> None:
+def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
+    """The federation holding a registered version's weights (DFL: its nodes' models and budget)."""
+    federation.state = model.state
+    if model.weights.node_states is not None or model.weights.budget is not None:
+        federation.node_states = model.weights.node_states
+        federation.ledger = model.weights.budget
+    return federation
+
+
+@flow(name="unlearn-and-register")
+def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
+                         retrain_reference: bool = False, device: str | None = None) -> BatchOutcome:
+    """The batch's attempts in order, each registered and gated, until one passes (the last, exact
+    retrain, needs no gate). Attempts registered by an earlier run are read back, not redone."""
+    ws = Workspace.open(root)
+    [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
+    dev = resolve_device(device or ws.params.device)
+    preload.wait()  # torch.export's tracing state is process-global: no tensor work beside a probe export
+    registered = attempts_registered(ws, scenario, batch_id)
+    recorded = next((v.tags.get("source_version") for v in registered.values() if "source_version" in v.tags), None)
+    source = load_source_model(ws, scenario, record.data_version_before, recorded)
+    poisoned = backdoor_ids(ws, scenario)
+    federation = with_weights(load_data(ws, scenario, dev, record.data_version_before, backdoor_ids=poisoned), source)
+    batch = record.forget_set(federation.clients)
+    if batch is None:
+        return keep_source(ws, record, source, registered)
+    if batch.num_forget >= sum(len(c) for c in federation.clients):
+        close_without_model(ws, record, source)
+    forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
+    # The forget set carries the trigger when it is the poisoned samples; its non-members must then too.
+    sets = evaluation_sets(federation, batch, backdoor=bool(poisoned) and forget_ids <= set(poisoned))
+    setup = runner.BenchmarkSetup(scenario, f"batch {batch_id}", federation, batch, bool(poisoned), sets)
+    evaluator = build_evaluator(federation, batch, bool(poisoned), sets)
+    source_eval = evaluate(evaluator, f"source-v{source.ref.version}", federation.model_from(source.state))
+
+    if retrain_reference:
+        retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
+    reference = find_reference(ws, scenario, record.data_version_after)
+    reference_eval = None
+    if reference is not None:
+        reference_eval = evaluate(evaluator, "retrained", federation.model_from(reference.state))
+        ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": reference_eval.forget_acc,
+                                                       "mia_auc": reference_eval.mia_auc})
+
+    attempts, certificate, cost = [], {}, CostRecord()
+    for number, attempt in enumerate(policy):
+        if attempt.exact:
+            exact = reference or exact_retrain(ws, scenario, batch_id, number, device)
+            tag_attempt(ws, scenario, exact.ref.version, number)
+            exact_eval = reference_eval or evaluate(evaluator, "retrained", federation.model_from(exact.state))
+            attempts.append(AttemptRecord(attempt=number, method=attempt.method, version=exact.ref,
+                                          certificate=EXACT_RETRAIN, metrics=_metrics(exact_eval, None),
+                                          note="exact retrain: nothing of the deleted samples, no gate needed"))
+            certificate = {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
+                           "scenario": scenario, "batch_id": batch_id,
+                           "notes": ["retrained from scratch on the retained data (the escalation's last step)"]}
+            cost = CostRecord(exact.metrics.get("wall_seconds", math.nan), exact.metrics.get("flops", math.nan),
+                              int(exact.metrics.get("comm_bytes", 0) or 0))
+            reference, reference_eval = exact, exact_eval
+            break
+        if number in registered:
+            ref, outcome, attempt_certificate = read_attempt(ws, scenario, registered[number])
+        else:
+            outcome, attempt_certificate = unlearn(setup, source.state, attempt.method, source_eval.test_acc,
+                                                   attempt.options)
+        evaluation = evaluate(evaluator, f"{attempt.method}-{number}", federation.model_from(outcome.state))
+        if number not in registered:
+            ref = register_attempt(ws, record, source, federation, attempt, number, outcome, attempt_certificate,
+                                   evaluation)
+            failpoint("after-registration")
+        gate = apply_gates(f"{attempt.method}-{number}", evaluation, attempt_certificate.guarantee, source_eval,
+                           reference_eval, gates)
+        attempts.append(AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
+                                      certificate=attempt_certificate.guarantee, gates=gate,
+                                      metrics=_metrics(evaluation, outcome.cost)))
+        certificate, cost = json.loads(attempt_certificate.to_json()), outcome.cost
+        if gate.passed:
+            break
+        get_run_logger().warning("attempt %d (%s) did not pass its gates (%s): escalating", number + 1,
+                                 attempt.method, gate.verdict)
+    reference_metrics = None
+    if reference is not None:
+        reference_metrics = VersionMetrics.of(reference_eval, CostRecord(
+            reference.metrics.get("wall_seconds", math.nan), reference.metrics.get("flops", math.nan),
+            int(reference.metrics.get("comm_bytes", 0) or 0)))
+    return BatchOutcome(source.ref, VersionMetrics.of(source_eval, None), attempts, certificate, cost,
+                        {str(c): len(ids) for c, ids in batch.forget_ids.items()},
+                        reference.ref if reference else None, reference_metrics)
+
+
+def _metrics(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[str, float | None]:
+    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for k, v in VersionMetrics.of(evaluation, cost).to_dict().items()}
+
+
+def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation,
+                     attempt: Attempt, number: int, outcome: Outcome, certificate: Certificate,
+                     evaluation: Evaluation | None) -> ModelRef:
+    """An attempt as a registered version of the batch's new data version."""
+    name = record.scenario
+    tags = {"role": "unlearned", "scenario": name, "method": attempt.method, "batch_id": record.batch_id,
+            "attempt": str(number), "data_version": record.data_version_after, "certificate": certificate.guarantee,
+            "source_version": source.ref.version}
+    budget = getattr(outcome, "ledger", None)
+    if budget is not None:
+        tags.update(budget_used=f"{budget['used']:.6g}", budget_left=f"{budget['left']:.6g}")
+    weights = ModelWeights(outcome.state, getattr(outcome, "node_states", None), budget)
+    params = {"method": attempt.method, "attempt": number, "batch_id": record.batch_id,
+              "requests": len(record.requests), "forget_samples": len(record.deleted_ids()),
+              "data_version_before": record.data_version_before, "source_version": source.ref.version,
+              **attempt.options}
+    return register_version(ws, name, weights, federation.model_from(outcome.state),
+                            tuple(federation.test.x.shape[1:]), tags, params, VersionMetrics.of(evaluation,
+                                                                                                 outcome.cost),
+                            {"certificate.json": certificate.to_json()})
+
+
+def read_attempt(ws: Workspace, scenario: str, version) -> tuple[ModelRef, Outcome, Certificate]:
+    """An attempt as an earlier run registered it: its weights, cost and certificate. A resumed
+    batch judges this model, not a new one (a method with fresh noise would otherwise be judged on
+    weights nobody registered)."""
+    registered = ws.registry.load(scenario, str(version.version))
+    certificate = Certificate.from_json(ws.registry.text(version.run_id, "certificate.json"))
+    metrics = registered.metrics
+    cost = CostRecord(metrics.get("wall_seconds", math.nan), metrics.get("flops", math.nan),
+                      int(metrics.get("comm_bytes", 0) or 0))
+    outcome = Outcome(registered.state, cost, notes={"resumed": f"registered as v{version.version} before the run "
+                                                                "was interrupted"})
+    return registered.ref, outcome, certificate
+
+
+def tag_attempt(ws: Workspace, scenario: str, version: str, number: int) -> None:
+    ws.registry.set_version_tag(scenario, version, "attempt", str(number))
+
+
+def exact_retrain(ws: Workspace, scenario: str, batch_id: str, number: int, device: str | None) -> RegisteredModel:
+    """The escalation's last step: the retrain-reference flow on the batch's new data version."""
+    retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
+    return find_reference.fn(ws, scenario, ws.data_version(scenario))
+
+
+def keep_source(ws: Workspace, record: BatchRecord, source: RegisteredModel, registered: dict) -> BatchOutcome:
+    """A batch that deleted only held-out test samples: no model was trained on them, so the source
+    model is, unchanged, the model of the new data version — registered as its version with the
+    source's guarantee (an original or retrained source is exactly what retraining gives)."""
+    exact = source.ref.role in ("original", "retrained")
+    guarantee = EXACT_RETRAIN if exact else source.tags.get("certificate", EXACT_RETRAIN)
+    if 0 in registered:
+        ref = ModelRef(version=str(registered[0].version), role="unlearned",
+                       data_version=record.data_version_after, run_id=registered[0].run_id)
+    else:
+        federation = load_data.fn(ws, record.scenario, torch.device("cpu"), record.data_version_after)
+        federation = with_weights(federation, source)
+        certificate = Certificate(method=UNCHANGED, guarantee=guarantee, claimed=guarantee, scenario=record.scenario,
+                                  batch_id=record.batch_id, notes=["only held-out samples were deleted: the model "
+                                                                   "never trained on them"])
+        ref = register_attempt(ws, record, source, federation, Attempt(method=UNCHANGED), 0,
+                               Outcome(source.state, CostRecord(0.0, 0.0, 0)), certificate, None)
+    attempt = AttemptRecord(attempt=0, method=UNCHANGED, version=ref, certificate=guarantee,
+                            metrics=_metrics(None, CostRecord(0.0, 0.0, 0)),
+                            note="only held-out samples deleted: nothing to unlearn")
+    return BatchOutcome(source.ref, VersionMetrics(), [attempt], {"method": UNCHANGED, "guarantee": guarantee},
+                        CostRecord(0.0, 0.0, 0), {})
+
+
+def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredModel) -> None:
     """The batch deleted every training sample: no model can be trained or unlearned on what is left.
     The deletion stands (ledger, data version); alias ``current`` — a model trained on the deleted
     samples — is removed; a receipt says so, so no later run retries the batch."""
     scenario = record.scenario
-    remove_alias(workspace, scenario, "current")
-    erasure = scan_erasure(workspace, record, None)
+    remove_alias(ws, scenario, "current")
+    erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
     receipt = Receipt(
         batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
         deleted_samples=len(record.deleted_ids()), forgotten_per_client={},
         data_version_before=record.data_version_before, data_version_after=record.data_version_after,
-        outcome=NO_MODEL, models={"original": alias_ref(workspace, scenario, "original"), "source": source.ref,
+        outcome=NO_MODEL, models={"original": ws.registry.alias_ref(scenario, "original"), "source": source.ref,
                                   "unlearned": None, "retrained": None, "current": None},
         promoted=False, metrics={}, costs={}, erasure=erasure.model_dump(mode="json"),
-        batch_record=record_path(RequestFolders(workspace), record.batch_id).relative_to(workspace).as_posix())
-    path = write_receipt(workspace, receipt)
+        batch_record=ws.relative(record_path(ws.folders, record.batch_id)))
+    path = write_receipt(ws, receipt)
     raise BatchCannotSucceed(
         f"batch {record.batch_id} deleted every training sample of {scenario}: the deletion is applied (data version "
-        f"{record.data_version_after}, receipt {path.relative_to(workspace)}) but no model can be trained or unlearned "
-        f"on no data, so alias 'current' was removed and nothing serves. Add training data, then train a new model "
-        f"with `fedunlearn train --scenario {scenario}`")
+        f"{record.data_version_after}, receipt {ws.relative(path)}) but no model can be trained or unlearned on no "
+        f"data, so alias 'current' was removed and nothing serves. Add training data, then train a new model with "
+        f"`fedunlearn train --scenario {scenario}`")
 
 
-def batch_receipt(workspace: Path, record: BatchRecord, setup: BenchmarkSetup, method: str, certificate: Certificate,
-                  gate: GateOutcome, models: dict[str, LoadedModel | ModelRef | None],
-                  rows: dict[str, dict | None], erasure: ErasureReport) -> Receipt:
-    """The receipt: request IDs, data versions, the registry's versions, certificate, gates, metrics, costs."""
-    refs = {key: model.ref if isinstance(model, LoadedModel) else model for key, model in models.items()}
-    unlearned = rows["unlearned"]
-    return Receipt(
-        batch_id=record.batch_id, scenario=record.scenario, request_ids=[e.request_id for e in record.requests],
-        deleted_samples=len(record.deleted_ids()),
-        forgotten_per_client={str(c): len(ids) for c, ids in setup.batch.forget_ids.items()},
+# --- promote and receipt ---------------------------------------------------------------------------
+
+@flow(name="promote-and-receipt")
+def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome) -> tuple[Receipt, Any]:
+    """Alias ``current`` to the attempt that passed, the erasure scan of every store (now that the
+    batch registered its versions and logged its runs), the receipt."""
+    ws = Workspace.open(root)
+    [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
+    chosen = outcome.chosen
+    ws.registry.set_alias(scenario, "current", chosen.version.version)
+    failpoint("after-alias-move")
+    erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
+    metrics = {"source": outcome.source_metrics.to_dict(), "unlearned": chosen.metrics,
+               **({"retrained": outcome.reference_metrics.to_dict()} if outcome.reference_metrics else {})}
+    reference_seconds = outcome.reference_metrics.wall_seconds if outcome.reference_metrics else math.nan
+    chosen_seconds = outcome.cost.wall_seconds
+    speedup = reference_seconds / chosen_seconds if chosen_seconds and chosen_seconds > 0 else None
+    receipt = Receipt(
+        batch_id=batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client=outcome.forgotten_per_client,
         data_version_before=record.data_version_before, data_version_after=record.data_version_after,
-        method=method, models={"original": alias_ref(workspace, record.scenario, "original"), **refs,
-                               "current": alias_ref(workspace, record.scenario, "current")},
-        certificate=json.loads(certificate.to_json()), gates=gate, promoted=gate.passed,
-        metrics={key: version_metrics(row) for key, row in rows.items() if row is not None},
-        costs={**{key: {k: rows[key][k] for k in COST_KEYS} for key in ("unlearned", "retrained") if rows[key]},
-               "speedup_vs_retrain": unlearned["speedup_vs_retrain"]},
+        method=chosen.method, models={"original": ws.registry.alias_ref(scenario, "original"),
+                                      "source": outcome.source, "unlearned": chosen.version,
+                                      "retrained": outcome.reference or (chosen.version if chosen.method == "retrain"
+                                                                         else None),
+                                      "current": ws.registry.alias_ref(scenario, "current")},
+        certificate=outcome.certificate, gates=chosen.gates, attempts=outcome.attempts, promoted=True,
+        metrics=metrics,
+        costs={"unlearned": {"wall_seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
+                             "comm_bytes": outcome.cost.comm_bytes},
+               **({"retrained": {k: getattr(outcome.reference_metrics, k) for k in ("wall_seconds", "flops",
+                                                                                       "comm_bytes")}}
+                  if outcome.reference_metrics else {}),
+               "speedup_vs_retrain": None if speedup is None or math.isnan(speedup) else speedup},
         erasure=erasure.model_dump(mode="json"),
-        batch_record=record_path(RequestFolders(workspace), record.batch_id).relative_to(workspace).as_posix())
+        batch_record=ws.relative(record_path(RequestFolders(ws.root), batch_id)))
+    path = write_receipt(ws, receipt)
+    failpoint("after-receipt")
+    return receipt, path

@@ -3,20 +3,20 @@
     DVC stages (current data version) ─▶ already a reference for it? reuse
     ─▶ train-federated from scratch on it ─▶ registered version: role=retrained, alias ``retrained``
 
-Unlearned versions are judged against it (``process-deletions`` gates). ``process-deletions``
-runs it after a batch (``retrain_reference=True``, the version is tagged with the batch);
-deployed on its own it refreshes the reference on demand or on a schedule.
+Unlearned versions are judged against it (``process-deletions`` gates), and it is the last step
+of every escalation. ``process-deletions`` runs it after a batch (``retrain_reference=True``, the
+version is tagged with the batch); deployed on its own it refreshes the reference on demand or on a
+schedule.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from prefect import flow
 
 from flows.train import train_federated
 from tasks.data import reproduce_data
-from tasks.pipeline import find_reference
+from tasks.models import find_reference
+from tasks.workspace import Workspace
 
 
 @flow(name="retrain-reference", log_prints=True)
@@ -25,13 +25,14 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
     """Retrain ``scenario`` from scratch on its current data version and register the result with
     alias ``retrained``; a data version that already has its reference keeps it (retraining is
     deterministic for a seed, so a second one would be the same model)."""
-    workspace = Path(root).resolve()
-    data_version = reproduce_data(workspace, scenario)
-    existing = find_reference(workspace, scenario, data_version)
+    ws = Workspace.open(root)
+    data_version = reproduce_data(ws, scenario)
+    existing = find_reference(ws, scenario, data_version)
     if existing is not None:
+        ws.registry.set_alias(scenario, "retrained", existing.ref.version)
         print(f"data version {data_version} already has its reference: {scenario} v{existing.ref.version}")
         return {"scenario": scenario, "data_version": data_version, "model_version": existing.ref.version,
                 "reused": True}
-    result = train_federated(scenario=scenario, root=str(workspace), device=device, role="retrained",
+    result = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
                              batch_id=batch_id)
     return {**result, "reused": False}

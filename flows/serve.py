@@ -26,7 +26,7 @@ from flows.benchmark import benchmark
 from flows.process import process_deletions
 from flows.reference import retrain_reference
 from flows.train import train_federated
-from tasks.benchmark import GPU_TAG
+from tasks.unlearning import GPU_TAG
 
 DEFAULT_CRON = "0 2 * * *"
 BATCH_DEPLOYMENT = "deletion-batches"

@@ -1,36 +1,55 @@
-"""Prefect tasks over the data plane: reproduce the DVC stages, validate, load."""
+"""Prefect tasks over the data plane: reproduce the DVC stages, validate, load a data version."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.data.store import HorizontalPartition, load_horizontal
-from tasks import validation, workspace
+from fedunlearn.evaluation.backdoor import poison_clients
+from fedunlearn.federation.local import MapUpdates, map_inline
+from fedunlearn.federation.protocol import Federation
+from fedunlearn.training import load_federation
+from fedunlearn.unlearning.base import DeletionBatch
+from tasks import validation
+from tasks.timing import core_compute
+from tasks.workspace import Workspace, checkout_from_cache
 
 
 @task(name="reproduce-data", cache_policy=NO_CACHE, retries=1)
-def reproduce_data(root: Path, scenario: str) -> str:
+def reproduce_data(ws: Workspace, scenario: str) -> str:
     """The scenario's prepare + partition stages, committed to DVC; returns the data version."""
-    workspace.init_workspace(root)
-    return workspace.reproduce(root, scenario)
+    return ws.reproduce(scenario)
 
 
 @task(name="validate-partition", cache_policy=NO_CACHE)
-def validate_partition(root: Path, scenario: str) -> dict:
-    return validation.validate_partition(scenario, root)
+def validate_partition(ws: Workspace, scenario: str) -> dict:
+    return validation.validate_partition(scenario, ws.root)
 
 
-@task(name="load-federation", cache_policy=NO_CACHE)
-def load_federation(root: Path, scenario: str, params, device):
-    """The scenario's federation (any setting) with initial weights, on the current data version."""
-    from fedunlearn.benchmark.settings import load_federation as load
-
-    return load(scenario, params, root, device)
-
-
-@task(name="load-partition", cache_policy=NO_CACHE)
-def load_partition(root: Path, scenario: str) -> HorizontalPartition:
-    return load_horizontal(scenario, root)
+@task(name="load-data-version", cache_policy=NO_CACHE)
+@core_compute
+def load_data(ws: Workspace, scenario: str, device: torch.device, data_version: str | None = None, *,
+              map_updates: MapUpdates = map_inline, backdoor_ids: list[str] | None = None) -> Federation:
+    """The federation of ``data_version`` (default: the current one) with untrained weights: the
+    workspace's files while they are that version, otherwise DVC's cache (the data before a batch
+    whose ledger append moved the workspace on — its deleted samples are still in it). Read into
+    memory only. ``backdoor_ids``: samples the lineage's original was trained with the trigger on
+    (``--backdoor``); those still in the data carry it again, as they did in training."""
+    if data_version is None or ws.data_version(scenario) == data_version:
+        federation = load_federation(scenario, ws.params, ws.root, device)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=ws.temporary_dir) as tmp:
+            checkout_from_cache(ws.root, scenario, data_version, Path(tmp))
+            federation = load_federation(scenario, ws.params, Path(tmp), device)
+    federation.map_updates = map_updates
+    if backdoor_ids:
+        poisoned = set(backdoor_ids)
+        present = [i for c in federation.clients for i in c.sample_ids.tolist() if i in poisoned]
+        if present:
+            federation.clients = poison_clients(federation.clients,
+                                                DeletionBatch.for_sample_ids(present, federation.clients).forget_ids)
+    return federation

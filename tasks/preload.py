@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Callable
 
-from tasks.tracking import prepare_model_logging
+from tasks.registry import prepare_model_logging
 
 logger = logging.getLogger(__name__)
 _started: list[threading.Thread] = []

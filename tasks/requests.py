@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+import torch
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.config import Params, load_params
 from fedunlearn.data.datasets import load_source
-from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR
+from fedunlearn.data.store import PARTITIONS_DIR
+from fedunlearn.requests.ledger import LEDGER_PATH, LedgerDamaged
 from fedunlearn.faults import failpoint
 from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import (BatchPlan, BatchRecord, BatchStatus, PendingRequest, QuarantineNote,
@@ -31,12 +32,11 @@ from fedunlearn.requests.batch import (BatchPlan, BatchRecord, BatchStatus, Pend
                                        record_path, triage)
 from fedunlearn.requests.catalog import Catalog, load_catalog
 from fedunlearn.requests.erasure import Fingerprints, RowSource
-from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, scan_inbox, submit_request
 from fedunlearn.requests.integrity import ensure_intact
-from fedunlearn.requests.ledger import Ledger, LedgerDamaged
 from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
-from tasks import stores, tracking, workspace
+from tasks import stores, workspace
+from tasks.workspace import Workspace
 from tasks.validation import ValidationFailed, _validate
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
@@ -139,65 +139,53 @@ def check_subjects(pending: list[PendingRequest], catalog: Catalog, deleted: set
 
 # --- Steps -----------------------------------------------------------------------------------
 
-def _folders(root: Path) -> RequestFolders:
-    return RequestFolders.create(root)
-
-
-def _ledger(root: Path) -> Ledger:
-    return Ledger(Path(root) / LEDGER_PATH)
-
-
-def _relative(root: Path, path: Path) -> str:
-    return Path(path).relative_to(root).as_posix()
-
-
 @task(name="submit-requests", cache_policy=NO_CACHE)
-def submit_requests(root: Path, scenario: str, requests: list[DeletionRequestModel]) -> list[str]:
+def submit_requests(ws: Workspace, scenario: str, requests: list[DeletionRequestModel]) -> list[str]:
     """Write requests given as flow parameters into the inbox: from here on they are files."""
-    folders = _folders(root)
+    folders = ws.folders
     return [submit_request(folders, r if r.scenario else r.model_copy(update={"scenario": scenario})).name
             for r in requests]
 
 
 @task(name="recover-interrupted-batches", cache_policy=NO_CACHE)
-def recover_interrupted_batches(root: Path) -> list[BatchRecord]:
+def recover_interrupted_batches(ws: Workspace) -> list[BatchRecord]:
     """Batches a crash left unfinished (to resume), once the ledger is checked against the batch
     journals: a torn tail only an unfinished append can have left is dropped, anything else stops
     the run (``LedgerDamaged``) before a deletion could be undone."""
-    warning = ensure_intact(_folders(root), _ledger(root))
+    warning = ensure_intact(ws.folders, ws.ledger)
     if warning:
         get_run_logger().warning(warning)
-    return [record for record in load_records(_folders(root)) if record.status is not BatchStatus.COMPLETE]
+    return [record for record in load_records(ws.folders) if record.status is not BatchStatus.COMPLETE]
 
 
-def read_inbox(root: Path, scenario: str) -> Triage:
+def read_inbox(ws: Workspace, scenario: str) -> Triage:
     """The inbox sorted: pending, rejected, already applied, for another scenario, still being written."""
-    params = load_params(root / "params.yaml")
-    items = scan_inbox(_folders(root), scenario, params.requests.inbox_grace_seconds)
-    return triage(items, _ledger(root).by_request(), scenario, list(params.scenarios))
+    params = ws.params
+    items = scan_inbox(ws.folders, scenario, params.requests.inbox_grace_seconds)
+    return triage(items, ws.ledger.by_request(), scenario, list(params.scenarios))
 
 
 @task(name="collect-inbox", cache_policy=NO_CACHE)
-def collect_inbox(root: Path, scenario: str) -> Triage:
-    return read_inbox(root, scenario)
+def collect_inbox(ws: Workspace, scenario: str) -> Triage:
+    return read_inbox(ws, scenario)
 
 
 @task(name="file-applied-requests", cache_policy=NO_CACHE)
-def file_applied_requests(root: Path, items: list[InboxItem]) -> list[str]:
+def file_applied_requests(ws: Workspace, items: list[InboxItem]) -> list[str]:
     """Inbox files whose request is already in the ledger go to processed/, nothing re-applied."""
-    folders = _folders(root)
+    folders = ws.folders
     return [file_processed(folders, item).name for item in items]
 
 
 @task(name="validate-requests", cache_policy=NO_CACHE)
-def validate_requests(root: Path, scenario: str, pending: list[PendingRequest]) -> BatchPlan:
+def validate_requests(ws: Workspace, scenario: str, pending: list[PendingRequest]) -> BatchPlan:
     """The GX suite, then the batch plan (domain rules, duplicates merged)."""
     if not pending:  # nothing to check, so the data need not even be prepared
-        return BatchPlan(new_batch_id(), scenario, load_params(root / "params.yaml").scenario(scenario).dataset,
+        return BatchPlan(new_batch_id(), scenario, ws.params.scenario(scenario).dataset,
                          [], {}, [])
-    deleted = _ledger(root).deleted_ids()
-    catalog = load_catalog(scenario, root, deleted)
-    reasons = check_subjects(pending, catalog, deleted, workspace.data_version(root, scenario))
+    deleted = ws.ledger.deleted_ids()
+    catalog = load_catalog(scenario, ws.root, deleted)
+    reasons = check_subjects(pending, catalog, deleted, ws.data_version(scenario))
     plan = plan_batch(new_batch_id(), [p for p in pending if p.request.request_id not in reasons], catalog)
     plan.rejected += [Rejection(p.items, reasons[p.request.request_id], p.request.request_id)
                       for p in pending if p.request.request_id in reasons]
@@ -223,11 +211,11 @@ def _markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 @task(name="quarantine-requests", cache_policy=NO_CACHE)
-def quarantine_requests(root: Path, rejections: list[Rejection]) -> list[QuarantineNote]:
+def quarantine_requests(ws: Workspace, rejections: list[Rejection]) -> list[QuarantineNote]:
     """Move each rejected file to quarantine/ with its reason beside it; one artifact lists them."""
-    folders = _folders(root)
+    folders = ws.folders
     notes = [QuarantineNote(file=item.name, request_id=rejection.request_id, reason=rejection.reason,
-                            moved_to=_relative(root, quarantine(folders, item, rejection.reason)))
+                            moved_to=ws.relative(quarantine(folders, item, rejection.reason)))
              for rejection in rejections for item in rejection.items]
     if notes:
         create_markdown_artifact(
@@ -238,50 +226,50 @@ def quarantine_requests(root: Path, rejections: list[Rejection]) -> list[Quarant
     return notes
 
 
-def scenarios_sharing_dataset(root: Path, params: Params, scenario: str) -> list[str]:
+def scenarios_sharing_dataset(ws: Workspace, scenario: str) -> list[str]:
     """The scenario and every other scenario of its dataset that this workspace has data for: the
     ledger removes a sample from all of them, so all get a new version (and none keeps the bytes)."""
-    dataset = params.scenario(scenario).dataset
-    others = [name for name, cfg in params.scenarios.items()
+    dataset = ws.scenario(scenario).dataset
+    others = [name for name, cfg in ws.params.scenarios.items()
               if name != scenario and cfg.dataset == dataset
-              and ((root / PARTITIONS_DIR / name).is_dir() or _version_or_none(root, name))]
+              and ((ws.root / PARTITIONS_DIR / name).is_dir() or _version_or_none(ws, name))]
     return [scenario, *others]
 
 
-def _version_or_none(root: Path, scenario: str) -> str | None:
+def _version_or_none(ws: Workspace, scenario: str) -> str | None:
     try:
-        return workspace.data_version(root, scenario)
+        return ws.data_version(scenario)
     except FileNotFoundError:
         return None
 
 
 @task(name="open-batch", cache_policy=NO_CACHE)
-def open_batch(root: Path, plan: BatchPlan, quarantined: list[QuarantineNote], purge: bool) -> BatchRecord:
+def open_batch(ws: Workspace, plan: BatchPlan, quarantined: list[QuarantineNote], purge: bool) -> BatchRecord:
     """Write the batch journal before anything changes: from here on a re-run finishes the batch."""
-    scenarios = scenarios_sharing_dataset(root, load_params(root / "params.yaml"), plan.scenario)
+    scenarios = scenarios_sharing_dataset(ws, plan.scenario)
     record = BatchRecord(batch_id=plan.batch_id, scenario=plan.scenario, dataset=plan.dataset, requests=plan.entries,
                          request_files=plan.request_files, quarantined=quarantined, purge_requested=purge,
-                         data_versions={s: VersionChange(before=_version_or_none(root, s)) for s in scenarios})
-    return record.save(_folders(root))
+                         data_versions={s: VersionChange(before=_version_or_none(ws, s)) for s in scenarios})
+    return record.save(ws.folders)
 
 
 @task(name="capture-fingerprints", cache_policy=NO_CACHE)
-def capture_fingerprints(root: Path, record: BatchRecord) -> Fingerprints:
+def capture_fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
     """The deleted rows' bytes, read before the new version exists and kept in memory only. Rows
     already gone (a batch resumed after its new version was made) are read from the data versions
     before the batch in the DVC cache, and from the dataset source for what the cache lost."""
     deleted = record.deleted_ids()
-    sources = erasure.stored_row_sources(root, record.dataset, list(record.data_versions))
+    sources = erasure.stored_row_sources(ws.root, record.dataset, list(record.data_versions))
     missing = deleted - {i for source in sources for i in source.sample_ids}
     if missing:
-        with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=workspace.temporary_dir(root)) as tmp:
+        with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=ws.temporary_dir) as tmp:
             for scenario, change in record.data_versions.items():
-                if change.before and workspace.cached(root, change.before):
-                    workspace.checkout_from_cache(root, scenario, change.before, Path(tmp))
+                if change.before and workspace.cached(ws.root, change.before):
+                    workspace.checkout_from_cache(ws.root, scenario, change.before, Path(tmp))
             sources += erasure.stored_row_sources(Path(tmp), record.dataset, list(record.data_versions))
         missing -= {i for source in sources for i in source.sample_ids}
     if missing:
-        spec = load_params(root / "params.yaml").datasets.get(record.dataset)
+        spec = ws.params.datasets.get(record.dataset)
         dataset = load_source(record.dataset, spec)
         sources.append(RowSource.from_arrays(f"source:{record.dataset}", dataset.sample_ids, dataset.features,
                                              only=missing))
@@ -289,41 +277,45 @@ def capture_fingerprints(root: Path, record: BatchRecord) -> Fingerprints:
 
 
 @task(name="append-ledger", cache_policy=NO_CACHE)
-def append_ledger(root: Path, record: BatchRecord) -> BatchRecord:
+def append_ledger(ws: Workspace, record: BatchRecord) -> BatchRecord:
     """Append one entry per request (skipping those already there) and fsync."""
-    ledger = _ledger(root)
+    ledger = ws.ledger
     ledger.append(record.requests)
     failpoint("after-ledger-append")
     written = ledger.by_request()
-    return record.advance(_folders(root), BatchStatus.LEDGER_APPENDED,
+    return record.advance(ws.folders, BatchStatus.LEDGER_APPENDED,
                           requests=[written[e.request_id] for e in record.requests],
                           ledger_appended=[e.request_id for e in record.requests
                                            if written[e.request_id].batch_id == record.batch_id])
 
 
 @task(name="reproduce-versions", cache_policy=NO_CACHE, retries=1)
-def reproduce_versions(root: Path, record: BatchRecord) -> BatchRecord:
-    """The DVC stages again (``workspace.reproduce``): they now exclude the ledger IDs, giving each scenario a new version."""
-    versions = {scenario: VersionChange(before=change.before, after=workspace.reproduce(root, scenario))
+def reproduce_versions(ws: Workspace, record: BatchRecord) -> BatchRecord:
+    """The DVC stages again (``workspace.reproduce``): they now exclude the ledger IDs, giving each
+    scenario a new version."""
+    versions = {scenario: VersionChange(before=change.before, after=ws.reproduce(scenario))
                 for scenario, change in record.data_versions.items()}
-    return record.advance(_folders(root), BatchStatus.VERSIONED, data_versions=versions)
+    return record.advance(ws.folders, BatchStatus.VERSIONED, data_versions=versions)
 
 
 @task(name="purge-cache", cache_policy=NO_CACHE)
-def purge_cache(root: Path, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
+def purge_cache(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
     """`dvc gc --workspace` (and `--cloud` with a default remote): drop earlier data versions (raw
     data included) from the cache and the remote; then rewrite the MLflow artifacts that still
     show a deleted row (versions registered before input examples were zeros)."""
-    workspace.garbage_collect(root, cloud=stores.dvc_remote(root) is not None)
-    rewritten = tracking.scrub_examples(root, fingerprints, record.batch_id)
+    workspace.garbage_collect(ws.root, cloud=stores.dvc_remote(ws.root) is not None)
+    mlflow_store = erasure.Store("mlflow", [ws.root / "mlflow"])
+    found = set(erasure.verify_erasure(fingerprints, [mlflow_store], ws.root).stores[0].found)
+    rewritten = ws.registry.scrub_examples(found, record.batch_id, lambda name, version: rebuild_model(ws, name,
+                                                                                                      version))
     if rewritten:
         _logger().warning("rewrote the input examples of %s: they held deleted rows", ", ".join(rewritten))
-    return record.advance(_folders(root), record.status, purged=True)
+    return record.advance(ws.folders, record.status, purged=True)
 
 
-def scan_stores(root: Path, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
+def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
     """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged."""
-    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(root, purged), root)
+    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(ws.root, purged), ws.root)
     report.scope = f"{report.scope}. {ERASURE_LIMITS}"
     if report.found:
         held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())
@@ -333,28 +325,28 @@ def scan_stores(root: Path, purged: bool, fingerprints: Fingerprints) -> erasure
 
 
 @task(name="verify-erasure", cache_policy=NO_CACHE)
-def verify_erasure(root: Path, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
+def verify_erasure(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
     """Search every store in scope for the deleted rows' bytes, and check that no sample an earlier
     batch deleted is back in the new data version (a ledger that lost an entry would do that)."""
-    check_nothing_returned(root, record)
-    return record.advance(_folders(root), BatchStatus.VERIFIED, erasure=scan_stores(root, record.purged,
+    check_nothing_returned(ws, record)
+    return record.advance(ws.folders, BatchStatus.VERIFIED, erasure=scan_stores(ws, record.purged,
                                                                                       fingerprints))
 
 
-def check_nothing_returned(root: Path, record: BatchRecord) -> None:
+def check_nothing_returned(ws: Workspace, record: BatchRecord) -> None:
     """No sample ID deleted by any batch so far — this one included — is in the data it reproduced."""
-    folders = _folders(root)
+    folders = ws.folders
     deleted = {batch.batch_id: batch.deleted_ids() for batch in load_records(folders)
                if batch.status is not BatchStatus.FORMED and batch.dataset == record.dataset}
-    present = workspace.sample_ids(root, record.dataset, list(record.data_versions))
+    present = workspace.sample_ids(ws.root, record.dataset, list(record.data_versions))
     returned = {batch_id: sorted(ids & present) for batch_id, ids in deleted.items() if ids & present}
     if returned:
         listing = "; ".join(f"batch {b}: {len(ids)} IDs, e.g. {', '.join(ids[:3])}" for b, ids in returned.items())
-        raise LedgerDamaged(root / LEDGER_PATH, [], f"; samples deleted by earlier batches are back in the new data "
+        raise LedgerDamaged(ws.ledger.path, [], f"; samples deleted by earlier batches are back in the new data "
                                                     f"version of {record.dataset} ({listing})")
 
 
-def batch_markdown(root: Path, record: BatchRecord) -> str:
+def batch_markdown(ws: Workspace, record: BatchRecord) -> str:
     rows = [[e.request_id, e.kind.value if e.kind else "-", len(e.sample_ids),
              ", ".join(f"{c}: {len(ids)}" for c, ids in e.clients.items()) or "-", len(e.merged_ids)]
             for e in record.requests]
@@ -369,18 +361,28 @@ def batch_markdown(root: Path, record: BatchRecord) -> str:
         f"Data version {record.data_version_before} → {record.data_version_after}; "
         f"cache purged: {record.purged}; erasure {verdict}.",
         _markdown_table(["request_id", "kind", "deleted IDs", "per client", "merged"], rows),
-        f"Record: `{_relative(root, record_path(_folders(root), record.batch_id))}`"])
+        f"Record: `{ws.relative(record_path(ws.folders, record.batch_id))}`"])
 
 
 @task(name="close-batch", cache_policy=NO_CACHE)
-def close_batch(root: Path, record: BatchRecord) -> BatchRecord:
+def close_batch(ws: Workspace, record: BatchRecord) -> BatchRecord:
     """The ledger is durable: move the batch's inbox files to processed/ and mark it complete."""
-    folders = _folders(root)
+    folders = ws.folders
     ours = set(record.request_files)
-    moved = [file_processed(folders, item).name for item in read_inbox(root, record.scenario).applied
+    moved = [file_processed(folders, item).name for item in read_inbox(ws, record.scenario).applied
              if item.request.request_id in ours]
     record = record.advance(folders, BatchStatus.COMPLETE, processed_files=record.processed_files + moved,
                             completed_at=utc_now())
-    create_markdown_artifact(key="deletion-batch", markdown=batch_markdown(root, record),
+    create_markdown_artifact(key="deletion-batch", markdown=batch_markdown(ws, record),
                              description=f"deletion batch {record.batch_id}")
     return record
+
+
+def rebuild_model(ws: Workspace, name: str, version: str):
+    """A registered version as the module MLflow serves, and its input shape: what a purge saves
+    again, with a zero example, for versions whose artifacts held deleted rows."""
+    from fedunlearn.training import load_federation
+
+    registered = ws.registry.load(name, version)
+    federation = load_federation(registered.tags.get("scenario", name), ws.params, ws.root, torch.device("cpu"))
+    return federation.model_from(registered.state), tuple(federation.test.x.shape[1:])

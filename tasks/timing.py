@@ -47,7 +47,18 @@ class ComputeClock:
                     self._closed += time.perf_counter() - self._since
 
 
+    def __reduce__(self):
+        # Dask ships a flow's code by value, and with it the functions that time through this clock: on
+        # another process the clock is that process's own (a lock cannot be pickled anyway).
+        return (process_clock, ())
+
+
 CORE = ComputeClock()
+
+
+def process_clock() -> ComputeClock:
+    """This process's compute clock."""
+    return CORE
 
 
 def core_compute(function: F) -> F:

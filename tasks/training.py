@@ -1,16 +1,18 @@
-"""Prefect tasks for federated training: one task run per client update, tracking, registry."""
+"""Prefect tasks for federated training: the hook that runs each unit of federated work — a
+client update (HFL), a D-PSGD round of every node (DFL), a split-NN epoch of every party (VFL) —
+as a task run on the flow's task runner (threads, Dask or Ray)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.federation.fedavg import ClientUpdate
-from tasks import timing, tracking
+from tasks import timing
+
+CLIENT_UPDATE = {"global_state", "data", "client", "round_idx"}
 
 
 @task(name="train-client", cache_policy=NO_CACHE, task_run_name="train-client-{client}-round-{round_idx}")
@@ -22,25 +24,20 @@ def train_client(update_fn: Callable[..., ClientUpdate], global_state: dict, dat
         return update_fn(global_state=global_state, data=data, client=client, round_idx=round_idx)
 
 
-def map_with_prefect(update_fn: Callable[..., ClientUpdate], jobs: list[dict]) -> list[ClientUpdate]:
-    """Run a round's client updates as Prefect task runs on the flow's task runner."""
-    futures = [train_client.submit(update_fn, **job) for job in jobs]
+@task(name="federated-update", cache_policy=NO_CACHE, task_run_name="{label}")
+def federated_update(update_fn: Callable[..., Any], label: str, job: dict) -> Any:
+    with timing.CORE.measure():
+        return update_fn(**job)
+
+
+def _label(update_fn: Callable[..., Any], job: dict) -> str:
+    """``dpsgd-nodes-round-3``, ``split-nn-parties-epoch-3``: the unit and where it is."""
+    where = [f"{'round' if key == 'round_idx' else key}-{job[key]}" for key in ("round_idx", "epoch") if key in job]
+    return "-".join([update_fn.__name__.replace("_", "-"), *where])
+
+
+def map_with_prefect(update_fn: Callable[..., Any], jobs: list[dict]) -> list[Any]:
+    """Run a round's units of work as Prefect task runs (``federation.map_updates``)."""
+    futures = [train_client.submit(update_fn, **job) if set(job) == CLIENT_UPDATE
+               else federated_update.submit(update_fn, _label(update_fn, job), job) for job in jobs]
     return [future.result() for future in futures]
-
-
-@task(name="start-run", cache_policy=NO_CACHE)
-def start_run(root: Path, experiment: str, run_name: str, params: dict, tags: dict) -> str:
-    return tracking.start_run(root, experiment, run_name, params, tags)
-
-
-@task(name="log-round", cache_policy=NO_CACHE)
-def log_round(root: Path, run_id: str, metrics: dict, step: int) -> None:
-    tracking.log_metrics(root, run_id, metrics, step)
-
-
-@task(name="register-model", cache_policy=NO_CACHE)
-def register_model(root: Path, run_id: str, model: torch.nn.Module, input_shape: tuple[int, ...], name: str,
-                   tags: dict, alias: str | None) -> str:
-    version = tracking.register_model(root, run_id, model, input_shape, name, tags, alias)
-    tracking.end_run(root, run_id)
-    return version

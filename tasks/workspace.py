@@ -1,7 +1,10 @@
-"""The workspace: a directory holding params.yaml, dvc.yaml, data/ (DVC) and mlflow/.
+"""The workspace: a directory holding params.yaml, dvc.yaml, data/ (DVC) and mlflow/
+(data/README.md lists what lives where).
 
-The project root is the default workspace; tests use a fresh temporary one each. Plain
-functions (no Prefect) so the CLI, flows and tests share them.
+``Workspace`` is what flows and tasks are handed: the layout, the params loaded once, the request
+folders and ledger, one MLflow client. The DVC operations below are plain functions (no Prefect)
+so the CLI, flows and tests share them. The project root is the default workspace; tests use a
+fresh temporary one each.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import numpy as np
 import yaml
 
 from fedunlearn import lifeline
-from fedunlearn.config import load_params
-from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, RAW_DIR, partition_scenario, prepare_dataset
+from fedunlearn.config import Params, ScenarioConfig, load_params
+from fedunlearn.data.store import PARTITIONS_DIR, RAW_DIR, partition_scenario, prepare_dataset
 from fedunlearn.errors import NoSpace, StateDamaged
+from fedunlearn.requests.folders import RequestFolders, batch_lock
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, read_deleted_ids
+from tasks.registry import Registry
 from tasks.stores import TEMPORARY_DIR
 from tasks.timing import CORE
 
@@ -95,7 +101,8 @@ def reproduce(root: Path, scenario: str) -> str:
     hashes the outputs into dvc.lock and the cache, as ``dvc repro`` would: ``dvc status`` is clean."""
     params = load_params(Path(root) / "params.yaml")
     with CORE.measure():  # the new data version is the core library's work; DVC's bookkeeping is not
-        prepare_dataset(params.scenario(scenario).dataset, params, Path(root))
+        gone = read_deleted_ids(Path(root) / LEDGER_PATH)
+        prepare_dataset(params.scenario(scenario).dataset, params, Path(root), gone)
         partition_scenario(scenario, params, Path(root))
     _run_dvc(root, ["commit", "-f", "--with-deps", f"partition@{scenario}"])
     return data_version(root, scenario)
@@ -153,3 +160,51 @@ def sample_ids(root: Path, dataset: str, scenarios: list[str]) -> set[str]:
         for path in directory.rglob("sample_ids.npy") if directory.is_dir() else []:
             found.update(np.load(path, allow_pickle=False).tolist())
     return found
+
+
+class Workspace:
+    """One workspace, opened once per flow or command: its layout, ``params.yaml`` loaded once, the
+    request folders and ledger, and one MLflow client built with the workspace's URIs."""
+
+    def __init__(self, root: Path, params: Params):
+        self.root, self.params = Path(root).resolve(), params
+        self._registry: Registry | None = None
+
+    @classmethod
+    def open(cls, root: str | Path) -> "Workspace":
+        """``root`` made a workspace if it is not one yet (``init_workspace``), its params loaded."""
+        root = init_workspace(Path(root))
+        return cls(root, load_params(root / "params.yaml"))
+
+    def scenario(self, name: str) -> ScenarioConfig:
+        return self.params.scenario(name)
+
+    @property
+    def folders(self) -> RequestFolders:
+        return RequestFolders.create(self.root)
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.root / LEDGER_PATH)
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = Registry(self.root)
+        return self._registry
+
+    @property
+    def temporary_dir(self) -> Path:
+        return temporary_dir(self.root)
+
+    def data_version(self, scenario: str) -> str:
+        return data_version(self.root, scenario)
+
+    def reproduce(self, scenario: str) -> str:
+        return reproduce(self.root, scenario)
+
+    def batch_lock(self, timeout: float, rerun: str):
+        return batch_lock(self.folders, timeout, rerun)
+
+    def relative(self, path: Path) -> str:
+        return Path(path).resolve().relative_to(self.root).as_posix()

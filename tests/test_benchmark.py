@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedunlearn.benchmark.runner import ROW_KEYS
 from fedunlearn.benchmark.spec import parse_request
+from fedunlearn.evaluation.records import ROW_KEYS
 from fedunlearn.federation.local import Tensors
-from tasks.tracking import tracking_uri
+from tasks.registry import tracking_uri
 
 
 def clients(sizes=(5, 9, 3)) -> list[Tensors]:
@@ -96,8 +96,8 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     """Retraining really forgets: the per-example audit cannot tell its unlearned samples from
     samples it never saw."""
     from fedunlearn.benchmark import runner
-    from fedunlearn.benchmark.settings import load_federation
     from fedunlearn.config import load_params
+    from fedunlearn.training import load_federation
     from fedunlearn.unlearning import get_method
     from tasks.workspace import reproduce
 
@@ -115,27 +115,27 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
 ])
 def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario, request_spec, expected):
     from fedunlearn.benchmark import runner
-    from fedunlearn.benchmark.settings import load_federation, prepare_unlearning
     from fedunlearn.config import load_params
-    from tasks.benchmark import build_method
+    from fedunlearn.training import load_federation, prepare_unlearning, trained
+    from tasks.unlearning import build_method
     from tasks.workspace import reproduce
 
     reproduce(workspace, scenario)
     fed_state = load_federation(scenario, load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
     setup = runner.build_setup(scenario, fed_state, parse_request(request_spec))
     original = runner.train_original(setup)
-    prepare_unlearning(setup.fed_state, original.state)
-    evaluator = runner.Evaluator(setup)
-    original_metrics, _ = evaluator.evaluate(setup.fed_state.model_from(original.state))
+    prepare_unlearning(trained(setup.fed_state, original))
+    evaluator = setup.evaluator()
+    before = evaluator.evaluate(setup.fed_state.model_from(original.state))
     for name, guarantee in expected.items():
         method = build_method(name, fed_state.setting, setup.batch.kind, None, {})
         outcome = runner.run_method(setup, original.state, method)
-        metrics, attacks = evaluator.evaluate(setup.fed_state.model_from(outcome.state))
+        after = evaluator.evaluate(setup.fed_state.model_from(outcome.state))
         assert runner.method_certificate(setup, method, outcome).guarantee == guarantee
-        assert set(attacks) == {"confidence", "loss", "shadow"}
-        assert outcome.cost.wall_seconds > 0 and metrics["test_acc"] > 0.5
+        assert set(after.evidence.attacks) == {"confidence", "loss", "shadow"}
+        assert outcome.cost.wall_seconds > 0 and after.test_acc > 0.5
     if setup.batch.labels:  # class removal: the forgotten class is no longer recognised
-        assert original_metrics["forgotten_classes_test_acc"] > 0.8 > metrics["forgotten_classes_test_acc"]
+        assert before.extra["forgotten_classes_test_acc"] > 0.8 > after.extra["forgotten_classes_test_acc"]
 
 
 def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first_outcome():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fedunlearn.data.store import LEDGER_PATH, PARTITIONS_DIR, load_horizontal
+from fedunlearn.data.store import PARTITIONS_DIR, load_horizontal
+from fedunlearn.requests.ledger import LEDGER_PATH
 from tasks.validation import ValidationFailed, validate_partition
 from tasks.workspace import _run_dvc, data_version, init_workspace, reproduce
 

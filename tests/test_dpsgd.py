@@ -126,7 +126,7 @@ def test_partition_stage_applies_pca_and_unit_norm_fit_on_training_rows(tmp_path
     params = Params.model_validate({"seed": 0, "scenarios": {"digits-dfl": {
         "dataset": "digits", "setting": "dfl", "model": "logreg",
         "partition": {"scheme": "iid", "num_clients": 3, "features": "pca10", "unit_norm": True}}}})
-    prepare_dataset("digits", params, tmp_path)
+    prepare_dataset("digits", params, tmp_path, set())
     out = partition_scenario("digits-dfl", params, tmp_path)
     digest = {p.name + p.parent.name: hashlib.md5(p.read_bytes()).hexdigest() for p in out.rglob("*.npy")}
     assert digest == {p.name + p.parent.name: hashlib.md5(p.read_bytes()).hexdigest()

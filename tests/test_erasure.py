@@ -17,7 +17,7 @@ from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.requests import (append_ledger, capture_fingerprints, open_batch, purge_cache, reproduce_versions,
                             validate_requests, verify_erasure)
-from tasks.workspace import reproduce
+from tasks.workspace import Workspace, reproduce
 
 
 def files_holding(roots: list[Path], rows: set[bytes]) -> set[str]:
@@ -41,19 +41,20 @@ def test_the_row_matcher_finds_exactly_the_rows_present_at_any_offset():
 
 def test_purge_removes_the_deleted_rows_from_the_cache_and_verification_proves_it(workspace):
     before = reproduce(workspace, "digits-hfl")
+    ws = Workspace.open(workspace)
     client = load_horizontal("digits-hfl", workspace).clients[1]
     forget = client.sample_ids[:10].tolist()
     request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=forget)
-    plan = validate_requests.fn(workspace, "digits-hfl",
+    plan = validate_requests.fn(ws, "digits-hfl",
                                 [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
-    record = open_batch.fn(workspace, plan, [], True)
-    fingerprints = capture_fingerprints.fn(workspace, record)
+    record = open_batch.fn(ws, plan, [], True)
+    fingerprints = capture_fingerprints.fn(ws, record)
     assert set(fingerprints.by_sample) | set(fingerprints.not_verifiable) == set(forget)
     assert len(fingerprints.by_sample) >= 8  # digits rows (64 float32) are distinctive; duplicates are skipped
     assert client.features[0].tobytes() in fingerprints.by_sample[forget[0]]
     rows = {row for found in fingerprints.by_sample.values() for row in found}
 
-    record = reproduce_versions.fn(workspace, append_ledger.fn(workspace, record))
+    record = reproduce_versions.fn(ws, append_ledger.fn(ws, record))
     assert record.data_version_before == before != record.data_version_after
     cache = workspace / ".dvc" / "cache"
     # Without the purge the cache still holds the earlier version: the check finds the rows.
@@ -63,7 +64,7 @@ def test_purge_removes_the_deleted_rows_from_the_cache_and_verification_proves_i
     assert all(f.startswith(".dvc/cache/") for found in unpurged.found.values() for f in found)
     assert files_holding([cache], rows) and not files_holding([workspace / "data"], rows)
 
-    record = verify_erasure.fn(workspace, purge_cache.fn(workspace, record, fingerprints), fingerprints)
+    record = verify_erasure.fn(ws, purge_cache.fn(ws, record, fingerprints), fingerprints)
     report = record.erasure
     assert record.purged and report.verified and report.found == {}
     assert [s.name for s in report.stores] == ["data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files",
@@ -91,12 +92,14 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
     from mlflow import MlflowClient
 
     from models import build_model
-    from tasks import tracking
+    from tasks.registry import tracking_uri
 
     reproduce(workspace, "digits-hfl")
+    ws = Workspace.open(workspace)
     test = load_horizontal("digits-hfl", workspace).test
     model = build_model("cnn", (1, 8, 8), 10)
-    run_id = tracking.start_run(workspace, "digits-hfl", "legacy", {}, {})
+    run_id = ws.registry.start_run("digits-hfl", "legacy", {}, {})
+    mlflow.set_tracking_uri(tracking_uri(workspace))  # MLflow's global URI, as versions were once logged
     with mlflow.start_run(run_id=run_id):
         torch.save(model.state_dict(), workspace / ".tmp" / "weights.pt")
         mlflow.log_artifact(str(workspace / ".tmp" / "weights.pt"), artifact_path="weights")
@@ -109,18 +112,18 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
 
     forget = test.sample_ids[:2].tolist()
     request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=forget)
-    plan = validate_requests.fn(workspace, "digits-hfl",
+    plan = validate_requests.fn(ws, "digits-hfl",
                                 [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
-    record = append_ledger.fn(workspace, open_batch.fn(workspace, plan, [], True))
-    fingerprints = capture_fingerprints.fn(workspace, record)
-    record = reproduce_versions.fn(workspace, record)
-    unpurged = verify_erasure.fn(workspace, record, fingerprints).erasure
+    record = append_ledger.fn(ws, open_batch.fn(ws, plan, [], True))
+    fingerprints = capture_fingerprints.fn(ws, record)
+    record = reproduce_versions.fn(ws, record)
+    unpurged = verify_erasure.fn(ws, record, fingerprints).erasure
     assert not unpurged.verified and "mlflow" in [s.name for s in unpurged.holding_stores()]
     assert any(f.endswith("input_example.json") for s in unpurged.holding_stores() for f in s.found)
 
-    report = verify_erasure.fn(workspace, purge_cache.fn(workspace, record, fingerprints), fingerprints).erasure
+    report = verify_erasure.fn(ws, purge_cache.fn(ws, record, fingerprints), fingerprints).erasure
     assert report.verified and not files_holding([workspace / "mlflow"], rows)
-    version = MlflowClient(tracking.tracking_uri(workspace)).get_model_version("digits-hfl", "1")
+    version = MlflowClient(tracking_uri(workspace)).get_model_version("digits-hfl", "1")
     assert version.tags["erasure"] == "artifacts-rewritten" and version.tags["erasure_batch"] == record.batch_id
     served = mlflow.pytorch.load_model("models:/digits-hfl/1")  # the rewritten model still loads and predicts alike
     x = torch.as_tensor(test.features[2:6])

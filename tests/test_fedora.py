@@ -12,6 +12,7 @@ from fedunlearn.config import TrainConfig
 from fedunlearn.federation.vertical import VerticalState, load_vertical
 from fedunlearn.unlearning import FedORA, get_method, resolve_request
 from fedunlearn.unlearning.fedora import dual_update, entropy, kl_to_uniform, uncertainty_loss
+from fedunlearn.unlearning.registry import get_method_class
 
 CPU = torch.device("cpu")
 CONFIG = TrainConfig(rounds=20, lr=0.05, batch_size=16)
@@ -140,7 +141,7 @@ def test_label_unlearning_on_wine_drives_the_forgotten_class_to_uniform_predicti
             return float((m(test.x[others]).argmax(1) == test.y[others]).float().mean())
 
     assert accuracy_on_others(model) >= accuracy_on_others(reference) - 0.05
-    certificate = certificate_for("fedora", outcome, batch_id=batch.batch_id)
+    certificate = certificate_for(get_method_class("fedora"), outcome, batch_id=batch.batch_id)
     assert certificate.guarantee == certificate.claimed == CONSTRAINT_SATISFIED
     numbers = certificate.numbers
     assert numbers["L_u"] >= numbers["gamma"] == pytest.approx(0.9 * 2.0 * math.log(3) * len(forget))
@@ -153,7 +154,7 @@ def test_label_unlearning_on_wine_drives_the_forgotten_class_to_uniform_predicti
 def test_a_constraint_left_unmet_is_not_certified(fed_state):
     batch = resolve_request("class", [0], fed_state.clients, num_classes=3)
     outcome = FedORA(iterations=2, gamma=0.99).unlearn(fed_state, batch)
-    certificate = certificate_for("fedora", outcome)
+    certificate = certificate_for(get_method_class("fedora"), outcome)
     assert not outcome.certificate_inputs["satisfied"]
     assert certificate.guarantee == "not certified" and "final L_u >= gamma" in certificate.notes[0]
     assert np.isfinite(outcome.certificate_inputs["L_u"])

@@ -25,6 +25,7 @@ from fedunlearn.federation.fedavg import map_inline
 from fedunlearn.federation.local import Tensors
 from fedunlearn.unlearning import DeletionBatch, FederatedState, get_method, resolve_request
 from fedunlearn.unlearning.krylov import flat_objective, flatten_parameters
+from fedunlearn.unlearning.registry import get_method_class
 from models.logreg import LogisticRegression
 from models.mlp import MLP
 
@@ -140,7 +141,7 @@ def test_the_step_lands_ten_times_closer_to_the_exactly_retrained_optimum(federa
     # estimate, a Rayleigh quotient, is never below it.
     assert all(L2 * (1 - 1e-9) <= lam <= L2 * (1 + 1e-3) for lam in numbers["lambda_min_estimate"].values())
     assert all(1 < kappa < 1e4 for kappa in numbers["condition_estimate"].values())
-    assert certificate_for("hf-kcu", outcome).guarantee == BOUNDED_APPROXIMATION
+    assert certificate_for(get_method_class("hf-kcu"), outcome).guarantee == BOUNDED_APPROXIMATION
 
 
 def test_a_step_the_beta_cap_truncates_is_not_certified(federation):
@@ -155,13 +156,13 @@ def test_a_step_the_beta_cap_truncates_is_not_certified(federation):
     free = get_method("hf-kcu", hessian="federation", beta=None).unlearn(federation, batch)
 
     assert capped.certificate_inputs["scale"][client] < 0.25 and distance(capped.state, retrained) > 0.8 * before
-    certificate = certificate_for("hf-kcu", capped)
+    certificate = certificate_for(get_method_class("hf-kcu"), capped)
     assert certificate.guarantee == NOT_CERTIFIED and not certificate.assumptions["untruncated_newton_step"]
     assert certificate.notes[0].endswith("assumption(s) not satisfied: untruncated_newton_step")
 
     numbers = free.certificate_inputs
     assert numbers["scale"][client] == 1 and numbers["newton_relative_residual"][client] <= 1e-3
-    assert certificate_for("hf-kcu", free).guarantee == BOUNDED_APPROXIMATION
+    assert certificate_for(get_method_class("hf-kcu"), free).guarantee == BOUNDED_APPROXIMATION
     # λ = 0.01 next to λ_min(H_r) = l2 = 0.01: the damped step may be off the Newton step (≈ the
     # retrained optimum here) by λ/λ_min(H_r + λI) = 1/2 of it, and it is.
     assert numbers["damping_bias_estimate"][client] == pytest.approx(0.5, rel=1e-3)
@@ -242,7 +243,7 @@ def test_an_indefinite_damped_hessian_is_not_certified():
     estimate = numbers["lambda_min_estimate"][0]
     assert float(eigenvalues[0]) - 1e-9 <= estimate < 0  # a Rayleigh quotient: never below λ_min
     assert numbers["condition_estimate"][0] is None
-    certificate = certificate_for("hf-kcu", outcome)
+    certificate = certificate_for(get_method_class("hf-kcu"), outcome)
     assert certificate.guarantee == NOT_CERTIFIED and not certificate.assumptions["positive_definite_damped_hessian"]
 
 
@@ -254,7 +255,7 @@ def test_negative_curvature_met_by_cg_itself_needs_no_lanczos_run():
     outcome = get_method("hf-kcu", beta=None, cg_iterations=k, lanczos_steps=m).unlearn(fed_state, batch)
     numbers = outcome.certificate_inputs
     assert numbers["lanczos_ran"] == {0: False} and numbers["lambda_min_estimate"][0] == numbers["ritz_range"][0][0] < 0
-    assert not certificate_for("hf-kcu", outcome).assumptions["positive_definite_damped_hessian"]
+    assert not certificate_for(get_method_class("hf-kcu"), outcome).assumptions["positive_definite_damped_hessian"]
     per_product = 2 * len(fed_state.retained_clients(batch)[0]) * fed_state.flops_per_sample()
     assert outcome.cost.flops == batch.num_forget * fed_state.flops_per_sample() + (k + 1) * per_product
 

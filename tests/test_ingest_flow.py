@@ -8,12 +8,13 @@ import time
 import pytest
 
 import flows.ingest as ingest
-from fedunlearn.cli import main
-from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+import flows.intake as intake
+from cli import main
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, submit_request
-from fedunlearn.requests.ledger import Ledger
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.workspace import data_version, reproduce
 
@@ -72,7 +73,7 @@ def test_a_batch_interrupted_after_the_ledger_or_after_the_new_version_finishes_
     first = [DeletionRequestModel(kind="sample", sample_ids=clients[0][:5]),
              DeletionRequestModel(kind="sample", sample_ids=clients[0][3:8])]
 
-    monkeypatch.setattr(ingest, "reproduce_versions", crash)  # dies after the ledger append
+    monkeypatch.setattr(intake, "reproduce_versions", crash)  # dies after the ledger append
     with pytest.raises(RuntimeError, match="simulated crash"):
         ingest.ingest_deletions(scenario=SCENARIO, root=str(workspace), requests=first)
     assert [e.request_id for e in ledger.entries()] == [r.request_id for r in first]
@@ -86,7 +87,7 @@ def test_a_batch_interrupted_after_the_ledger_or_after_the_new_version_finishes_
 
     submit_request(folders, DeletionRequestModel(kind="client", scenario=SCENARIO, client=2))
     submit_request(folders, DeletionRequestModel(kind="class", scenario=SCENARIO, label=99))
-    monkeypatch.setattr(ingest, "verify_erasure", crash)  # dies after the new data version
+    monkeypatch.setattr(intake, "verify_erasure", crash)  # dies after the new data version
     with pytest.raises(RuntimeError, match="simulated crash"):
         ingest.ingest_deletions(scenario=SCENARIO, root=str(workspace))
     assert data_version(workspace, SCENARIO) != middle and len(names(folders.inbox)) == 1
@@ -95,7 +96,7 @@ def test_a_batch_interrupted_after_the_ledger_or_after_the_new_version_finishes_
     assert len(result["resumed"]) == 1 and result["status"] == "no pending requests"
     record = load_records(folders)[-1]
     assert record.status.value == "complete" and record.erasure.verified
-    assert record.erasure.checked_samples == len(clients[2])  # rows re-read from the source after the crash
+    assert record.erasure.checked_samples == len(clients[2])  # rows re-read from the DVC cache after the crash
 
     entries = ledger.entries()
     assert len(entries) == 3 and len({e.request_id for e in entries}) == 3

@@ -9,9 +9,10 @@ For each pair:
    keyword-only with defaults; ``get_params()`` round-trips through the constructor; ``repr``
    shows every hyperparameter; an unknown hyperparameter is a ValueError naming it and the method;
 2. determinism — one method instance run on two identically built federations gives identical
-   state tensors (``torch.equal``), and running leaves its hyperparameters as they were. ``certified-dfu`` and ``certified-dfu-paper`` draw their noise from fresh OS
-   entropy by default (``noise_seed=None``), so this check runs them with ``noise_seed=0``
-   (``SEEDED``); every other check runs them with their default, unseeded noise;
+   state tensors (``torch.equal``), and running leaves its hyperparameters as they were.
+   ``certified-dfu`` and ``certified-dfu-paper`` draw their noise from fresh OS entropy by
+   default (``noise_seed=None``), so this check runs them with ``noise_seed=0`` (``SEEDED``);
+   every other check runs them with their default, unseeded noise;
 3. device and dtype — every tensor of the outcome's state (and of a DFL outcome's node states) is
    on the federation's device, with the key set, shapes and dtypes of the trained state (the
    model's). The check compares device types and indices, so it holds for ``cuda`` as for
@@ -19,9 +20,10 @@ For each pair:
    run in float64, the way the project runs float64 models (``torch.set_default_dtype``, as
    tests/test_certified_dfu.py does); VFL parties always hold float32 features
    (``federation.vertical.Party``), so VFL is float32 only. A ``model_fn`` that returns a
-   float64 model while the default dtype is float32 is a known failure (strict xfail): the FLOP
-   probe of evaluation/cost.py feeds the model an input of the default dtype. ``unlearn`` also
-   leaves its inputs untouched: the trained state, the clients' data and the batch;
+   float64 model while the default dtype is float32 is a known failure, reported as xfail while
+   it lasts and checked like the rest once fixed: the FLOP probe of evaluation/cost.py feeds the
+   model an input of the default dtype (``KNOWN_FLOP_PROBE_BUG``). ``unlearn`` leaves its
+   inputs untouched: the trained state, the clients' data and the batch;
 4. the cost record — finite ``wall_seconds`` >= 0, finite ``flops`` >= 0, integer
    ``comm_bytes`` >= 0;
 5. the certificate — ``certificate_for(method, outcome)`` claims the method's declared class and
@@ -43,6 +45,7 @@ import json
 import math
 import numbers
 import re
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -117,13 +120,14 @@ UNSUPPORTED_SETTINGS = [(name, setting, other) for name, setting in PAIRS for ot
                         if other not in get_method_class(name, setting).settings]
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
 # float64 through the default dtype (how the project runs float64), and a model_fn that casts its
-# model to float64 itself — the FLOP probe then fails (evaluation/cost.py, ``flops_per_sample``).
-FLOAT64_MODEL = pytest.mark.xfail(raises=RuntimeError, strict=True,
-                                  reason="evaluation/cost.py flops_per_sample probes with an input of the default "
-                                         "dtype, not the model's: a float64 model_fn fails under a float32 default")
-FLOAT64_CASES = [pytest.param(name, setting, kind, precision, id=f"{name}-{setting}-{kind}-{precision}",
-                              marks=FLOAT64_MODEL if precision == "float64-model" else ())
-                 for name, setting, kind in CASES if setting != "vfl" for precision in ("float64", "float64-model")]
+# model to float64 itself under a float32 default.
+# (float64-model: one request kind per pair; the known failure below is the same for every kind.)
+FLOAT64_CASES = [pytest.param(name, setting, kind, precision, id=f"{name}-{setting}-{kind}-{precision}")
+                 for name, setting, kind in CASES if setting != "vfl" for precision in ("float64", "float64-model")
+                 if precision == "float64" or kind == min(get_method_class(name, setting).request_kinds,
+                                                          key=lambda k: (k != "sample", k))]
+KNOWN_FLOP_PROBE_BUG = ("evaluation/cost.py flops_per_sample probes the model with an input of the default dtype, "
+                        "not the model's: a model_fn returning a float64 model under a float32 default fails")
 
 
 # --- tiny federations, one per setting ----------------------------------------------------------------
@@ -250,11 +254,11 @@ def snapshot(fed_state: Any) -> dict[str, torch.Tensor]:
     return copies
 
 
-def assert_untouched(fed_state: Any, before: dict[str, torch.Tensor], what: str) -> None:
+def changed_inputs(fed_state: Any, before: dict[str, torch.Tensor]) -> list[str]:
     after = snapshot(fed_state)
-    assert after.keys() == before.keys(), f"{what} changed the structure of its inputs"
-    changed = [path for path in before if not torch.equal(after[path], before[path])]
-    assert not changed, f"{what} modified its inputs in place: {changed}"
+    if after.keys() != before.keys():
+        return sorted(after.keys() ^ before.keys())
+    return [path for path in before if not torch.equal(after[path], before[path])]
 
 
 # --- runs, shared by the outcome checks --------------------------------------------------------------
@@ -265,6 +269,7 @@ class Runs:
     def __init__(self) -> None:
         self.federations: dict[tuple[str, str, str], Any] = {}
         self.outcomes: dict[tuple, tuple[Any, UnlearningMethod, Outcome]] = {}
+        self.changed: dict[tuple, list[str]] = {}  # per case, the inputs its run modified
 
     def federation(self, setting: str, device: str = "cpu", precision: str = "float32") -> Any:
         key = (setting, device, precision)
@@ -274,7 +279,8 @@ class Runs:
         return self.federations[key]
 
     def outcome(self, name: str, setting: str, kind: str, device: str = "cpu", precision: str = "float32"):
-        """(fed_state, method, outcome) of the case, after checking the run left its inputs alone."""
+        """(fed_state, method, outcome) of the case; what the run modified of its inputs (the
+        trained state, the clients' data, the batch) is kept in ``changed``."""
         key = (name, setting, kind, device, precision)
         if key not in self.outcomes:
             fed_state = self.federation(setting, device, precision)
@@ -283,8 +289,7 @@ class Runs:
             method = method_for(name, setting)
             with default_dtype(precision):
                 outcome = method.unlearn(fed_state, batch)
-            assert_untouched(fed_state, before, f"{name} ({setting}, {kind})")
-            assert batch.to_dict() == request, f"{name} ({setting}, {kind}) modified the deletion batch"
+            self.changed[key] = changed_inputs(fed_state, before) + (["batch"] if batch.to_dict() != request else [])
             self.outcomes[key] = (fed_state, method, outcome)
         return self.outcomes[key]
 
@@ -312,7 +317,8 @@ def test_class_attributes_are_valid_and_the_registry_serves_the_class(name, sett
     assert cls.name == name and isinstance(cls.name, str) and cls.name.strip() == cls.name != ""
     assert isinstance(cls.settings, frozenset) and cls.settings and cls.settings <= set(SETTINGS)
     assert isinstance(cls.request_kinds, frozenset) and cls.request_kinds and cls.request_kinds <= set(REQUEST_KINDS)
-    assert cls.guarantee in GUARANTEES and cls.guarantee != NOT_CERTIFIED  # a method claims something
+    # ``not certified`` is what a claim is downgraded to, not a claim: "no claim" is ``empirical only``.
+    assert cls.guarantee in GUARANTEES and cls.guarantee != NOT_CERTIFIED
     assert name in available_methods(setting) and all(name in available_methods(setting, k) for k in cls.request_kinds)
     assert type(get_method(name, setting=setting)) is cls
     for kind in cls.request_kinds:
@@ -409,8 +415,24 @@ def test_outcome_tensors_are_on_the_federation_device_with_the_model_dtype(runs,
 
 @pytest.mark.parametrize(("name", "setting", "kind", "precision"), FLOAT64_CASES)
 def test_a_float64_model_stays_float64(runs, name, setting, kind, precision):
-    fed_state, _, outcome = runs.outcome(name, setting, kind, precision=precision)
+    known_bug = False
+    try:
+        fed_state, _, outcome = runs.outcome(name, setting, kind, precision=precision)
+    except RuntimeError as error:  # only the known bug is excused; anything else fails
+        frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+        known_bug = precision == "float64-model" and "flops_per_sample" in frames and "same dtype" in str(error)
+        if not known_bug:
+            raise
+    if known_bug:  # outside the except block: no chained torch traceback for pytest to render
+        pytest.xfail(KNOWN_FLOP_PROBE_BUG)
     check_placement(fed_state, outcome, precision)
+
+
+@pytest.mark.parametrize(("name", "setting", "kind"), CASES, ids=CASE_IDS)
+def test_unlearn_leaves_its_inputs_untouched(runs, name, setting, kind):
+    runs.outcome(name, setting, kind)
+    changed = runs.changed[name, setting, kind, "cpu", "float32"]
+    assert not changed, f"{name} ({setting}, {kind}) modified its inputs in place: {changed}"
 
 
 # --- 4. the cost record -------------------------------------------------------------------------------
@@ -439,8 +461,8 @@ def test_the_certificate_issues_the_declared_class_or_a_downgrade(runs, name, se
         f"{name} claims {type(method).guarantee!r} but was issued {certificate.guarantee!r}"
     if certificate.guarantee != certificate.claimed:
         assert certificate.notes, "a downgrade must say why"
-    assert Certificate.from_json(certificate.to_json()) == certificate
-    json.loads(certificate.to_json())
+    text = certificate.to_json()
+    assert isinstance(json.loads(text), dict) and Certificate.from_json(text).to_json() == text
 
 
 # --- 6. refusals --------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """The ``process-deletions`` flow on digits-hfl through a temporary Prefect server, a real DVC
 repository and a real sqlite MLflow registry, driven by the CLI: a clean no-op; a batch that fails
-after its ledger append and is resumed from the DVC cache (unlearned and retrained versions, gates,
-alias, receipt, comparison); a re-run that changes nothing. Then the gate policy and the batch
-resolution, without a server."""
+after its ledger append and is resumed from the DVC cache; its attempts gated against a retrained
+reference and escalated until one passes (every attempt registered, the receipt listing the
+chain, ``current`` on a version of the new data version); a re-run that changes nothing. Then the
+typed batch built from the ledger, and the escalation policy, without a server."""
 
 import json
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +14,15 @@ import pytest
 from mlflow import MlflowClient
 
 import flows.process as process
-from fedunlearn.cli import main
-from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from cli import main
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.federation.local import Tensors
-from fedunlearn.receipts import VERSION_METRICS, read_receipt
-from fedunlearn.requests.ledger import Ledger, LedgerEntry
-from tasks.pipeline import PromotionGates, apply_gates, deletion_batch
-from tasks.tracking import tracking_uri
+from fedunlearn.receipts import read_receipt
+from fedunlearn.requests.batch import BatchRecord
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
+from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
+from tasks.registry import tracking_uri
 from tasks.workspace import data_version
 
 SCENARIO = "digits-hfl"
@@ -59,79 +61,59 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
 
     monkeypatch.setattr(process, "unlearn", crash)
     assert main(["--root", str(workspace), "process", "--scenario", SCENARIO, "--retrain"]) == 1
-    assert re.search(r"error: batch batch-\S+ \(digits-hfl\) failed at unlearn \(puf-special\): simulated crash; "
-                     r"re-run `fedunlearn process --scenario digits-hfl` to resume", capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "error: batch batch-" in err and "(digits-hfl) failed at unlearn and register:" in err
+    assert "simulated crash; re-run `fedunlearn process --scenario digits-hfl` to resume" in err
     # The deletion itself happened: the ledger holds it and the data moved on without the samples.
     assert [e.request_id for e in Ledger(workspace / LEDGER_PATH).entries()] == [request_id]
-    assert data_version(workspace, SCENARIO) != before and sorted(versions_by_role(workspace)) == ["original"]
+    after = data_version(workspace, SCENARIO)
+    assert after != before and sorted(versions_by_role(workspace)) == ["original", "retrained"]
     assert not set(ids) & set(np.concatenate([c.sample_ids for c in load_horizontal(SCENARIO, workspace).clients]))
 
     monkeypatch.undo()  # the next run resumes the batch, reading the forget samples back from the DVC cache
     out = cli("process", "--scenario", SCENARIO, "--retrain")
-    after = data_version(workspace, SCENARIO)
     roles = versions_by_role(workspace)
-    assert sorted(roles) == ["original", "retrained", "unlearned"] and all(len(v) == 1 for v in roles.values())
-    original, retrained, unlearned = roles["original"][0], roles["retrained"][0], roles["unlearned"][0]
-    batch_id = unlearned.tags["batch_id"]
-    assert unlearned.tags["method"] == "puf-special" and unlearned.tags["certificate"] == "empirical only"
-    assert (original.tags["data_version"], unlearned.tags["data_version"], retrained.tags["data_version"]) == \
-        (before, after, after) and retrained.tags["batch_id"] == batch_id
-
+    original, [retrained] = roles["original"][0], roles["retrained"]
+    batch_id = retrained.tags["batch_id"]
     receipt = read_receipt(workspace, batch_id)
+    attempts = receipt.attempts
     assert receipt.request_ids == [request_id] and receipt.forgotten_per_client == {"1": 12}
     assert (receipt.data_version_before, receipt.data_version_after) == (before, after)
-    assert {k: int(v.version) for k, v in receipt.models.items() if v} == {
-        "original": original.version, "source": original.version, "unlearned": unlearned.version,
-        "retrained": retrained.version, **({"current": unlearned.version} if receipt.promoted else {})}
-    assert receipt.gates.policy == "vs retrained reference" and receipt.promoted == receipt.gates.passed
-    assert [c.name for c in receipt.gates.checks] == ["certificate", "abs_gap_test_acc", "abs_gap_forget_acc",
-                                                      "abs_gap_mia_auc"]
-    aliases = registry(workspace).get_registered_model(SCENARIO).aliases
-    assert aliases["original"] == original.version and aliases["retrained"] == retrained.version
-    assert aliases.get("current") == (unlearned.version if receipt.gates.passed else None)
-    assert f"receipt: data/receipts/{batch_id}.json" in out and f"unlearned v{unlearned.version}" in out
-    artifacts = [a.path for a in registry(workspace).list_artifacts(unlearned.run_id, "receipt")]
+    # Every attempt is registered once, in order, and every one but the last did not pass its gates.
+    assert [a.attempt for a in attempts] == list(range(len(attempts))) and attempts[0].method == "puf-special"
+    assert all(a.gates.policy == "vs retrained reference" for a in attempts if a.gates)
+    assert all(not a.passed for a in attempts[:-1]) and attempts[-1].passed
+    unlearned = {int(v.tags["attempt"]): v for v in roles.get("unlearned", [])}
+    registered = {a.attempt: a.version.version for a in attempts}
+    assert {n: str(v.version) for n, v in unlearned.items()} == {n: v for n, v in registered.items()
+                                                                if attempts[n].method != "retrain"}
+    assert all(v.tags["batch_id"] == batch_id and v.tags["data_version"] == after and
+               v.tags["source_version"] == str(original.version) for v in unlearned.values())
+    # The invariant: after the batch, `current` is a version of the batch's new data version.
+    current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
+    assert current.tags["data_version"] == after and str(current.version) == attempts[-1].version.version
+    assert receipt.promoted and receipt.models["current"].version == str(current.version)
+    assert f"receipt: data/receipts/{batch_id}.json" in out and f"alias current -> v{current.version}" in out
+    artifacts = [a.path for a in registry(workspace).list_artifacts(current.run_id, "receipt")]
     assert artifacts == [f"receipt/{batch_id}.json"]
-    certificate = registry(workspace).download_artifacts(unlearned.run_id, "certificate.json", str(tmp_path))
-    assert json.loads(Path(certificate).read_text())["guarantee"] == "empirical only"
+    if attempts[0].version is not None and attempts[0].method != "retrain":
+        certificate = registry(workspace).download_artifacts(unlearned[0].run_id, "certificate.json", str(tmp_path))
+        assert json.loads(Path(certificate).read_text())["guarantee"] == "empirical only"
     # Every version's run carries the same metric keys; the reference's forget accuracy is the batch's.
-    for version in (original, retrained, unlearned):
+    for version in [original, retrained, *unlearned.values()]:
         assert set(VERSION_METRICS) <= set(registry(workspace).get_run(version.run_id).data.metrics)
     assert math.isnan(registry(workspace).get_run(original.run_id).data.metrics["forget_acc"])
     assert not math.isnan(registry(workspace).get_run(retrained.run_id).data.metrics["forget_acc"])
 
     ledger, lock = (workspace / LEDGER_PATH).read_bytes(), (workspace / "dvc.lock").read_bytes()
+    count = sum(len(v) for v in versions_by_role(workspace).values())
     assert "no pending requests" in cli("process", "--scenario", SCENARIO)
     assert (workspace / LEDGER_PATH).read_bytes() == ledger and (workspace / "dvc.lock").read_bytes() == lock
-    assert sum(len(v) for v in versions_by_role(workspace).values()) == 3
+    assert sum(len(v) for v in versions_by_role(workspace).values()) == count
 
     table = cli("compare", "--scenario", SCENARIO).splitlines()
     assert table[0].startswith("| version | aliases | role | method | data_version | test_acc | forget_acc |")
-    assert [row.split("|")[3].strip() for row in table[2:]] == ["original", "unlearned", "retrained"]
-
-
-def row(test_acc, forget_acc, mia_auc, certificate="empirical only") -> dict:
-    return {"test_acc": test_acc, "forget_acc": forget_acc, "mia_auc": mia_auc, "bd_asr": None,
-            "certificate": certificate}
-
-
-def test_the_gates_compare_with_the_reference_or_else_with_the_source_and_chance():
-    gates = PromotionGates()
-    source = row(0.90, 0.99, 0.60)
-    with_reference = apply_gates.fn(row(0.89, 0.80, 0.52), row(0.88, 0.78, 0.50), source, gates)
-    assert with_reference.passed and with_reference.policy == "vs retrained reference"
-    assert not apply_gates.fn(row(0.89, 0.80, 0.52), row(0.80, 0.78, 0.50), source, gates).passed
-
-    alone = apply_gates.fn(row(0.89, 0.90, 0.53), None, source, gates)
-    assert alone.policy == "without reference" and alone.passed
-    assert [c.name for c in alone.checks] == ["certificate", "test_acc_drop_vs_source", "forget_acc_minus_test_acc",
-                                              "mia_auc_minus_chance"]
-    remembers = apply_gates.fn(row(0.89, 0.99, 0.53), None, source, gates)
-    assert [c.name for c in remembers.checks if not c.passed] == ["forget_acc_minus_test_acc"]
-    assert not apply_gates.fn(row(0.89, 0.90, math.nan), None, source, gates).passed  # unmeasured fails
-    assert not apply_gates.fn(row(0.89, 0.90, 0.5, "not certified"), None, source, gates).passed
-    relaxed = PromotionGates(max_forget_acc_excess=None)
-    assert apply_gates.fn(row(0.89, 0.99, 0.53), None, source, relaxed).passed
+    assert [row.split("|")[3].strip() for row in table[2:4]] == ["original", "retrained"]
 
 
 def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind():
@@ -139,11 +121,25 @@ def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind()
                                    "cpu") for c in range(2)]
     entries = [LedgerEntry(request_id="a", kind="sample", sample_ids=["c0-1", "c1-2", "test-7"], held_out=["test-7"]),
                LedgerEntry(request_id="b", kind="class", subject={"label": 1}, sample_ids=["c0-2"])]
-    batch = deletion_batch("batch-x", entries, clients)
+    record = BatchRecord(batch_id="batch-x", scenario="s", dataset="d", requests=entries)
+    batch = record.forget_set(clients)
     assert batch.kind == "sample" and batch.batch_id == "batch-x"
     assert {c: ids.tolist() for c, ids in batch.forget_ids.items()} == {0: ["c0-1", "c0-2"], 1: ["c1-2"]}
-    classes = deletion_batch("batch-y", entries[1:], clients)
+    classes = BatchRecord(batch_id="batch-y", scenario="s", dataset="d", requests=entries[1:]).forget_set(clients)
     assert classes.kind == "class" and classes.labels == [1]
-    with pytest.raises(ValueError, match="only held-out test samples"):
-        deletion_batch("batch-z", [LedgerEntry(request_id="c", kind="sample", sample_ids=["t"], held_out=["t"])],
-                       clients)
+    held_out = [LedgerEntry(request_id="c", kind="sample", sample_ids=["t"], held_out=["t"])]
+    assert BatchRecord(batch_id="batch-z", scenario="s", dataset="d", requests=held_out).forget_set(clients) is None
+
+
+def test_the_escalation_policy_ends_with_exact_retrain_and_refuses_what_does_not_apply():
+    policy = default_policy("hfl", "sample", Attempt(method="puf-special"))
+    assert [a.method for a in policy] == ["puf-special", "puf-special", "puf-regular", "retrain"]
+    assert policy[1].options == {"eta_u": 4.0, "unlearn_epochs": 2}
+    assert [a.method for a in default_policy("hfl", "class", Attempt(method="ga"))] == ["ga", "ga", "puf-regular",
+                                                                                       "retrain"]
+    assert [a.method for a in default_policy("vfl", "class", Attempt(method="fedora"))] == ["fedora", "fedora", "ga",
+                                                                                           "retrain"]
+    assert [a.method for a in default_policy("dfl", "client", Attempt(method="certified-dfu"))][-1] == "retrain"
+    assert [a.method for a in checked_policy("hfl", "sample", [Attempt(method="finetune")])] == ["finetune", "retrain"]
+    with pytest.raises(ValueError, match="does not support"):
+        default_policy("vfl", "client", Attempt(method="fedora"))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from fedunlearn.benchmark.regression import compare, load_baseline
-from fedunlearn.cli import main
+from cli import main
 
 SCENARIO, REQUEST = "breast_cancer-dfl-ring", "samples:0.1@all"
 

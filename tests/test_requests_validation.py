@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.requests.ledger import LEDGER_PATH
 from fedunlearn.requests.batch import PendingRequest, triage
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, InboxItem, quarantine, scan_inbox, submit_request
 from fedunlearn.requests.model import (MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, DeletionRequestModel, RequestError,
                                        build_request, parse_request)
 from tasks.requests import validate_requests
-from tasks.workspace import init_workspace, reproduce
+from tasks.workspace import Workspace, init_workspace, reproduce
 
 SCENARIO = "digits-hfl"
 
@@ -180,7 +181,7 @@ def test_subject_checks_reject_bad_requests_and_let_the_valid_ones_proceed(folde
     bad_class = request(kind="class", label=12)
     negative_class = request(kind="class", label=-1)
     whole_class = request(kind="class", label=3)
-    plan = validate_requests.fn(prepared, SCENARIO, pending(valid, overlapping, unknown, deleted, bad_client,
+    plan = validate_requests.fn(Workspace.open(prepared), SCENARIO, pending(valid, overlapping, unknown, deleted, bad_client,
                                                             bad_class, negative_class, whole_class))
     reasons = {r.request_id: r.reason for r in plan.rejected}
     assert set(reasons) == {unknown.request_id, deleted.request_id, bad_client.request_id, bad_class.request_id,
@@ -202,13 +203,13 @@ def test_subject_checks_reject_bad_requests_and_let_the_valid_ones_proceed(folde
 def test_more_bad_ids_than_gx_lists_are_still_traced_to_each_request(folders, prepared):
     """GX reports 20 unexpected values per expectation; 3 × 15 unknown IDs need a second pass."""
     bad = [request(kind="sample", sample_ids=[f"digits-9{r}{i:03d}" for i in range(15)]) for r in range(3)]
-    plan = validate_requests.fn(prepared, SCENARIO, pending(*bad))
+    plan = validate_requests.fn(Workspace.open(prepared), SCENARIO, pending(*bad))
     assert sorted(r.request_id for r in plan.rejected) == sorted(r.request_id for r in bad)
     assert not plan.entries
 
 
 def test_a_client_with_nothing_left_is_already_deleted(folders, prepared, client_ids):
     record_deleted(prepared, client_ids[2])
-    plan = validate_requests.fn(prepared, SCENARIO, pending(request(kind="client", client=2)))
+    plan = validate_requests.fn(Workspace.open(prepared), SCENARIO, pending(request(kind="client", client=2)))
     assert plan.rejected[0].reason.startswith("client 2 has no remaining training samples in digits-hfl: already "
                                               "deleted")

@@ -3,7 +3,7 @@ model as the default thread runner for a fixed seed."""
 
 import torch
 
-from tasks.tracking import load_weights
+from tasks.registry import Registry
 
 
 def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefect_server):
@@ -14,10 +14,10 @@ def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefe
 
     threads = train_federated.with_options(task_runner=make_task_runner("thread"))(
         scenario="digits-hfl", root=str(workspace))
-    thread_state, _ = load_weights(workspace, "digits-hfl", "original")
+    thread_state = Registry(workspace).load("digits-hfl", alias="original").state
     dask_runner = DaskTaskRunner(cluster_kwargs={"n_workers": 2, "threads_per_worker": 1, "processes": True})
     dask = train_federated.with_options(task_runner=dask_runner)(scenario="digits-hfl", root=str(workspace))
-    dask_state, _ = load_weights(workspace, "digits-hfl", "original")
+    dask_state = Registry(workspace).load("digits-hfl", alias="original").state
     assert dask["model_version"] != threads["model_version"]
     assert dask["test_acc"] == threads["test_acc"]
     assert all(torch.equal(thread_state[k], dask_state[k]) for k in thread_state)

@@ -144,7 +144,7 @@ def test_a_batch_run_through_the_prefect_api_registers_unlearned_and_retrained_v
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from fedunlearn.cli import main
+    from cli import main
     from fedunlearn.data.store import load_horizontal
     from fedunlearn.receipts import read_receipt
     from flows.serve import BATCH_DEPLOYMENT

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from fedunlearn.cli import main
-from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from cli import main
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 from fedunlearn.errors import BatchCannotSucceed, ErasureNotVerified, NoSpace, StateDamaged
 from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
-from fedunlearn.requests.ledger import Ledger
 from tasks import workspace as workspaces
 from tasks.tracking import ModelArtifactMissing, load_weights, tracking_uri
 
@@ -133,7 +133,7 @@ def test_a_full_disk_is_named_with_the_path_and_how_to_resume(workspace, monkeyp
     def full(args, root):
         raise OSError(28, "No space left on device", str(workspace / "data" / "raw"))
 
-    monkeypatch.setattr("fedunlearn.cli.data.run_prepare", full)
+    monkeypatch.setattr("cli.data.run_prepare", full)
     assert main(["--root", str(workspace), "prepare"]) == NoSpace.exit_code
     assert "no space left on device (" + str(workspace / "data" / "raw") in capsys.readouterr().err
 

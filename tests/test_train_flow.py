@@ -3,7 +3,7 @@ Prefect server, a real DVC repository and a real sqlite MLflow registry."""
 
 import mlflow
 
-from tasks.tracking import load_weights, tracking_uri
+from tasks.registry import Registry, tracking_uri
 
 
 def test_train_flow_registers_the_original_model(workspace, prefect_server):
@@ -20,17 +20,18 @@ def test_train_flow_registers_the_original_model(workspace, prefect_server):
     history = client.get_metric_history(result["run_id"], "test_acc")
     assert [m.step for m in history] == [1, 2]
     assert len(client.get_metric_history(result["run_id"], "train_loss")) == 2
-    state, tags = load_weights(workspace, "digits-hfl", "original")
-    assert tags["role"] == "original" and "classifier.2.weight" in state
+    registered = Registry(workspace).load("digits-hfl", alias="original")
+    state = registered.state
+    assert registered.tags["role"] == "original" and "classifier.2.weight" in state
     # The inline path gives the same model as the mapped task runs (deterministic client updates).
     inline = train_federated(scenario="digits-hfl", root=str(workspace), client_tasks=False)
-    inline_state, _ = load_weights(workspace, "digits-hfl", "original")
+    inline_state = Registry(workspace).load("digits-hfl", alias="original").state
     assert inline["model_version"] == "2"
     assert all((state[k] == inline_state[k]).all() for k in state)
 
 
 def test_cli_ids_prints_the_current_sample_ids(workspace, capsys):
-    from fedunlearn.cli import main
+    from cli import main
 
     assert main(["--root", str(workspace), "prepare", "--scenario", "digits-hfl"]) == 0
     capsys.readouterr()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
-from fedunlearn.benchmark.runner import BenchmarkSetup, TrainedModel
+from fedunlearn.benchmark.runner import BenchmarkSetup
 from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.training import TrainedModel
 
 CACHE_DIR = Path("artifacts/originals")
 

@@ -1,9 +1,8 @@
-"""Certificates (guarantee class + the numbers behind it) and promotion gates."""
+"""Certificates (guarantee class + the numbers behind it), the residual budget, and the gates."""
 
 from fedunlearn.certify.certificate import (BOUNDED_APPROXIMATION, CONSTRAINT_SATISFIED, EMPIRICAL_ONLY,
                                             EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED, Certificate,
-                                            GateResult, Gates, certificate_for, evaluate_gates)
+                                            certificate_for)
 
 __all__ = ["BOUNDED_APPROXIMATION", "CONSTRAINT_SATISFIED", "EMPIRICAL_ONLY", "EXACT_RETRAIN", "FORMAL",
-           "GUARANTEES", "NOT_CERTIFIED", "Certificate", "GateResult", "Gates", "certificate_for",
-           "evaluate_gates"]
+           "GUARANTEES", "NOT_CERTIFIED", "Certificate", "certificate_for"]

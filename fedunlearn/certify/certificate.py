@@ -14,22 +14,15 @@ Never overclaim: a claim that rests on assumptions (every class but ``empirical 
 only if every assumption listed for the run holds, and ``formal (ε,δ)`` only if at least one is
 listed at all; otherwise the certificate says ``not certified`` and why.
 
-Gates decide whether an unlearned model version may be promoted: configurable tolerances on the
-absolute gaps to the retrained model (test accuracy, forget accuracy, membership-inference AUC)
-and an optional ceiling on the backdoor attack success rate. A missing or NaN metric fails its
-gate: a model is never promoted on a number nobody measured.
+Whether an unlearned model version may be promoted is the gates' question (``certify.gates``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from fedunlearn.evaluation.metrics import gaps_to_reference
 
 if TYPE_CHECKING:
     from fedunlearn.unlearning.base import Outcome, UnlearningMethod
@@ -75,16 +68,17 @@ class Certificate:
         return cls(**json.loads(text))
 
 
-def certificate_for(method: "str | type[UnlearningMethod] | UnlearningMethod", outcome: "Outcome", *,
+def certificate_for(method: "type[UnlearningMethod] | UnlearningMethod", outcome: "Outcome", *,
                     scenario: str = "", request: dict[str, Any] | None = None, batch_id: str = "",
                     assumptions: dict[str, bool] | None = None) -> Certificate:
-    """The certificate for one run of ``method`` (a registered name, class or instance).
+    """The certificate for one run of ``method`` (a registered class or an instance; a name is
+    looked up with ``unlearning.get_method_class``).
 
     Numbers come from ``outcome.certificate_inputs``; its ``"assumptions"`` entry (a dict of
     name → bool checked by the method) is merged with ``assumptions`` checked by the caller
     (the caller's value wins). The method's guarantee class is downgraded if they do not hold.
     """
-    cls = _method_class(method)
+    cls = method if isinstance(method, type) else type(method)
     inputs = dict(outcome.certificate_inputs)
     checked = {**inputs.pop("assumptions", {}), **(assumptions or {})}
     checked = {name: bool(ok) for name, ok in checked.items()}
@@ -92,14 +86,6 @@ def certificate_for(method: "str | type[UnlearningMethod] | UnlearningMethod", o
     return Certificate(method=cls.name, guarantee=guarantee, claimed=cls.guarantee, scenario=scenario,
                        request=_jsonable(request or {}), batch_id=batch_id, numbers=_jsonable(inputs),
                        assumptions=checked, notes=notes)
-
-
-def _method_class(method: Any) -> "type[UnlearningMethod]":
-    if isinstance(method, str):
-        from fedunlearn.unlearning.registry import get_method_class  # lazy: the registry imports this module
-
-        return get_method_class(method)
-    return method if isinstance(method, type) else type(method)
 
 
 def _issued_guarantee(claimed: str, assumptions: dict[str, bool]) -> tuple[str, list[str]]:
@@ -124,40 +110,3 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return _jsonable(value.tolist())
     return value
-
-
-class Gates(BaseModel):
-    """Promotion tolerances vs. the retrained model; ``None`` switches a gate off."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_test_acc_gap: float | None = Field(0.02, ge=0, description="max |test_acc − retrain test_acc|")
-    max_forget_acc_gap: float | None = Field(0.05, ge=0, description="max |forget_acc − retrain forget_acc|")
-    max_mia_auc_gap: float | None = Field(0.05, ge=0, description="max |MIA AUC − retrain MIA AUC|")
-    max_backdoor_asr: float | None = Field(None, ge=0, le=1,
-                                           description="max backdoor attack success rate (absolute)")
-    mia_metric: str = Field("mia_auc", description="row key of the MIA AUC the gate compares")
-
-
-@dataclass
-class GateResult:
-    passed: bool
-    checks: list[dict[str, Any]]
-
-
-def evaluate_gates(row: dict[str, Any], retrain_row: dict[str, Any], gates: Gates) -> GateResult:
-    """Check an evaluation ``row`` of the unlearned model against the retrained model's row."""
-    limits = {"test_acc": gates.max_test_acc_gap, "forget_acc": gates.max_forget_acc_gap,
-              gates.mia_metric: gates.max_mia_auc_gap}
-    limits = {key: limit for key, limit in limits.items() if limit is not None}
-    gaps = gaps_to_reference(row, retrain_row, keys=limits)
-    checks = [_check(f"abs_gap_{key}", gaps[f"abs_gap_{key}"], limit) for key, limit in limits.items()]
-    if gates.max_backdoor_asr is not None:
-        asr = row.get("bd_asr")
-        measured = asr is not None and not math.isnan(float(asr))
-        checks.append(_check("bd_asr", float(asr) if measured else None, gates.max_backdoor_asr))
-    return GateResult(all(c["passed"] for c in checks), checks)
-
-
-def _check(name: str, value: float | None, limit: float) -> dict[str, Any]:
-    return {"name": name, "value": value, "limit": limit, "passed": value is not None and value <= limit}

@@ -21,7 +21,6 @@ from fedunlearn.config import Params
 from fedunlearn.data.datasets import Dataset, load_source
 from fedunlearn.data.partition import (assign_dirichlet, assign_iid, holdout_mask, slice_features,
                                        vertical_slices)
-from fedunlearn.requests.ledger import LEDGER_PATH, read_deleted_ids
 
 RAW_DIR = Path("data/raw")
 PARTITIONS_DIR = Path("data/partitions")
@@ -44,10 +43,9 @@ def _load(directory: Path, name: str) -> np.ndarray:
     return np.load(path, allow_pickle=False)
 
 
-def prepare_dataset(name: str, params: Params, root: Path) -> Path:
-    """Stage ``prepare``: load the source, drop ledger IDs, write ``data/raw/<name>``."""
+def prepare_dataset(name: str, params: Params, root: Path, gone: set[str]) -> Path:
+    """Stage ``prepare``: load the source, drop the ledger's IDs (``gone``), write ``data/raw/<name>``."""
     dataset = load_source(name, params.datasets.get(name))
-    gone = read_deleted_ids(root / LEDGER_PATH)
     keep = np.array([sid not in gone for sid in dataset.sample_ids.tolist()], dtype=bool)
     kept = dataset.subset(keep)
     out = root / RAW_DIR / name

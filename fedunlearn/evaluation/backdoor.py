@@ -67,16 +67,21 @@ def poison(features: Array, labels: Array, mask: np.ndarray,
     return poisoned_features, poisoned_labels
 
 
-def attack_success_rate(model: nn.Module, clean: Tensors, target_label: int = TARGET_LABEL) -> float:
-    """Fraction of clean samples whose true label is not ``target_label`` that the model
-    classifies as ``target_label`` once the trigger is applied (samples already of the target
-    class would count as successes without any backdoor)."""
+def backdoor_hits(model: nn.Module, clean: Tensors, target_label: int = TARGET_LABEL) -> np.ndarray:
+    """Per clean sample whose true label is not ``target_label``: whether the model classifies it
+    as ``target_label`` once the trigger is applied (samples already of the target class would
+    count as successes without any backdoor)."""
     keep = clean.y != target_label
     if not bool(keep.any()):
         raise ValueError(f"no sample with a label other than the target {target_label}; "
                          "the attack success rate is undefined")
     predictions = predict_logits(model, apply_trigger(clean.x[keep])).argmax(1)
-    return float((predictions == target_label).float().mean())
+    return (predictions == target_label).cpu().numpy()
+
+
+def attack_success_rate(model: nn.Module, clean: Tensors, target_label: int = TARGET_LABEL) -> float:
+    """The share of ``backdoor_hits``."""
+    return float(backdoor_hits(model, clean, target_label).mean())
 
 
 def poison_clients(clients: Sequence[Tensors], forget_ids: Mapping[int, np.ndarray]) -> list[Tensors]:

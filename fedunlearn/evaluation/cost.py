@@ -67,11 +67,12 @@ def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], *, include_
     one in training mode) and restores the model's mode."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
+    dtype = parameter.dtype if parameter is not None else torch.get_default_dtype()
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(torch.zeros(1, *input_shape, device=device))
+            model(torch.zeros(1, *input_shape, device=device, dtype=dtype))
     finally:
         model.train(was_training)
     forward = counter.get_total_flops()

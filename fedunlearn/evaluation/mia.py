@@ -60,6 +60,8 @@ class AttackResult:
     tpr_at_1fpr: float
     fpr: np.ndarray
     tpr: np.ndarray
+    member_scores: np.ndarray | None = None  # what the AUC's confidence interval is computed from
+    nonmember_scores: np.ndarray | None = None
 
     def summary(self) -> dict[str, float]:
         return {"accuracy": self.accuracy, "auc": self.auc, "tpr_at_1fpr": self.tpr_at_1fpr}
@@ -100,7 +102,8 @@ def result_from_scores(name: str, member_scores: np.ndarray, nonmember_scores: n
     if accuracy is None:
         accuracy = float(((tpr + 1.0 - fpr) / 2.0).max())
     return AttackResult(name, accuracy, float(roc_auc_score(is_member, scores)),
-                        float(tpr[fpr <= LOW_FPR].max()), fpr, tpr)
+                        float(tpr[fpr <= LOW_FPR].max()), fpr, tpr, np.asarray(member_scores),
+                        np.asarray(nonmember_scores))
 
 
 def _balanced_accuracy(members_flagged: np.ndarray, nonmembers_flagged: np.ndarray) -> float:

@@ -41,7 +41,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedunlearn.config import TrainConfig
 from fedunlearn.evaluation.cost import communication_bytes
-from fedunlearn.federation.local import Engine, State, Tensors, objective
+from fedunlearn.federation.local import Engine, MapUpdates, State, Tensors, map_inline, objective
 from fedunlearn.federation.topology import Topology
 
 
@@ -112,10 +112,11 @@ class DPSGD(Engine):
         return self.config.local_epochs * math.ceil(max(len(c) for c in clients) / self.config.batch_size)
 
     def fit(self, clients: Sequence[Tensors], *, state: State | Sequence[State | None] | None = None,
-            rounds: int | None = None, first_round: int = 0,
-            on_round: Callable[[DPSGDRound], None] | None = None) -> list[State | None]:
+            rounds: int | None = None, first_round: int = 0, on_round: Callable[[DPSGDRound], None] | None = None,
+            map_updates: MapUpdates = map_inline) -> list[State | None]:
         """Train for ``rounds`` rounds (default: the configured number). ``state``: None (the
-        seeded initial model at every node), one state (at every node) or one per client."""
+        seeded initial model at every node), one state (at every node) or one per client.
+        ``map_updates`` runs each round (every node's steps and mixing: one unit of work)."""
         graph = self.active_topology(clients)
         active = [i for i, c in enumerate(clients) if len(c) > 0]
         starts = self._starting_states(state, len(clients), active)
@@ -134,8 +135,9 @@ class DPSGD(Engine):
         num_params = sum(v[0].numel() for v in stacked.values())
         steps = self.steps_per_round([clients[i] for i in active])
         batch = self.config.batch_size
-        for r in range(first_round, first_round + (rounds or self.config.rounds)):
-            order = [self._batch_order(clients[i], r, i, steps) for i in active]
+        def dpsgd_nodes(stacked: State, round_idx: int) -> tuple[State, float]:
+            """One round: every node's ``steps`` local steps, each followed by mixing with its neighbours."""
+            order = [self._batch_order(clients[i], round_idx, i, steps) for i in active]
             losses = torch.zeros(len(active), device=self.device)
             for t in range(steps):
                 xb = torch.stack([clients[i].x[order[k][t]] for k, i in enumerate(active)])
@@ -145,8 +147,12 @@ class DPSGD(Engine):
                 # node's own pre-mixing model) of the paper's §IV-A.
                 stacked = {k: torch.tensordot(q, v, dims=1) - self.config.lr * grads[k] for k, v in stacked.items()}
                 losses += values.detach()
+            return stacked, float(losses.mean()) / steps
+
+        for r in range(first_round, first_round + (rounds or self.config.rounds)):
+            [(stacked, loss)] = map_updates(dpsgd_nodes, [{"stacked": stacked, "round_idx": r}])
             if on_round is not None:
-                on_round(DPSGDRound(r, _unstack(stacked, active, len(clients)), float(losses.mean()) / steps, steps,
+                on_round(DPSGDRound(r, _unstack(stacked, active, len(clients)), loss, steps,
                                     communication_bytes(num_params, graph.num_edges, rounds=steps),
                                     steps * batch * len(active)))
         return _unstack(stacked, active, len(clients))

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedunlearn.federation.local import Engine, State, Tensors, sgd_epochs
+from fedunlearn.federation.local import Engine, MapUpdates, State, Tensors, map_inline, sgd_epochs
 
 
 @dataclass
@@ -41,13 +41,6 @@ class RoundResult:
     def train_loss(self) -> float:
         n = sum(u.num_samples for u in self.updates)
         return sum(u.train_loss * u.num_samples for u in self.updates) / max(n, 1)
-
-
-MapUpdates = Callable[[Callable[..., ClientUpdate], list[dict]], list[ClientUpdate]]
-
-
-def map_inline(fn: Callable[..., ClientUpdate], jobs: list[dict]) -> list[ClientUpdate]:
-    return [fn(**job) for job in jobs]
 
 
 def clone_state(state: State) -> State:

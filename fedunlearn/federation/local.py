@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -79,6 +79,16 @@ def accuracy(model: nn.Module, data: Tensors) -> float:
     if len(data) == 0:
         return float("nan")
     return float((predict_logits(model, data.x).argmax(1) == data.y).float().mean())
+
+
+# How a round's units of federated work (client updates, a D-PSGD round, a split-NN epoch) are
+# executed: ``map_updates(fn, jobs)`` returns ``[fn(**job) for job in jobs]``, inline or, in the
+# flows, one Prefect task run per job.
+MapUpdates = Callable[[Callable[..., Any], list[dict]], list[Any]]
+
+
+def map_inline(fn: Callable[..., Any], jobs: list[dict]) -> list[Any]:
+    return [fn(**job) for job in jobs]
 
 
 class Engine:

@@ -45,7 +45,7 @@ from fedunlearn.config import TrainConfig
 from fedunlearn.data.partition import slice_features
 from fedunlearn.data.store import PARTITIONS_DIR, read_manifest
 from fedunlearn.evaluation.cost import CostRecord, flops_per_sample
-from fedunlearn.federation.local import Tensors
+from fedunlearn.federation.local import MapUpdates, Tensors, map_inline
 from models.vfl import BottomModel, TopModel
 
 if TYPE_CHECKING:
@@ -344,7 +344,8 @@ class VerticalFederation:
             epochs: int | None = None, first_epoch: int = 0, lr: float | None = None, batch_size: int | None = None,
             loss_fn: LossFn = F.cross_entropy, clip_norm: float | None = None,
             stop: Callable[[float], bool] | None = None,
-            on_epoch: Callable[[int, dict[str, PartyState], float], None] | None = None) -> FitResult:
+            on_epoch: Callable[[int, dict[str, PartyState], float], None] | None = None,
+            map_updates: MapUpdates = map_inline) -> FitResult:
         """Split-NN mini-batch SGD over ``positions`` (default: all aligned samples), from ``state``
         (default: the seeded initial weights), for ``epochs`` (default ``config.rounds``).
 
@@ -353,7 +354,8 @@ class VerticalFederation:
         every mini-batch loss before its step and ends the run when true. Epoch e shuffles with
         (seed, e), counted from ``first_epoch``, so a later phase never repeats the original
         training's order. ``on_epoch(epoch, state, loss)`` is called after each completed epoch
-        (1-based within this call).
+        (1-based within this call). ``map_updates`` runs each epoch (every party's steps: one unit of
+        work — a split-NN step needs every party's embedding, so the parties cannot run apart).
         """
         config = self.config
         positions = torch.arange(self.num_samples, device=self.device) if positions is None else positions
@@ -361,23 +363,30 @@ class VerticalFederation:
         self.load_state(self.initial_state() if state is None else state)
         optimizers = [torch.optim.SGD(p.model.parameters(), lr=config.lr if lr is None else lr,
                                       momentum=config.momentum) for p in self.parties]
-        steps, last = 0, float("nan")
-        for epoch in range(first_epoch, first_epoch + (epochs if epochs is not None else config.rounds)):
+        def split_nn_parties(epoch: int) -> tuple[float, int, float | None]:
+            """One epoch of every party's mini-batch steps: (mean loss, steps, the loss that stopped it)."""
             order = positions[shuffled(len(positions), self.seed, epoch).to(self.device)]
-            total, seen = 0.0, 0
+            total, seen, steps = 0.0, 0, 0
             for start in range(0, len(order), batch_size):
                 batch = order[start:start + batch_size]
                 self.zero_grad()
                 loss = self.backprop(batch, loss_fn)
                 if stop is not None and stop(loss):
-                    return FitResult(self.state, steps, loss, stopped_early=True)
+                    return total / max(seen, 1), steps, loss
                 for party, optimizer in zip(self.parties, optimizers):
                     if clip_norm is not None:
                         nn.utils.clip_grad_norm_(party.model.parameters(), clip_norm)
                     optimizer.step()
                 steps += 1
                 total, seen = total + loss * len(batch), seen + len(batch)
-            last = total / max(seen, 1)
+            return total / max(seen, 1), steps, None
+
+        steps, last = 0, float("nan")
+        for epoch in range(first_epoch, first_epoch + (epochs if epochs is not None else config.rounds)):
+            [(last, done, stopped_at)] = map_updates(split_nn_parties, [{"epoch": epoch}])
+            steps += done
+            if stopped_at is not None:
+                return FitResult(self.state, steps, stopped_at, stopped_early=True)
             if on_epoch is not None:
                 on_epoch(epoch - first_epoch + 1, self.state, last)
         return FitResult(self.state, steps, last, stopped_early=False)
@@ -470,6 +479,7 @@ class VerticalState:
     samples: Tensors
     test: Tensors
     setting: str = "vfl"
+    map_updates: MapUpdates = map_inline  # runs each split-NN epoch (inline, or a Prefect task run in the flows)
 
     @classmethod
     def from_federation(cls, federation: VerticalFederation, state: dict[str, PartyState]) -> "VerticalState":

@@ -11,7 +11,7 @@ A batch moves through its statuses in order, and the record is saved (durably) a
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -20,12 +20,14 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from fedunlearn.errors import StateDamaged
+from fedunlearn.federation.local import Tensors
 from fedunlearn.requests.catalog import Catalog
 from fedunlearn.requests.erasure import ErasureReport
 from fedunlearn.requests.folders import RequestFolders, write_json_atomic
 from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.ledger import LedgerEntry
 from fedunlearn.requests.model import DeletionRequestModel, timestamped_id, utc_now
+from fedunlearn.unlearning.base import DeletionBatch
 
 
 def new_batch_id() -> str:
@@ -189,6 +191,27 @@ class BatchRecord(BaseModel):
     def deleted_ids(self) -> set[str]:
         return {i for entry in self.requests for i in entry.sample_ids}
 
+    @property
+    def kind(self) -> str:
+        """The requests' kind when they share one (methods treat whole clients and classes
+        specially), else ``sample``."""
+        kinds = {entry.kind.value if entry.kind else "sample" for entry in self.requests}
+        return kinds.pop() if len(kinds) == 1 else "sample"
+
+    def forget_set(self, clients: Sequence[Tensors]) -> DeletionBatch | None:
+        """The training samples the batch deletes, per client index of ``clients`` (the data before
+        the batch) — the typed batch the methods take. None when it deletes only held-out test
+        samples: no model was trained on those, so there is nothing to unlearn."""
+        held_out = {i for entry in self.requests for i in entry.held_out}
+        trained = [i for entry in self.requests for i in entry.sample_ids if i not in held_out]
+        if not trained:
+            return None
+        located = DeletionBatch.for_sample_ids(trained, clients, batch_id=self.batch_id)
+        labels = sorted({e.subject["label"] for e in self.requests}) if self.kind == "class" else None
+        return DeletionBatch(self.kind, located.forget_ids,
+                             clients=located.affected_clients if self.kind == "client" else None, labels=labels,
+                             batch_id=self.batch_id)
+
     def save(self, folders: RequestFolders) -> "BatchRecord":
         self.updated_at = utc_now()
         write_json_atomic(record_path(folders, self.batch_id), self.model_dump(mode="json"))
@@ -210,7 +233,8 @@ class BatchRecordDamaged(StateDamaged):
         self.path, self.batch_id = path, path.name.removesuffix(".json")
         super().__init__(f"the record of deletion batch {self.batch_id} ({path}) cannot be read: {cause}. Every later "
                          "batch waits for it, since it may be the journal of an unfinished batch. Run `fedunlearn "
-                         "ledger repair`: it rebuilds the record from the batch's ledger entries (and its receipt) when "
+                         "ledger repair`: it rebuilds the record from the batch's ledger entries (and its receipt) "
+                         "when "
                          "the ledger holds them, and otherwise sets the file aside, since the batch never applied a "
                          "deletion; or restore the file from a backup")
 

@@ -123,7 +123,8 @@ def dpsgd_rounds(fed_state: DecentralizedState, clients: Sequence[Tensors], *,
         samples.append(result.samples)
         monitor.record(phase, result.round - first_round + 1, result.state, train_loss=result.train_loss)
 
-    nodes = fed_state.dpsgd().fit(clients, state=state, rounds=rounds, first_round=first_round, on_round=after_round)
+    nodes = fed_state.dpsgd().fit(clients, state=state, rounds=rounds, first_round=first_round, on_round=after_round,
+                                  map_updates=fed_state.map_updates)
     flops = training_flops(fed_state.flops_per_sample(), sum(samples), epochs=1)
     return nodes, CostRecord(flops=flops, comm_bytes=sum(bytes_sent))
 

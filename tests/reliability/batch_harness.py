@@ -27,13 +27,13 @@ from typing import Callable, Iterator
 
 from filelock import FileLock
 
-from fedunlearn.data.store import LEDGER_PATH, load_horizontal
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.faults import FAILPOINT_VARIABLE
 from fedunlearn.receipts import RECEIPTS_DIR, read_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import submit_request
-from fedunlearn.requests.ledger import Ledger, LedgerEntry
 from fedunlearn.requests.model import RequestKind, build_request
 from tasks.workspace import init_workspace
 

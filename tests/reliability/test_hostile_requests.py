@@ -40,15 +40,14 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import flows.ingest as ingest
-from fedunlearn.cli import main
-from fedunlearn.data.store import LEDGER_PATH
+from cli import main
+from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.requests.catalog import load_catalog
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, file_processed, quarantine
-from fedunlearn.requests.ledger import Ledger, LedgerEntry
 from fedunlearn.requests.model import MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, MAX_SAMPLE_ID_LENGTH
 from tasks.requests import read_inbox, validate_requests
-from tasks.workspace import init_workspace, reproduce
+from tasks.workspace import Workspace, init_workspace, reproduce
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 SCENARIO = "digits-hfl"
@@ -892,10 +891,11 @@ def ingest_without_orchestration(root: Path) -> None:
     """The data-plane steps of ``ingest-deletions``, in its order, up to the ledger: the new data
     version and the erasure check are the flow test's."""
     folders = RequestFolders.create(root)
-    inbox = read_inbox(root, SCENARIO)
+    ws = Workspace.open(root)
+    inbox = read_inbox(ws, SCENARIO)
     for item in inbox.applied:
         file_processed(folders, item)
-    plan = validate_requests.fn(root, SCENARIO, inbox.pending)
+    plan = validate_requests.fn(ws, SCENARIO, inbox.pending)
     for rejection in inbox.rejected + plan.rejected:
         for item in rejection.items:
             quarantine(folders, item, rejection.reason)

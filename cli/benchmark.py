@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from fedunlearn.benchmark.spec import _FORMS, parse_request
-from fedunlearn.cli.data import DEFAULT_SCENARIO
+from cli.common import DEFAULT_SCENARIO
 from fedunlearn.device import DEVICE_CHOICES
 from fedunlearn.errors import BenchmarkRegressed
 
@@ -50,9 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_benchmark(args: argparse.Namespace, root: Path) -> int:
+    from cli.common import prepare_flow_run
     from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
-    from fedunlearn.cli.train import prepare_flow_run
     from flows.benchmark import benchmark
     from tasks.workspace import init_workspace
 

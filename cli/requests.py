@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from fedunlearn.cli.data import DEFAULT_SCENARIO
+from cli.common import DEFAULT_SCENARIO
 
 INBOX = "data/deletion_requests/inbox"
 
@@ -76,13 +76,13 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject})
     path = submit_request(RequestFolders.create(root), request)
     print(request.request_id)
-    print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only delete the data: `fedunlearn ingest --scenario {args.scenario}`)",
-          file=sys.stderr)
+    print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only "
+          f"delete the data: `fedunlearn ingest --scenario {args.scenario}`)", file=sys.stderr)
     return 0
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.train import prepare_flow_run
+    from cli.common import erasure_status, prepare_flow_run, print_summary
     from flows.ingest import ingest_deletions
     from tasks.workspace import init_workspace
 
@@ -92,47 +92,3 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
     print_summary(result)
     return erasure_status(result.get("erasure"))
 
-
-def erasure_status(report: dict | None) -> int:
-    """The exit status after a batch: ``ErasureNotVerified``'s when a store still holds a deleted row."""
-    from fedunlearn.errors import ErasureNotVerified
-
-    return ErasureNotVerified.exit_code if report and report["found"] else 0
-
-
-def print_summary(result: dict) -> None:
-    for batch_id in result["resumed"]:
-        print(f"finished batch {batch_id}, which had been interrupted")
-    for name in result["already_applied"]:
-        print(f"already applied, moved to processed/: {name}")
-    for note in result["quarantined"]:
-        print(f"quarantined {note['file']!r}: {note['reason']}\n  -> {note['moved_to']} (reason in "
-              f"{note['moved_to']}.reason.txt)")
-    if result["left_pending"]:
-        print(f"left in the inbox (other scenarios): {', '.join(result['left_pending'])}")
-    for name, why in result.get("waiting", {}).items():
-        print(f"left in the inbox, still being written? {name!r}: {why}")
-    if "batch_id" not in result:
-        print(result["status"])
-        return
-    per_client = ", ".join(f"client {c}: {n}" for c, n in result["per_client"].items())
-    print(f"batch {result['batch_id']}: {len(result['applied'])} request(s) applied, {result['deleted_ids']} sample "
-          f"IDs deleted{f' ({per_client})' if per_client else ''}")
-    print(f"data version {result['data_version_before']} -> {result['data_version_after']}")
-    print(erasure_line(result["erasure"]))
-    print(f"record: {result['record']}")
-
-
-def erasure_line(report: dict) -> str:
-    unverifiable = len(report["not_verifiable"])
-    caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
-    stores = report.get("stores", [])
-    if report["found"]:
-        held = "; ".join(f"store {s['name']}: {', '.join(s['found'])}" for s in stores if s["found"])
-        return f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in {held}"
-    if not report["verified"]:
-        return f"erasure not verifiable: none of the {report['deleted_samples']} deleted samples can be recognised"
-    skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
-    return (f"erasure verified: no bytes of the {report['checked_samples']} checked samples in "
-            f"{report['files_scanned']} files of the stores {', '.join(s['name'] for s in stores if s['in_scope'])}"
-            f"{caveat}{'; not scanned: ' + skipped if skipped else ''}")

@@ -8,11 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from fedunlearn.cli.data import DEFAULT_SCENARIO
+from cli.common import DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary
 from fedunlearn.device import DEVICE_CHOICES
-
-COMPARE_KEYS = ("version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc", "mia_auc",
-                "certificate", "wall_seconds", "flops", "comm_bytes")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,8 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_process(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.requests import erasure_status, print_summary
-    from fedunlearn.cli.train import prepare_flow_run
     from flows.process import process_deletions
     from tasks import preload
     from tasks.workspace import init_workspace
@@ -79,23 +74,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     return erasure_status(result["erasure"])
 
 
-def describe_batch(result: dict) -> str:
-    """What a processed batch did to the registry, in two lines."""
-    models = result["models"]
-    unlearned = models["unlearned"]["version"]
-    reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
-    gates = (f"gates passed: alias current -> v{unlearned}" if result["promoted"] else
-             "gates FAILED: alias current not moved (see the receipt's gate checks)")
-    timings = result["timings"]
-    return (f"unlearned v{unlearned} ({result['method']}, {result['certificate']}){reference}; {gates}\n"
-            f"receipt: {result['receipt']}\n"
-            f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "
-            f"evaluation), orchestration {timings['orchestration_seconds']:.1f} s "
-            f"({timings['orchestration_share']:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")
-
-
 def run_retrain(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.cli.train import prepare_flow_run
     from flows.reference import retrain_reference
     from tasks.workspace import init_workspace
 
@@ -107,19 +86,11 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
-def comparison(root: Path, scenario: str) -> str:
-    """The comparison table (markdown), also logged as an MLflow artifact."""
-    from fedunlearn.benchmark.report import markdown_table
-    from tasks.pipeline import log_comparison, registry_table
-
-    rows = registry_table(root, scenario)
-    table = markdown_table(rows, COMPARE_KEYS)
-    log_comparison(root, scenario, rows, table)
-    return table
-
-
 def run_compare(args: argparse.Namespace, root: Path) -> int:
-    print(comparison(root, args.scenario))
+    from tasks.receipts import comparison
+    from tasks.workspace import Workspace
+
+    print(comparison(Workspace.open(root), args.scenario)[1])
     return 0
 
 

@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
-from fedunlearn.cli.data import DEFAULT_SCENARIO
+from cli.common import DEFAULT_SCENARIO, prepare_flow_run
 from fedunlearn.device import DEVICE_CHOICES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a federated model through Prefect and register it in MLflow",
-                           description="Reproduce and validate the data, run FedAvg as a Prefect flow (client "
-                                       "updates as task runs), log to MLflow and register the model with alias "
-                                       "'original'.")
+                           description="Reproduce and validate the data, train the scenario's federated model "
+                                       "(FedAvg, split-NN or D-PSGD) as a Prefect flow (client, party or node updates "
+                                       "as task runs), log to MLflow and register the model with alias 'original'.")
     add_training_arguments(train)
     train.set_defaults(handler=run_train)
 
-    demo = sub.add_parser("demo", help=f"the whole story on {DEFAULT_SCENARIO}: train, delete, unlearn, compare",
-                          description=f"The quick start on {DEFAULT_SCENARIO}: train and register the original, "
-                                      "submit two example deletion requests, forget them in one batch (new data "
-                                      "version, unlearned and retrained versions, gates, receipt) and print the "
-                                      "registered versions side by side.")
-    demo.add_argument("--scenario", default=DEFAULT_SCENARIO, help="an HFL scenario (default %(default)s)")
+    demo = sub.add_parser("demo", help=f"the whole story (default {DEFAULT_SCENARIO}): train, delete, unlearn, compare",
+                          description="The quick start: train and register the original, submit two example "
+                                      "deletion requests, forget them in one batch (new data version, attempts gated "
+                                      "against a retrained reference, receipt) and print the registered versions "
+                                      "side by side. Any scenario: mnist5k-hfl (make demo), mnist5k-vfl, "
+                                      "mnist5k-dfl-ring, ...")
+    demo.add_argument("--scenario", default=DEFAULT_SCENARIO, help="default %(default)s")
     demo.set_defaults(handler=run_demo)
 
 
@@ -37,19 +37,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Prefect task runner for client updates (dask/ray need prefect-dask/prefect-ray)")
     parser.add_argument("--runner-address", help="address of an existing Dask scheduler or Ray cluster")
     parser.add_argument("--backdoor", action="store_true",
-                        help="put the 4×4 trigger with target label 0 on the --request samples before training")
+                        help="put the 4×4 trigger with target label 0 on the --request samples before training "
+                             "(their IDs are kept with the version as backdoor_ids.txt)")
     parser.add_argument("--request", metavar="SPEC", help="with --backdoor: which samples carry the trigger "
                                                           "(benchmark SPEC, e.g. client:largest)")
-
-
-def prepare_flow_run() -> None:
-    """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
-    and Prefect's ephemeral server (if no PREFECT_API_URL is set) must die with this process."""
-    from tasks.ephemeral_server import install
-
-    for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    install()
 
 
 def train(args: argparse.Namespace, root: Path) -> dict:
@@ -68,17 +59,21 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 
 def run_train(args: argparse.Namespace, root: Path) -> int:
     result = train(args, root)
+    poisoned = f"; backdoor on {result['backdoor_samples']} samples" if result["backdoor_samples"] else ""
     print(f"\n{result['scenario']}: test_acc={result['test_acc']:.4f}, data version {result['data_version']}, "
-          f"registered version {result['model_version']} (alias 'original') in {result['wall_seconds']:.0f} s")
+          f"registered version {result['model_version']} (alias 'original') in {result['wall_seconds']:.0f} s"
+          f"{poisoned}")
     return 0
 
 
 def run_demo(args: argparse.Namespace, root: Path) -> int:
-    """The whole story on the demo scenario: train → deletion requests arrive → one batch forgets
-    them (new data version, unlearned and retrained versions, gates, receipt) → the registry
+    """The whole story on one scenario: train → deletion requests arrive → one batch forgets them
+    (new data version, attempts gated against the retrained reference, receipt) → the registry
     side by side."""
-    from fedunlearn.cli.pipeline import comparison, describe_batch
+    from cli.common import describe_batch
     from flows.process import process_deletions
+    from tasks.receipts import comparison
+    from tasks.workspace import Workspace
 
     trained = train(build_defaults(args.scenario), root)
     scenario = trained["scenario"]
@@ -91,7 +86,7 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     print(f"\n== 3. batch {batch['batch_id']}: data version {batch['data_version_before']} -> "
           f"{batch['data_version_after']}\n   {describe_batch(batch)}")
     print(f"\n== 4. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
-    print(comparison(root, scenario))
+    print(comparison(Workspace.open(root), scenario)[1])
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
     print(f"""
 Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions forgets new requests) and
@@ -101,19 +96,26 @@ the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127
 
 
 def submit_example_requests(root: Path, scenario: str) -> list[str]:
-    """Two requests as users would send them, each for some of their samples at one client."""
-    from fedunlearn.data.store import load_horizontal
+    """Two requests as users would send them: 25 and 15 samples — each at one client in HFL/DFL
+    (clients 0 and 1), from the shared samples in VFL."""
+    from cli.data import sample_ids
+    from fedunlearn.data.store import read_manifest
     from fedunlearn.requests.folders import RequestFolders
     from fedunlearn.requests.inbox import submit_request
     from fedunlearn.requests.model import build_request
 
-    clients = load_horizontal(scenario, root).clients
-    examples = [({"kind": "sample", "sample_ids": clients[c].sample_ids[:n].tolist(),
-                  "reason": f"demo: a user asked for {n} samples to be forgotten"}, f"{n} samples of client {c}")
-                for c, n in ((0, 25), (1, 15))]
+    if read_manifest(scenario, root)["setting"] == "vfl":
+        shared = sample_ids(root, scenario)
+        chosen = [(shared[:25], "25 samples"), (shared[25:40], "15 samples")]
+    else:
+        chosen = [(sample_ids(root, scenario, c)[:n], f"{n} samples of client {c}") for c, n in ((0, 25), (1, 15))]
     folders = RequestFolders.create(root)
-    return [f"{submit_request(folders, build_request({**fields, 'scenario': scenario})).stem} ({what})"
-            for fields, what in examples]
+    submitted = []
+    for ids, what in chosen:
+        request = build_request({"kind": "sample", "sample_ids": ids, "scenario": scenario,
+                                 "reason": f"demo: a user asked for {what} to be forgotten"})
+        submitted.append(f"{submit_request(folders, request).stem} ({what})")
+    return submitted
 
 
 def build_defaults(scenario: str = DEFAULT_SCENARIO) -> argparse.Namespace:

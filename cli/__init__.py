@@ -1,7 +1,6 @@
-"""The ``fedunlearn`` command line. Each sub-module registers its own sub-commands.
-
-Orchestration (Prefect flows, MLflow, DVC) is imported lazily inside the commands that need it,
-so the core stays importable without them and ``--help`` is quick.
+"""The ``fedunlearn`` command line: the top layer (cli → flows → tasks → core → models). Each
+sub-module registers its own sub-commands. A command imports the flows and tasks it runs when it
+runs (Prefect, MLflow and torch take seconds to import), so ``--help`` and ``request`` stay quick.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ def configure_environment(root: Path) -> None:
     # machine that passed Prefect's 20 s default and the first `fedunlearn train` failed.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per weights file buries the log
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,15 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "directory or $FEDUNLEARN_ROOT)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"fedunlearn.cli.{name}").register(sub)
+        importlib.import_module(f"cli.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     root = workspace_root(args)
-    if not (root / "params.yaml").is_file():
-        print(f"error: {root} has no params.yaml; run from the project root or pass --root", file=sys.stderr)
+    if getattr(args, "needs_workspace", True) and not (root / "params.yaml").is_file():
+        print(f"error: {root} has no params.yaml, so it is not a workspace; create one with `fedunlearn init {root}`, "
+              "or run from the project root or pass --root", file=sys.stderr)
         return 2
     configure_environment(root)
     try:

@@ -1,0 +1,79 @@
+"""What the commands share: the default scenario, the setup before a command runs a flow, and how
+a batch's outcome is printed."""
+
+from __future__ import annotations
+
+import logging
+
+DEFAULT_SCENARIO = "mnist5k-hfl"
+
+
+def prepare_flow_run() -> None:
+    """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
+    and Prefect's ephemeral server (if no PREFECT_API_URL is set) must die with this process."""
+    from tasks.ephemeral_server import install
+
+    for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    install()
+
+
+def erasure_line(report: dict) -> str:
+    unverifiable = len(report["not_verifiable"])
+    caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
+    stores = report.get("stores", [])
+    if report["found"]:
+        held = "; ".join(f"store {s['name']}: {', '.join(s['found'])}" for s in stores if s["found"])
+        return f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in {held}"
+    if not report["verified"]:
+        return f"erasure not verifiable: none of the {report['deleted_samples']} deleted samples can be recognised"
+    skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
+    return (f"erasure verified: no bytes of the {report['checked_samples']} checked samples in "
+            f"{report['files_scanned']} files of the stores {', '.join(s['name'] for s in stores if s['in_scope'])}"
+            f"{caveat}{'; not scanned: ' + skipped if skipped else ''}")
+
+
+def erasure_status(report: dict | None) -> int:
+    """The exit status after a batch: ``ErasureNotVerified``'s when a store still holds a deleted row."""
+    from fedunlearn.errors import ErasureNotVerified
+
+    return ErasureNotVerified.exit_code if report and report["found"] else 0
+
+
+def print_summary(result: dict) -> None:
+    for batch_id in result["resumed"]:
+        print(f"finished batch {batch_id}, which had been interrupted")
+    for name in result["already_applied"]:
+        print(f"already applied, moved to processed/: {name}")
+    for note in result["quarantined"]:
+        print(f"quarantined {note['file']!r}: {note['reason']}\n  -> {note['moved_to']} (reason in "
+              f"{note['moved_to']}.reason.txt)")
+    if result["left_pending"]:
+        print(f"left in the inbox (other scenarios): {', '.join(result['left_pending'])}")
+    for name, why in result.get("waiting", {}).items():
+        print(f"left in the inbox, still being written? {name!r}: {why}")
+    if "batch_id" not in result:
+        print(result["status"])
+        return
+    per_client = ", ".join(f"client {c}: {n}" for c, n in result["per_client"].items())
+    print(f"batch {result['batch_id']}: {len(result['applied'])} request(s) applied, {result['deleted_ids']} sample "
+          f"IDs deleted{f' ({per_client})' if per_client else ''}")
+    print(f"data version {result['data_version_before']} -> {result['data_version_after']}")
+    print(erasure_line(result["erasure"]))
+    print(f"record: {result['record']}")
+
+
+def describe_batch(result: dict) -> str:
+    """What a processed batch did to the registry: the attempts, the version promoted, the receipt,
+    where the flow's time went."""
+    models = result["models"]
+    chosen = models["unlearned"]
+    chain = " -> ".join(f"{a['method']} ({a['verdict'] or a['note'] or 'not gated'})" for a in result["attempts"])
+    reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
+    timings = result["timings"]
+    return (f"attempts: {chain}\n"
+            f"alias current -> v{chosen['version']} ({result['method']}, {result['certificate']}){reference}\n"
+            f"receipt: {result['receipt']}\n"
+            f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "
+            f"evaluation), orchestration {timings['orchestration_seconds']:.1f} s "
+            f"({timings['orchestration_share']:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")

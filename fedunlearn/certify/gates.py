@@ -1,0 +1,224 @@
+"""The gates: whether an unlearned model version may become ``current``, each metric judged with
+its uncertainty (``evaluation.uncertainty``).
+
+Every check answers ``pass``, ``fail`` or ``inconclusive``: a metric measured on few samples —
+an attack AUC over 8 forgotten samples has an interval wider than ±0.2 — never fails on noise.
+``fail`` needs the evidence to exclude the limit at the level α (``alpha``, default 0.05, the
+false-reject rate for a model that meets the limit, e.g. an exact retrain); ``pass`` needs it to
+exclude the other side at the same level; anything in between is ``inconclusive``. The gate is
+``pass`` when every check passes, ``fail`` when one fails, and ``inconclusive`` otherwise —
+and only ``pass`` promotes (escalation handles the rest).
+
+Two policies, each also requiring a certificate class in ``allowed_certificates``:
+
+* **vs retrained reference** (one is registered on the batch's new data version): the unlearned
+  and the retrained model evaluated on the same samples — paired gaps of test and forget accuracy,
+  the paired gap of the membership attacks' AUC (DeLong), ``|gap| ≤ tolerance``;
+* **without reference**: the unlearned model keeps the source model's test accuracy (paired drop
+  ``≤ max_test_acc_drop``), and its forget set looks unseen — forget accuracy at most
+  ``max_forget_acc_excess`` above test accuracy (independent samples), every attack's AUC at most
+  ``max_mia_auc_excess`` above chance.
+
+A class request is judged on what class removal means: test accuracy on the remaining classes
+(not on all of them, which must drop), and the removed classes no longer recognised — at most
+``max_forgotten_class_acc`` of their test samples and of the forget set classified correctly (a
+retrained model, which never saw them, scores 0); against a reference, the paired gaps of those.
+
+With a backdoor (the original carried a trigger), ``max_backdoor_asr`` bounds the attack success
+rate in both policies. The membership attacks are three; the worst one is what a gate reports, so
+each is judged at α/3 (Bonferroni): choosing the worst does not raise the false-reject rate above α.
+A limit set to None switches its check off; a metric nobody measured is ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedunlearn.certify.certificate import GUARANTEES, NOT_CERTIFIED
+from fedunlearn.evaluation.records import Evaluation
+from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, Check, check_auc,
+                                               check_auc_gap, check_paired_proportion_gap, check_proportion,
+                                               judge_at_most, paired_proportion_difference_interval,
+                                               proportion_difference_interval)
+
+Guarantee = Enum("Guarantee", {g: g for g in GUARANTEES}, type=str)
+WITH_REFERENCE = "vs retrained reference"
+WITHOUT_REFERENCE = "without reference"
+
+
+class GateCheck(BaseModel):
+    """One check as the receipt records it; ``passed`` is ``verdict == "pass"``."""
+
+    name: str
+    value: float | str | None
+    limit: float | list[str] | None
+    passed: bool
+    verdict: str = PASS
+    interval: list[float] | None = None
+    n: int | None = None
+    alpha: float | None = None
+
+    @classmethod
+    def of(cls, check: Check) -> "GateCheck":
+        value = None if math.isnan(check.estimate) else check.estimate
+        return cls(name=check.name, value=value, limit=check.limit, passed=check.passed, verdict=check.verdict,
+                   interval=list(check.interval), n=check.n, alpha=check.alpha)
+
+
+class GateOutcome(BaseModel):
+    passed: bool
+    policy: str = Field(description=f"{WITH_REFERENCE!r} or {WITHOUT_REFERENCE!r}")
+    checks: list[GateCheck]
+    verdict: str = PASS
+
+    @classmethod
+    def of(cls, policy: str, checks: list[GateCheck]) -> "GateOutcome":
+        verdicts = {c.verdict for c in checks}
+        verdict = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+        return cls(passed=verdict == PASS, policy=policy, checks=checks, verdict=verdict)
+
+
+class Gates(BaseModel):
+    """Tolerances on the gaps to the retrained model; ``None`` switches a check off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_test_acc_gap: float | None = Field(0.02, ge=0, description="max |test_acc − retrain test_acc|")
+    max_forget_acc_gap: float | None = Field(0.05, ge=0, description="max |forget_acc − retrain forget_acc|")
+    max_mia_auc_gap: float | None = Field(0.05, ge=0, description="max |MIA AUC − retrain MIA AUC|")
+    max_backdoor_asr: float | None = Field(0.10, ge=0, le=1, description="max backdoor attack success rate "
+                                                                          "(when the original carried one)")
+    mia_metric: str = Field("mia_auc", description="the MIA figure reported (the worst of the attacks)")
+    alpha: float = Field(DEFAULT_ALPHA, gt=0, lt=0.5, description="false-reject rate of every check: the chance "
+                                                                 "that a model within the limits fails one")
+
+
+class PromotionGates(Gates):
+    """When an unlearned version may become ``current`` (module docstring): the tolerances against
+    a retrained reference, or — without one — the limits against the source model and chance."""
+
+    allowed_certificates: list[Guarantee] = Field(
+        default_factory=lambda: [Guarantee(g) for g in GUARANTEES if g != NOT_CERTIFIED],
+        description="certificate classes an unlearned version may be promoted with")
+    max_test_acc_drop: float | None = Field(0.02, ge=0, description="without reference: max source test_acc − "
+                                                                    "test_acc")
+    max_forget_acc_excess: float | None = Field(0.05, ge=0, description="without reference: max forget_acc − "
+                                                                        "test_acc")
+    max_mia_auc_excess: float | None = Field(0.05, ge=0, description="without reference: max MIA AUC − 0.5")
+    max_forgotten_class_acc: float | None = Field(0.15, ge=0, le=1, description="class requests: max accuracy on the "
+                                                  "removed classes' test samples and forget set (retrain: 0)")
+
+
+def _unmeasured(name: str, limit: float) -> GateCheck:
+    return GateCheck(name=name, value=None, limit=limit, passed=False, verdict=INCONCLUSIVE)
+
+
+def _worst_attack(name: str, checks: list[Check]) -> GateCheck:
+    """One gate check from the per-attack checks: the highest estimate, the worst verdict."""
+    worst = max(checks, key=lambda c: c.estimate)
+    verdicts = {c.verdict for c in checks}
+    verdict = FAIL if FAIL in verdicts else PASS if verdicts == {PASS} else INCONCLUSIVE
+    return GateCheck.of(worst).model_copy(update={"name": name, "verdict": verdict, "passed": verdict == PASS})
+
+
+def _attacks(candidate: Evaluation) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {name: (a.member_scores, a.nonmember_scores) for name, a in candidate.evidence.attacks.items()
+            if a.member_scores is not None and len(a.member_scores)}
+
+
+def with_reference(candidate: Evaluation, reference: Evaluation, gates: Gates) -> list[GateCheck]:
+    """The checks against the retrained model on the same samples."""
+    mine, theirs = candidate.evidence.correct, reference.evidence.correct
+    test = "remaining_classes_test" if "remaining_classes_test" in mine else "test"
+    checks = []
+    for key, limit in ((test, gates.max_test_acc_gap), ("forget", gates.max_forget_acc_gap)):
+        if limit is None:
+            continue
+        name = f"abs_gap_{key}_acc"
+        if len(mine.get(key, [])) and len(theirs.get(key, [])):
+            checks.append(GateCheck.of(check_paired_proportion_gap(name, mine[key], theirs[key], limit,
+                                                                   alpha=gates.alpha)))
+        else:
+            checks.append(_unmeasured(name, limit))
+    if gates.max_mia_auc_gap is not None:
+        name, attacks, reference_attacks = f"abs_gap_{gates.mia_metric}", _attacks(candidate), _attacks(reference)
+        shared = [a for a in attacks if a in reference_attacks]
+        per_attack = [check_auc_gap(name, *attacks[a], *reference_attacks[a], gates.max_mia_auc_gap, paired=True,
+                                    alpha=gates.alpha / len(shared)) for a in shared]
+        checks.append(_worst_attack(name, per_attack) if per_attack else _unmeasured(name, gates.max_mia_auc_gap))
+    return checks
+
+
+def without_reference(candidate: Evaluation, source: Evaluation, gates: PromotionGates) -> list[GateCheck]:
+    """The checks against the source model and chance (module docstring)."""
+    mine, alpha = candidate.evidence.correct, gates.alpha
+    class_removal = "forgotten_classes_test" in mine
+    test = "remaining_classes_test" if class_removal else "test"
+    checks = []
+    if gates.max_test_acc_drop is not None:
+        name = f"{test}_acc_drop_vs_source"
+        before, after = source.evidence.correct.get(test, np.zeros(0, bool)), mine.get(test, np.zeros(0, bool))
+        if len(before) and len(before) == len(after):
+            drop = judge_at_most(name, float(before.mean() - after.mean()),
+                                 lambda level: paired_proportion_difference_interval(before, after, confidence=level),
+                                 gates.max_test_acc_drop, n=len(after), method="newcombe-paired", alpha=alpha)
+            checks.append(GateCheck.of(drop))
+        else:
+            checks.append(_unmeasured(name, gates.max_test_acc_drop))
+    if class_removal:
+        if gates.max_forgotten_class_acc is not None:
+            for key in ("forgotten_classes_test", "forget"):
+                hits = mine.get(key, [])
+                checks.append(GateCheck.of(check_proportion(f"{key}_acc", int(np.sum(hits)), len(hits),
+                                                            gates.max_forgotten_class_acc, alpha=alpha / 2))
+                              if len(hits) else _unmeasured(f"{key}_acc", gates.max_forgotten_class_acc))
+    elif gates.max_forget_acc_excess is not None:
+        name, forget, test_hits = "forget_acc_minus_test_acc", mine.get("forget", []), mine.get("test", [])
+        if len(forget) and len(test_hits):
+            k_f, n_f, k_t, n_t = int(np.sum(forget)), len(forget), int(np.sum(test_hits)), len(test_hits)
+            excess = judge_at_most(name, k_f / n_f - k_t / n_t,
+                                   lambda level: proportion_difference_interval(k_f, n_f, k_t, n_t, confidence=level),
+                                   gates.max_forget_acc_excess, n=n_f + n_t, method="newcombe-hybrid-score",
+                                   alpha=alpha)
+            checks.append(GateCheck.of(excess))
+        else:
+            checks.append(_unmeasured(name, gates.max_forget_acc_excess))
+    if gates.max_mia_auc_excess is not None:
+        name, attacks = "mia_auc_minus_chance", _attacks(candidate)
+        per_attack = [check_auc(name, *scores, 0.5 + gates.max_mia_auc_excess, alpha=alpha / len(attacks))
+                      for scores in attacks.values()]
+        check = _worst_attack(name, per_attack) if per_attack else _unmeasured(name, gates.max_mia_auc_excess)
+        if per_attack:  # reported as the excess over chance, like its limit
+            check = check.model_copy(update={"value": check.value - 0.5, "limit": gates.max_mia_auc_excess,
+                                             "interval": [b - 0.5 for b in check.interval]})
+        checks.append(check)
+    return checks
+
+
+def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
+    hits = candidate.evidence.backdoor_hits
+    if hits is None or gates.max_backdoor_asr is None:
+        return []
+    return [GateCheck.of(check_proportion("bd_asr", int(hits.sum()), len(hits), gates.max_backdoor_asr,
+                                          alpha=gates.alpha))]
+
+
+def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
+          gates: PromotionGates) -> GateOutcome:
+    """The gate outcome of an unlearned model: against ``reference`` when there is one, else
+    against ``source`` and chance; the certificate class in both."""
+    allowed = [g.value for g in gates.allowed_certificates]
+    checks = [GateCheck(name="certificate", value=certificate, limit=allowed, passed=certificate in allowed,
+                        verdict=PASS if certificate in allowed else FAIL)]
+    if reference is not None:
+        policy, checks = WITH_REFERENCE, checks + with_reference(candidate, reference, gates)
+    else:
+        policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates)
+    return GateOutcome.of(policy, checks + backdoor_check(candidate, gates))
+
+
+__all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge"]

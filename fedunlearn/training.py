@@ -1,0 +1,137 @@
+"""The one trainer: a scenario's federation loaded from a data version and trained from scratch,
+for every setting, by the same code the benchmark, ``train-federated`` and ``retrain-reference``
+call — so a figure in docs/BENCHMARKS.md describes what the pipeline runs.
+
+    load_federation ─▶ train ─▶ TrainedModel (state, node states, cost)
+
+* HFL: FedAvg (``federation.fedavg``); each round's client updates go through the federation's
+  ``map_updates`` hook — inline here, one Prefect task run per client update in the flows.
+* VFL: split-NN (``federation.vertical``); an epoch of every party's mini-batch steps is one unit
+  of work through the same hook (a split-NN step needs every party's embedding, so the parties'
+  updates within an epoch are sequential by construction).
+* DFL: D-PSGD (``federation.dpsgd``); one round of every node's local steps and mixing is one
+  unit (the nodes exchange models after every step).
+
+The cost is PUF Appendix B's (FLOPs and bytes) and the wall time of training alone: the time a
+caller spends in ``on_round`` (evaluating, logging) is left out — watching is not training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fedunlearn.config import Params
+from fedunlearn.data.store import load_horizontal
+from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.federation.dpsgd import average_state
+from fedunlearn.federation.local import State
+from fedunlearn.federation.protocol import Federation
+from fedunlearn.federation.topology import build_topology
+from fedunlearn.federation.vertical import VerticalState, load_vertical
+from fedunlearn.unlearning.base import FederatedState, fedavg_rounds
+from fedunlearn.unlearning.certified_dfu import precompute_statistics
+from fedunlearn.unlearning.dfl_retrain import DecentralizedState, dpsgd_rounds
+from models import build_model
+
+
+@dataclass
+class TrainingRound:
+    """What ``on_round`` sees after each round (HFL, DFL) or epoch (VFL), numbered from 1:
+    the model (per-party states for VFL, the nodes' average for DFL) and its training loss."""
+
+    round: int
+    state: State
+    train_loss: float
+
+
+@dataclass
+class TrainedModel:
+    """``state`` is what a federation's ``state`` holds: the global model (HFL), one state per party
+    (VFL) or the nodes' average (DFL, whose local models are ``node_states``)."""
+
+    state: State
+    cost: CostRecord
+    history: list[dict[str, Any]] = field(default_factory=list)
+    node_states: list[State | None] | None = None
+
+
+def load_federation(scenario: str, params: Params, root: Path, device: torch.device) -> Federation:
+    """The scenario's federation on the data version in ``root``, with untrained (initial) weights."""
+    cfg = params.scenario(scenario)
+    if cfg.setting == "vfl":
+        federation = load_vertical(scenario, root, device, config=cfg.train, seed=params.seed)
+        return VerticalState.from_federation(federation, federation.initial_state())
+    partition = load_horizontal(scenario, root)
+    fed_state = FederatedState.from_partition(
+        partition, model_fn=lambda: build_model(cfg.model, partition.input_shape, partition.num_classes, l2=cfg.l2),
+        state={}, train_config=cfg.train, seed=params.seed, device=device, setting=cfg.setting)
+    if cfg.setting == "dfl":
+        return DecentralizedState.from_federation(fed_state, build_topology(cfg.topology, len(fed_state.clients),
+                                                                              params.seed))
+    return fed_state
+
+
+class _Watcher:
+    """Forwards each round to ``on_round`` and keeps the seconds it took, to leave out of the cost."""
+
+    def __init__(self, on_round: Callable[[TrainingRound], None] | None):
+        self.on_round, self.seconds = on_round, 0.0
+
+    def __call__(self, number: int, state: State, loss: float) -> None:
+        if self.on_round is not None:
+            start = time.perf_counter()
+            self.on_round(TrainingRound(number, state, loss))
+            self.seconds += time.perf_counter() - start
+
+    def record(self, phase: str, round_idx: int, state: State, train_loss: float = float("nan")) -> None:
+        """The ``Monitor`` interface the setting's round loops call."""
+        self(round_idx, state, train_loss)
+
+
+def train(federation: Federation, *, on_round: Callable[[TrainingRound], None] | None = None) -> TrainedModel:
+    """Train ``federation``'s model from the seeded initial weights on all its clients' data for the
+    configured rounds."""
+    watcher = _Watcher(on_round)
+    start = time.perf_counter()
+    node_states = None
+    if isinstance(federation, VerticalState):
+        engine = federation.engine()
+        before = engine.meter()
+        result = engine.fit(on_epoch=watcher, map_updates=federation.map_updates)
+        state, cost = result.state, federation.cost_since(before)
+    elif isinstance(federation, DecentralizedState):
+        node_states, cost = dpsgd_rounds(federation, federation.clients, state=None,
+                                         rounds=federation.train_config.rounds, first_round=0, phase="train",
+                                         monitor=watcher)
+        state = average_state(node_states)
+    else:
+        state, cost = fedavg_rounds(federation, federation.clients, state=None, rounds=federation.train_config.rounds,
+                                    first_round=0, phase="train", monitor=watcher)
+    wall = time.perf_counter() - start - watcher.seconds
+    return TrainedModel(state, dataclasses.replace(cost, wall_seconds=wall), node_states=node_states)
+
+
+def trained(federation: Federation, model: TrainedModel) -> Federation:
+    """``federation`` holding ``model`` (and, for DFL, its local models)."""
+    if isinstance(federation, DecentralizedState):
+        return dataclasses.replace(federation, state=model.state, node_states=model.node_states)
+    return dataclasses.replace(federation, state=model.state)
+
+
+def prepare_unlearning(federation: Federation) -> dict[str, float]:
+    """One-off work after training that every later request reuses; returns its seconds by name.
+    DFL: each node's curvature statistic at the trained model (Step 4 of the certified
+    decentralized unlearning paper), stored in the federation for every method."""
+    if not isinstance(federation, DecentralizedState):
+        return {}
+    return {"curvature_statistics_seconds": precompute_statistics(federation)}
+
+
+__all__ = ["TrainedModel", "TrainingRound", "load_federation", "prepare_unlearning",
+           "train", "trained"]

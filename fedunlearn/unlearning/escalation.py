@@ -1,0 +1,82 @@
+"""Escalation: what a deletion batch tries, in order, until a version passes its gates — so that
+no batch ends with the serving model on deleted data, and no version that kept it is promoted.
+
+    the method (the setting's default or the one chosen) ─▶ the same method, stronger
+    ─▶ another method for the setting and request kind ─▶ exact retrain
+
+Exact retrain is the last step of every policy: retrained from scratch on the retained data it
+holds nothing of the deleted samples by construction, so it needs no gate. A policy is a list of
+``Attempt``s (a form in the Prefect UI); the default one is built by ``default_policy``. Every
+attempt is registered (or logged) and the receipt lists the chain.
+
+"Stronger" settings (``STRONGER``), per method — each moves further along the method's own
+forgetting direction, at more cost:
+
+* puf-special / puf-regular: twice the unlearning step η_u and two unlearning epochs;
+* ga: twice the ascent epochs; hf-kcu: the federation's curvature, 20 CG steps, no β cap;
+* fedora: twice the iterations and ω = 4 (the paper's ω = 2 doubled);
+* certified-dfu: 16 Newton steps (a smaller residual, so more of the budget is left).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedunlearn.unlearning.registry import available_methods, get_method_class
+
+EXACT_RETRAIN_METHOD = "retrain"
+DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
+STRONGER: dict[str, dict[str, Any]] = {
+    "puf-special": {"eta_u": 4.0, "unlearn_epochs": 2},
+    "puf-regular": {"eta_u": 40.0, "unlearn_epochs": 2},
+    "ga": {"epochs": 10},
+    "hf-kcu": {"hessian": "federation", "cg_iterations": 20, "beta": None},
+    "fedora": {"iterations": 120, "omega": 4.0},
+    "certified-dfu": {"newton_steps": 16},
+}
+# The other method tried per setting, first one supporting the request kind wins.
+FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
+
+
+class Attempt(BaseModel):
+    """One step of a policy: a registered method name and its hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = Field(description="a registered unlearning method, or 'retrain' (exact retrain: the last step)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the method's hyperparameters")
+
+    @property
+    def exact(self) -> bool:
+        return self.method == EXACT_RETRAIN_METHOD
+
+
+def default_method(setting: str) -> str:
+    return DEFAULT_METHODS[setting]
+
+
+def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
+    """``first`` → ``first`` stronger (if the method has a stronger setting) → the setting's
+    fallback method supporting ``kind`` → exact retrain."""
+    if first.exact:
+        return [first]
+    get_method_class(first.method, setting).check_supported(setting, kind)
+    policy = [first]
+    if first.method in STRONGER:
+        policy.append(Attempt(method=first.method, options={**first.options, **STRONGER[first.method]}))
+    supported = set(available_methods(setting, kind))
+    fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
+    if fallback is not None:
+        policy.append(Attempt(method=fallback))
+    return policy + [Attempt(method=EXACT_RETRAIN_METHOD)]
+
+
+def checked_policy(setting: str, kind: str, policy: list[Attempt]) -> list[Attempt]:
+    """A policy given in the form: every method exists and supports the setting and kind, and it
+    ends with exact retrain (added when missing) — no batch can run out of steps."""
+    for attempt in policy:
+        if not attempt.exact:
+            get_method_class(attempt.method, setting).check_supported(setting, kind)
+    return policy if policy and policy[-1].exact else [*policy, Attempt(method=EXACT_RETRAIN_METHOD)]

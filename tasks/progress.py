@@ -1,0 +1,65 @@
+"""The one resume point of ``process-deletions``: which batch a run owes, and how far it got.
+
+A batch is owed until its receipt is written. How far it got is read from the stores, never
+from a run's memory: the journal (``BatchRecord.status``) says whether its ingest steps are done;
+the registry says which of its attempts are registered (versions tagged ``batch_id`` and
+``attempt``); the receipt says it is done. A run killed anywhere is picked up by the next one
+from exactly there: unfinished ingest steps run, registered attempts are read back (their
+weights, not a new draw), the next attempt runs, the receipt is written.
+
+A batch applied without unlearning (``fedunlearn ingest``) is owed too — unless a model was
+registered on its data version since by something else than the batch (``fedunlearn retrain``):
+then nothing is owed. It can be
+unlearned only from a version on the data before it, while the DVC cache still holds that data.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from fedunlearn.errors import BatchCannotSucceed
+from fedunlearn.receipts import read_receipt
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
+from tasks.models import SOURCE_ALIASES
+from tasks.workspace import Workspace, cached
+
+
+def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int, object]:
+    """The batch's registered attempts (unlearned versions and, for an exact retrain, the retrained
+    version tagged with the batch), by attempt number."""
+    found = {}
+    for version in ws.registry.versions(scenario, batch_id=batch_id):
+        if "attempt" in version.tags:
+            found[int(version.tags["attempt"])] = version
+    return found
+
+
+@task(name="find-owed-batch", cache_policy=NO_CACHE)
+def owed_batch(ws: Workspace, scenario: str) -> BatchRecord | None:
+    """The batch of ``scenario`` a run must finish before taking new requests, or None."""
+    records = [r for r in load_records(ws.folders) if r.scenario == scenario]
+    unfinished = [r for r in records if r.status is not BatchStatus.COMPLETE]
+    if unfinished:
+        return unfinished[0]
+    if not records or read_receipt(ws.root, records[-1].batch_id) is not None:
+        return None
+    last, current = records[-1], ws.data_version(scenario)
+    if last.data_version_after != current:
+        return None
+    if ws.registry.versions(scenario, batch_id=last.batch_id):
+        return last  # killed after registering a version for it: the resumed batch goes on to its receipt
+    registered = {alias: v for alias in SOURCE_ALIASES if (v := ws.registry.by_alias(scenario, alias)) is not None}
+    on = {alias: v.tags.get("data_version") for alias, v in registered.items()}
+    if current in on.values():
+        return None  # a model was registered on the current data (e.g. `fedunlearn retrain`): nothing owed
+    if last.data_version_before in on.values() and cached(ws.root, last.data_version_before):
+        return last
+    listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
+    raise BatchCannotSucceed(
+        f"the data of {scenario} moved on to data version {current} (batch {last.batch_id}, applied without "
+        f"unlearning) and no registered model can be unlearned to it: " +
+        ("the data before that batch is no longer in the DVC cache (purged)" if last.data_version_before in on.values()
+         else f"no version is on the data before it ({listing or 'none registered'})") +
+        f". Register a model on the current data version with `fedunlearn retrain --scenario {scenario}`, then run "
+        f"`fedunlearn process --scenario {scenario}` again")

@@ -1,0 +1,57 @@
+"""Prefect tasks that write what a batch did: the receipt (a file, an MLflow artifact of the
+promoted version's run, Prefect artifacts of the flow run) and the registry's comparison table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from fedunlearn.benchmark.report import markdown_table
+from fedunlearn.receipts import Receipt
+from fedunlearn.receipts import write_receipt as write_receipt_file
+from tasks.workspace import Workspace
+
+COMPARE_KEYS = ("version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc", "mia_auc",
+                "certificate", "wall_seconds", "flops", "comm_bytes")
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or value != value else value
+
+
+@task(name="write-receipt", cache_policy=NO_CACHE)
+def write_receipt(ws: Workspace, receipt: Receipt) -> Path:
+    """``data/receipts/<batch_id>.json``, the same file on the promoted version's run, and two
+    Prefect artifacts of the flow run: the receipt in markdown and the models as a table."""
+    path = write_receipt_file(ws.root, receipt)
+    if receipt.models.get("unlearned") is not None:
+        ws.registry.log_artifact(receipt.models["unlearned"].run_id, path, "receipt")
+    create_markdown_artifact(key="deletion-receipt", markdown=receipt.markdown(),
+                             description=f"receipt of deletion batch {receipt.batch_id}")
+    table = [{"model": name, "version": ref.version, "role": ref.role, "data_version": ref.data_version,
+              **{key: _finite(value) for key, value in receipt.metrics.get(name, {}).items()}}
+             for name, ref in receipt.models.items() if ref is not None and name in receipt.metrics]
+    create_table_artifact(key="deletion-batch-models", table=table,
+                          description=f"models of deletion batch {receipt.batch_id}")
+    return path
+
+
+def comparison(ws: Workspace, scenario: str) -> tuple[list[dict[str, Any]], str]:
+    """Every registered version of ``scenario`` side by side (rows and the markdown table), also
+    logged as artifacts (``comparison.md``, ``comparison.json``) of a run in the experiment
+    ``<scenario>-comparisons``, apart from the versions' own runs."""
+    rows = ws.registry.table(scenario)
+    keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure") if any(row.get(k) for row in rows))
+    table = markdown_table(rows, keys)
+    registry = ws.registry
+    run_id = registry.start_run(f"{scenario}-comparisons", f"compare {scenario}", {"versions": len(rows)},
+                                {"role": "comparison", "scenario": scenario})
+    registry.log_text(run_id, table, "comparison.md")
+    registry.log_text(run_id, json.dumps(rows, indent=2, default=str), "comparison.json")
+    registry.end_run(run_id)
+    return rows, table
