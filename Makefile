@@ -24,7 +24,9 @@ demo: $(STAMP)
 serve: $(STAMP)
 	scripts/serve.sh
 
+# The layer contracts first (import-linter, [tool.importlinter] in pyproject.toml), then the suite.
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=10
 
 # The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input

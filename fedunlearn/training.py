@@ -28,7 +28,7 @@ import torch
 
 from fedunlearn.config import Params
 from fedunlearn.data.store import load_horizontal
-from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State
 from fedunlearn.federation.protocol import Federation

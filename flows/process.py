@@ -33,7 +33,7 @@ from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space)
-from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.evaluation.evaluator import evaluation_sets
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
@@ -53,7 +53,7 @@ from tasks.data import load_data
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import backdoor_ids, find_reference, load_source_model, register_version, remove_alias
 from tasks.progress import attempts_registered
-from tasks.receipts import write_receipt
+from tasks.receipts import publish_receipt, write_receipt
 from tasks.registry import ModelWeights, RegisteredModel
 from tasks.requests import capture_fingerprints, scan_stores, submit_requests
 from tasks.timing import FlowClock
@@ -136,6 +136,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         with stage(record, "alias and receipt"):
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                                 outcome=outcome)
+            publish_receipt(receipt)
     print(receipt.markdown())
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
@@ -208,8 +209,6 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     reference_eval = None
     if reference is not None:
         reference_eval = evaluate(evaluator, "retrained", federation.model_from(reference.state))
-        ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": reference_eval.forget_acc,
-                                                       "mia_auc": reference_eval.mia_auc})
 
     attempts, certificate, cost = [], {}, CostRecord()
     for number, attempt in enumerate(policy):
@@ -249,6 +248,9 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
                                  attempt.method, gate.verdict)
     reference_metrics = None
     if reference is not None:
+        # Its training run could not know the forget set (it logged NaN): the batch's figures.
+        ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": reference_eval.forget_acc,
+                                                       "mia_auc": reference_eval.mia_auc})
         reference_metrics = VersionMetrics.of(reference_eval, CostRecord(
             reference.metrics.get("wall_seconds", math.nan), reference.metrics.get("flops", math.nan),
             int(reference.metrics.get("comm_bytes", 0) or 0)))

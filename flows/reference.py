@@ -15,7 +15,6 @@ from prefect import flow
 
 from flows.train import train_federated
 from tasks.data import reproduce_data
-from tasks.models import find_reference
 from tasks.workspace import Workspace
 
 
@@ -27,12 +26,12 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
     deterministic for a seed, so a second one would be the same model)."""
     ws = Workspace.open(root)
     data_version = reproduce_data(ws, scenario)
-    existing = find_reference(ws, scenario, data_version)
-    if existing is not None:
-        ws.registry.set_alias(scenario, "retrained", existing.ref.version)
-        print(f"data version {data_version} already has its reference: {scenario} v{existing.ref.version}")
-        return {"scenario": scenario, "data_version": data_version, "model_version": existing.ref.version,
-                "reused": True}
+    existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)
+    if existing:
+        version = str(existing[-1].version)
+        ws.registry.set_alias(scenario, "retrained", version)
+        print(f"data version {data_version} already has its reference: {scenario} v{version}")
+        return {"scenario": scenario, "data_version": data_version, "model_version": version, "reused": True}
     result = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
                              batch_id=batch_id)
     return {**result, "reused": False}

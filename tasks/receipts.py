@@ -26,11 +26,16 @@ def _finite(value: float | None) -> float | None:
 
 @task(name="write-receipt", cache_policy=NO_CACHE)
 def write_receipt(ws: Workspace, receipt: Receipt) -> Path:
-    """``data/receipts/<batch_id>.json``, the same file on the promoted version's run, and two
-    Prefect artifacts of the flow run: the receipt in markdown and the models as a table."""
+    """``data/receipts/<batch_id>.json`` and the same file on the promoted version's run."""
     path = write_receipt_file(ws.root, receipt)
     if receipt.models.get("unlearned") is not None:
         ws.registry.log_artifact(receipt.models["unlearned"].run_id, path, "receipt")
+    return path
+
+
+@task(name="publish-receipt", cache_policy=NO_CACHE)
+def publish_receipt(receipt: Receipt) -> None:
+    """Two Prefect artifacts of the batch's flow run: the receipt in markdown, the models as a table."""
     create_markdown_artifact(key="deletion-receipt", markdown=receipt.markdown(),
                              description=f"receipt of deletion batch {receipt.batch_id}")
     table = [{"model": name, "version": ref.version, "role": ref.role, "data_version": ref.data_version,
@@ -38,7 +43,6 @@ def write_receipt(ws: Workspace, receipt: Receipt) -> Path:
              for name, ref in receipt.models.items() if ref is not None and name in receipt.metrics]
     create_table_artifact(key="deletion-batch-models", table=table,
                           description=f"models of deletion batch {receipt.batch_id}")
-    return path
 
 
 def comparison(ws: Workspace, scenario: str) -> tuple[list[dict[str, Any]], str]:

@@ -207,4 +207,6 @@ class Workspace:
         return batch_lock(self.folders, timeout, rerun)
 
     def relative(self, path: Path) -> str:
-        return Path(path).resolve().relative_to(self.root).as_posix()
+        """``path`` relative to the workspace; a symbolic link is not resolved (a quarantined link
+        stays where it is, whatever it points at)."""
+        return Path(os.path.abspath(path)).relative_to(self.root).as_posix()

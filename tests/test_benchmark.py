@@ -142,7 +142,7 @@ def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first
     import dataclasses
 
     from fedunlearn.benchmark.runner import run_method
-    from fedunlearn.evaluation.cost import CostRecord
+    from fedunlearn.federation.cost import CostRecord
     from fedunlearn.unlearning.base import Outcome
 
     @dataclasses.dataclass

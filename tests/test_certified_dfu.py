@@ -384,7 +384,7 @@ def test_a_bound_that_does_not_fit_retrains_and_starts_a_new_sum(breast_cancer_o
 
 @pytest.fixture
 def float64_default():
-    """Models, data and the FLOP probe (evaluation/cost.py follows the default dtype) in float64."""
+    """Models, data and the FLOP probe (federation/cost.py follows the model dtype) in float64."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     yield

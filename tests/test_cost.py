@@ -3,7 +3,7 @@
 import pytest
 from torch import nn
 
-from fedunlearn.evaluation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
+from fedunlearn.federation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
                                         training_flops)
 
 

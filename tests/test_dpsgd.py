@@ -11,7 +11,7 @@ from fedunlearn.config import Params, TrainConfig
 from fedunlearn.data.datasets import load_source
 from fedunlearn.data.partition import assign_iid, holdout_mask
 from fedunlearn.data.store import PARTITIONS_DIR, load_horizontal, partition_scenario, prepare_dataset
-from fedunlearn.evaluation.cost import communication_bytes
+from fedunlearn.federation.cost import communication_bytes
 from fedunlearn.federation.dpsgd import DPSGD, average_state
 from fedunlearn.federation.local import Tensors, objective
 from fedunlearn.federation.topology import Topology, ring

@@ -19,11 +19,9 @@ For each pair:
    ``cpu``: the CUDA case runs where a GPU is present and is skipped elsewhere. HFL and DFL also
    run in float64, the way the project runs float64 models (``torch.set_default_dtype``, as
    tests/test_certified_dfu.py does); VFL parties always hold float32 features
-   (``federation.vertical.Party``), so VFL is float32 only. A ``model_fn`` that returns a
-   float64 model while the default dtype is float32 is a known failure, reported as xfail while
-   it lasts and checked like the rest once fixed: the FLOP probe of evaluation/cost.py feeds the
-   model an input of the default dtype (``KNOWN_FLOP_PROBE_BUG``). ``unlearn`` leaves its
-   inputs untouched: the trained state, the clients' data and the batch;
+   (``federation.vertical.Party``), so VFL is float32 only; a ``model_fn`` that returns a
+   float64 model while the default dtype is float32 works too (the FLOP probe of
+   federation/cost.py follows the model's dtype). ``unlearn`` leaves its inputs untouched: the trained state, the clients' data and the batch;
 4. the cost record — finite ``wall_seconds`` >= 0, finite ``flops`` >= 0, integer
    ``comm_bytes`` >= 0;
 5. the certificate — ``certificate_for(method, outcome)`` claims the method's declared class and
@@ -45,7 +43,6 @@ import json
 import math
 import numbers
 import re
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -126,8 +123,6 @@ FLOAT64_CASES = [pytest.param(name, setting, kind, precision, id=f"{name}-{setti
                  for name, setting, kind in CASES if setting != "vfl" for precision in ("float64", "float64-model")
                  if precision == "float64" or kind == min(get_method_class(name, setting).request_kinds,
                                                           key=lambda k: (k != "sample", k))]
-KNOWN_FLOP_PROBE_BUG = ("evaluation/cost.py flops_per_sample probes the model with an input of the default dtype, "
-                        "not the model's: a model_fn returning a float64 model under a float32 default fails")
 
 
 # --- tiny federations, one per setting ----------------------------------------------------------------
@@ -415,16 +410,7 @@ def test_outcome_tensors_are_on_the_federation_device_with_the_model_dtype(runs,
 
 @pytest.mark.parametrize(("name", "setting", "kind", "precision"), FLOAT64_CASES)
 def test_a_float64_model_stays_float64(runs, name, setting, kind, precision):
-    known_bug = False
-    try:
-        fed_state, _, outcome = runs.outcome(name, setting, kind, precision=precision)
-    except RuntimeError as error:  # only the known bug is excused; anything else fails
-        frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
-        known_bug = precision == "float64-model" and "flops_per_sample" in frames and "same dtype" in str(error)
-        if not known_bug:
-            raise
-    if known_bug:  # outside the except block: no chained torch traceback for pytest to render
-        pytest.xfail(KNOWN_FLOP_PROBE_BUG)
+    fed_state, _, outcome = runs.outcome(name, setting, kind, precision=precision)
     check_placement(fed_state, outcome, precision)
 
 

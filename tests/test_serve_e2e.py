@@ -137,8 +137,31 @@ def drain_prefect_workers() -> None:
     EventsWorker.drain_all(timeout=30)
 
 
-def test_a_batch_run_through_the_prefect_api_registers_unlearned_and_retrained_versions(workspace, services):
+def check_batch(workspace: Path, scenario: str, receipt) -> dict:
+    """The registry after a batch, as its receipt records it: every attempt registered once with its
+    batch and number, the chain ending in the version that passed (or in exact retrain), alias
+    ``current`` on that version — a version of the batch's new data version."""
     from mlflow import MlflowClient
+
+    from tasks.registry import tracking_uri
+
+    registry = MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
+    versions = {str(v.version): v for v in registry.search_model_versions(f"name='{scenario}'")}
+    for attempt in receipt.attempts:
+        version = versions[attempt.version.version]
+        assert version.tags["attempt"] == str(attempt.attempt) and version.tags["batch_id"] == receipt.batch_id
+        assert version.tags["data_version"] == receipt.data_version_after
+    assert all(not a.passed for a in receipt.attempts[:-1]) and receipt.attempts[-1].passed
+    current = registry.get_model_version_by_alias(scenario, "current")
+    assert str(current.version) == receipt.attempts[-1].version.version == receipt.models["current"].version
+    assert current.tags["data_version"] == receipt.data_version_after and receipt.promoted
+    return versions
+
+
+def test_batches_of_every_setting_run_through_the_prefect_api(workspace, services):
+    """HFL (digits-hfl, PUF-Special first), VFL (wine-vfl, a class request, FedORA first) and DFL
+    (breast_cancer-dfl-ring, samples at three nodes, certified DFU first), each a deployment run
+    as the UI's Run button starts it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.deployments import run_deployment
@@ -149,48 +172,53 @@ def test_a_batch_run_through_the_prefect_api_registers_unlearned_and_retrained_v
     from fedunlearn.receipts import read_receipt
     from flows.serve import BATCH_DEPLOYMENT
     from flows.train import train_federated
-    from tasks.tracking import tracking_uri
 
     api, server = start_prefect(services)
     services.wait_for(f"{api}/health", server)
     deployments = serve_deployments(services, workspace)
+    runs = {}
     with temporary_settings(updates={PREFECT_API_URL: api}):
-        train_federated(scenario=SCENARIO, root=str(workspace), client_tasks=False)  # the original, meanwhile
+        for scenario in (SCENARIO, "wine-vfl", "breast_cancer-dfl-ring"):  # the originals, meanwhile
+            train_federated(scenario=scenario, root=str(workspace), client_tasks=False)
         ids = load_horizontal(SCENARIO, workspace).clients[2].sample_ids[:10].tolist()
         assert main(["--root", str(workspace), "request", "samples", "--scenario", SCENARIO, "--ids", *ids]) == 0
+        assert main(["--root", str(workspace), "request", "class", "--scenario", "wine-vfl", "--label", "1"]) == 0
+        nodes = load_horizontal("breast_cancer-dfl-ring", workspace).clients
+        dfl_ids = [i for c in range(3) for i in nodes[c].sample_ids[:3].tolist()]
+        assert main(["--root", str(workspace), "request", "samples", "--scenario", "breast_cancer-dfl-ring",
+                     "--ids", *dfl_ids]) == 0
 
         deployment = wait_for_deployment(f"process-deletions/{BATCH_DEPLOYMENT}", deployments)
         schema = deployment.parameter_openapi_schema
         assert "puf-special" in schema["definitions"]["MethodChoice"]["enum"]  # the UI's form: a select
-        assert {"requests", "gates", "retrain_reference"} <= set(schema["properties"])
+        assert {"requests", "gates", "retrain_reference", "escalation"} <= set(schema["properties"])
         assert deployment.parameters == {"root": str(workspace), "scenario": SCENARIO}
         assert deployment.schedules[0].schedule.cron == "0 3 * * *" and not deployment.paused
 
-        run = run_deployment(f"process-deletions/{BATCH_DEPLOYMENT}", parameters={"retrain_reference": True},
-                             timeout=240, poll_interval=2)
-        assert run.state.is_completed(), f"{run.state}\n{services.logs()}"
+        for scenario, parameters in ((SCENARIO, {"retrain_reference": True}), ("wine-vfl", {}),
+                                     ("breast_cancer-dfl-ring", {})):
+            runs[scenario] = run_deployment(f"process-deletions/{BATCH_DEPLOYMENT}",
+                                            parameters={"scenario": scenario, **parameters}, timeout=300,
+                                            poll_interval=2)
+            assert runs[scenario].state.is_completed(), f"{scenario}: {runs[scenario].state}\n{services.logs()}"
         with get_client(sync_client=True) as client:
-            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            artifacts = client.read_artifacts(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[SCENARIO].id])))
             assert client.read_concurrency_limit_by_tag("gpu").concurrency_limit == 1
-
-    registry = MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
-    versions = {v.tags["role"]: v for v in registry.search_model_versions(f"name='{SCENARIO}'")}
-    assert sorted(versions) == ["original", "retrained", "unlearned"]
-    unlearned = versions["unlearned"]
-    receipt = read_receipt(workspace, unlearned.tags["batch_id"])
-    assert receipt is not None, services.logs()
-    assert receipt.request_ids and receipt.forgotten_per_client == {"2": 10}
-    assert unlearned.tags["method"] == receipt.method == "puf-special"
-    assert unlearned.tags["certificate"] == receipt.certificate["guarantee"]
-    assert unlearned.tags["data_version"] == versions["retrained"].tags["data_version"] == receipt.data_version_after
-    assert versions["original"].tags["data_version"] == receipt.data_version_before
-    assert {role: str(v.version) for role, v in versions.items()} == {
-        role: receipt.models[name].version for role, name in (("original", "original"), ("unlearned", "unlearned"),
-                                                              ("retrained", "retrained"))}
-    aliases = registry.get_registered_model(SCENARIO).aliases
-    expected = {"original": versions["original"].version, "retrained": versions["retrained"].version,
-                **({"current": unlearned.version} if receipt.gates.passed else {})}
-    assert {alias: str(v) for alias, v in aliases.items()} == {alias: str(v) for alias, v in expected.items()}
-    assert receipt.promoted == receipt.gates.passed and receipt.gates.policy == "vs retrained reference"
     assert {(a.key, a.type) for a in artifacts} >= {("deletion-receipt", "markdown"),
                                                     ("deletion-batch-models", "table")}
+
+    receipts = {}
+    for scenario in runs:
+        [path] = [p for p in (workspace / "data/receipts").glob("*.json")
+                  if f'"scenario": "{scenario}"' in p.read_text()]
+        receipts[scenario] = read_receipt(workspace, path.stem)
+        check_batch(workspace, scenario, receipts[scenario])
+    hfl = receipts[SCENARIO]
+    assert hfl.forgotten_per_client == {"2": 10} and hfl.attempts[0].method == "puf-special"
+    assert hfl.models["retrained"] is not None and all(a.gates.policy == "vs retrained reference"
+                                                       for a in hfl.attempts if a.gates)
+    vfl = receipts["wine-vfl"]
+    assert vfl.attempts[0].method == "fedora" and vfl.attempts[0].version is not None
+    dfl = receipts["breast_cancer-dfl-ring"]
+    assert dfl.attempts[0].method == "certified-dfu" and set(dfl.forgotten_per_client) == {"0", "1", "2"}

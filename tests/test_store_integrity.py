@@ -28,7 +28,7 @@ from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
 from tasks import workspace as workspaces
-from tasks.tracking import ModelArtifactMissing, load_weights, tracking_uri
+from tasks.registry import ModelArtifactMissing, Registry, tracking_uri
 
 SCENARIO = "digits-hfl"
 EVERY_STORE = {"data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files", "benchmark outputs"}
@@ -102,10 +102,12 @@ def test_erasure_and_integrity_sequences_through_the_cli(workspace, prefect_serv
     client = MlflowClient(tracking_uri(workspace), tracking_uri(workspace))
     retrained = client.get_model_version_by_alias(SCENARIO, "retrained")
     weights = Path(client.get_run(retrained.run_id).info.artifact_uri.removeprefix("file://")) / "weights/weights.pt"
-    weights.unlink()
+    moved = weights.with_suffix(".moved")
+    weights.rename(moved)
     with pytest.raises(ModelArtifactMissing, match=rf"digits-hfl v{retrained.version} .*weights/weights.pt.*"
                                                    "fedunlearn retrain"):
-        load_weights(workspace, SCENARIO, "retrained")
+        Registry(workspace).load(SCENARIO, alias="retrained")
+    moved.rename(weights)
 
     # 4. Every remaining training sample deleted: said once, `current` removed, not retried.
     for client_index in (1, 2):

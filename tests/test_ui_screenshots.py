@@ -36,13 +36,15 @@ def register_versions(workspace) -> None:
     """Two small registered versions, tagged as the pipeline tags them (no training needed to render)."""
     import torch
 
-    from tasks import tracking
+    from tasks.registry import ModelWeights, Registry
 
+    registry = Registry(workspace)
     for role, extra in (("original", {}), ("unlearned", {"method": "puf-special", "batch_id": "batch-ui"})):
-        run_id = tracking.start_run(workspace, SCENARIO, role, {}, {"role": role})
-        tracking.register_model(workspace, run_id, torch.nn.Linear(4, 2), torch.zeros(1, 4), SCENARIO,
-                                {"role": role, "scenario": SCENARIO, "data_version": "0123456789", **extra}, role)
-        tracking.end_run(workspace, run_id)
+        model = torch.nn.Linear(4, 2)
+        run_id = registry.start_run(SCENARIO, role, {}, {"role": role})
+        registry.register(run_id, SCENARIO, "hfl", ModelWeights(model.state_dict()), model, (4,),
+                          {"role": role, "scenario": SCENARIO, "data_version": "0123456789", **extra}, role)
+        registry.end_run(run_id)
 
 
 def test_the_prefect_and_mlflow_uis_render_the_deployments_and_the_registered_versions(workspace, services,

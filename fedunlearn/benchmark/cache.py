@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fedunlearn.benchmark.runner import BenchmarkSetup
-from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.training import TrainedModel
 
 CACHE_DIR = Path("artifacts/originals")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from fedunlearn.federation.local import Tensors
-from fedunlearn.unlearning.base import DeletionBatch, resolve_request
+from fedunlearn.federation.batch import DeletionBatch, resolve_request
 
 _FORMS = "client:<id>[,<id>...] | class:<label>[,<label>...] | samples:<fraction>@<client id|all>"
 

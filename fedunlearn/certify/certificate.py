@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-
-if TYPE_CHECKING:
-    from fedunlearn.unlearning.base import Outcome, UnlearningMethod
+from typing import Any, ClassVar, Protocol
 
 FORMAL = "formal (ε,δ)"
 CONSTRAINT_SATISFIED = "constraint satisfied"
@@ -38,6 +34,19 @@ GUARANTEES = (FORMAL, CONSTRAINT_SATISFIED, BOUNDED_APPROXIMATION, EMPIRICAL_ONL
 
 # Classes that do not rest on assumptions, so a failing assumption cannot make them an overclaim.
 _ASSUMPTION_FREE = (EMPIRICAL_ONLY, NOT_CERTIFIED)
+
+
+class Certified(Protocol):
+    """What a certificate reads of a method (an ``UnlearningMethod`` class or instance)."""
+
+    name: ClassVar[str]
+    guarantee: ClassVar[str]
+
+
+class CertificateInputs(Protocol):
+    """What a certificate reads of a run (an ``Outcome``): the numbers its method recorded."""
+
+    certificate_inputs: dict[str, Any]
 
 
 @dataclass
@@ -68,7 +77,7 @@ class Certificate:
         return cls(**json.loads(text))
 
 
-def certificate_for(method: "type[UnlearningMethod] | UnlearningMethod", outcome: "Outcome", *,
+def certificate_for(method: type[Certified] | Certified, outcome: CertificateInputs, *,
                     scenario: str = "", request: dict[str, Any] | None = None, batch_id: str = "",
                     assumptions: dict[str, bool] | None = None) -> Certificate:
     """The certificate for one run of ``method`` (a registered class or an instance; a name is

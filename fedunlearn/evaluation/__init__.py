@@ -4,7 +4,7 @@ functional distance, and cost (PUF paper, Appendix B)."""
 
 from fedunlearn.evaluation.backdoor import (TARGET_LABEL, TRIGGER_SIZE, apply_trigger, attack_success_rate,
                                             poison)
-from fedunlearn.evaluation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
+from fedunlearn.federation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
                                         training_flops)
 from fedunlearn.evaluation.metrics import evaluate_splits, functional_distance, gaps_to_reference
 from fedunlearn.evaluation.mia import (AttackResult, attack_metrics, confidence_attack, label_matched_nonmembers,

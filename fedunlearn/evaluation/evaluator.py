@@ -16,7 +16,6 @@ the scenario's architecture and as many epochs as a client sees in the original 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,11 +25,9 @@ from fedunlearn.evaluation.backdoor import backdoor_hits, poison
 from fedunlearn.evaluation.metrics import functional_distance
 from fedunlearn.evaluation.mia import attack_metrics, label_matched_nonmembers, run_population_attacks
 from fedunlearn.evaluation.records import Evaluation, Evidence
+from fedunlearn.federation.batch import DeletionBatch
 from fedunlearn.federation.local import Tensors, predict_logits, sgd_epochs
 from fedunlearn.federation.protocol import Federation
-
-if TYPE_CHECKING:
-    from fedunlearn.unlearning.base import DeletionBatch
 
 
 def concat(parts: list[Tensors]) -> Tensors:
@@ -52,7 +49,7 @@ class EvaluationSets:
     shadow_out: Tensors
 
 
-def evaluation_sets(federation: Federation, batch: "DeletionBatch", *, backdoor: bool = False) -> EvaluationSets:
+def evaluation_sets(federation: Federation, batch: DeletionBatch, *, backdoor: bool = False) -> EvaluationSets:
     """The batch's sets from ``federation``'s data (the data before the batch: the forget samples
     are still in it). With ``backdoor`` the forget samples carry the trigger and label 0 (the
     federation's clients are poisoned already), and so do the non-members they are compared with."""
@@ -87,7 +84,7 @@ def _mean(hits: np.ndarray) -> float:
 class Evaluator:
     """Evaluates models of one batch; the shadow model is trained at construction."""
 
-    def __init__(self, federation: Federation, batch: "DeletionBatch", *, backdoor: bool = False,
+    def __init__(self, federation: Federation, batch: DeletionBatch, *, backdoor: bool = False,
                  sets: EvaluationSets | None = None):
         self.federation, self.batch, self.backdoor = federation, batch, backdoor
         self.sets = sets or evaluation_sets(federation, batch, backdoor=backdoor)

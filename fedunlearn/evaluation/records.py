@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedunlearn.evaluation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.evaluation.metrics import gaps_to_reference
 from fedunlearn.evaluation.mia import AttackResult
 

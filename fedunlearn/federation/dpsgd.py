@@ -40,7 +40,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedunlearn.config import TrainConfig
-from fedunlearn.evaluation.cost import communication_bytes
+from fedunlearn.federation.cost import communication_bytes
 from fedunlearn.federation.local import Engine, MapUpdates, State, Tensors, map_inline, objective
 from fedunlearn.federation.topology import Topology
 

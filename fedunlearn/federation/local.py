@@ -78,7 +78,7 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) ->
 def accuracy(model: nn.Module, data: Tensors) -> float:
     if len(data) == 0:
         return float("nan")
-    return float((predict_logits(model, data.x).argmax(1) == data.y).float().mean())
+    return int((predict_logits(model, data.x).argmax(1) == data.y).sum()) / len(data)
 
 
 # How a round's units of federated work (client updates, a D-PSGD round, a split-NN epoch) are

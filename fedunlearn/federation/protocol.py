@@ -9,17 +9,15 @@ sample), so class and sample requests resolve the same way everywhere.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedunlearn.config import TrainConfig
+from fedunlearn.federation.batch import DeletionBatch
 from fedunlearn.federation.local import MapUpdates, State, Tensors
-
-if TYPE_CHECKING:
-    from fedunlearn.config import TrainConfig
-    from fedunlearn.unlearning.base import DeletionBatch
 
 
 @runtime_checkable
@@ -33,7 +31,7 @@ class Federation(Protocol):
     def clients(self) -> list[Tensors]: ...  # the training data per client (VFL: one entry, all samples)
 
     @property
-    def train_config(self) -> "TrainConfig": ...
+    def train_config(self) -> TrainConfig: ...
 
     @property
     def seed(self) -> int: ...
@@ -47,10 +45,10 @@ class Federation(Protocol):
     def model_from(self, state: State) -> nn.Module:
         """The model ``state`` describes, as one module over full features (for evaluation)."""
 
-    def forget_masks(self, batch: "DeletionBatch") -> dict[int, np.ndarray]: ...
+    def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]: ...
 
-    def forget_data(self, batch: "DeletionBatch") -> Tensors: ...
+    def forget_data(self, batch: DeletionBatch) -> Tensors: ...
 
-    def forget_by_client(self, batch: "DeletionBatch") -> dict[int, Tensors]: ...
+    def forget_by_client(self, batch: DeletionBatch) -> dict[int, Tensors]: ...
 
-    def retained_clients(self, batch: "DeletionBatch") -> list[Tensors]: ...
+    def retained_clients(self, batch: DeletionBatch) -> list[Tensors]: ...

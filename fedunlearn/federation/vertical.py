@@ -34,7 +34,6 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,12 +43,10 @@ from torch import nn
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.partition import slice_features
 from fedunlearn.data.store import PARTITIONS_DIR, read_manifest
-from fedunlearn.evaluation.cost import CostRecord, flops_per_sample
+from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.cost import CostRecord, flops_per_sample
 from fedunlearn.federation.local import MapUpdates, Tensors, map_inline
 from models.vfl import BottomModel, TopModel
-
-if TYPE_CHECKING:
-    from fedunlearn.unlearning.base import DeletionBatch
 
 # A loss maps (logits, labels) to a scalar tensor.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -511,7 +508,7 @@ class VerticalState:
     def model_from(self, state: dict[str, PartyState]) -> VerticalModel:
         return self.federation.as_module(state)
 
-    def forget_masks(self, batch: "DeletionBatch") -> dict[int, np.ndarray]:
+    def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
         """{0: mask over the aligned samples}; checks the batch's key and that every ID is shared."""
         if set(batch.forget_ids) != {0}:
             raise ValueError(f"batch {batch.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
@@ -521,18 +518,18 @@ class VerticalState:
         mask[self.federation.positions_of(ids).cpu().numpy()] = True
         return {0: mask}
 
-    def positions(self, batch: "DeletionBatch") -> tuple[torch.Tensor, torch.Tensor]:
+    def positions(self, batch: DeletionBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(forget, retained) aligned positions."""
         mask = torch.as_tensor(self.forget_masks(batch)[0], device=self.device)
         return torch.nonzero(mask).flatten(), torch.nonzero(~mask).flatten()
 
-    def forget_data(self, batch: "DeletionBatch") -> Tensors:
+    def forget_data(self, batch: DeletionBatch) -> Tensors:
         return self.samples.select(self.forget_masks(batch)[0])
 
-    def forget_by_client(self, batch: "DeletionBatch") -> dict[int, Tensors]:
+    def forget_by_client(self, batch: DeletionBatch) -> dict[int, Tensors]:
         return {0: self.forget_data(batch)}
 
-    def retained_clients(self, batch: "DeletionBatch") -> list[Tensors]:
+    def retained_clients(self, batch: DeletionBatch) -> list[Tensors]:
         return [self.samples.select(~self.forget_masks(batch)[0])]
 
     def class_fraction_ids(self, labels: Sequence[int], fraction: float, seed: int = 0) -> np.ndarray:

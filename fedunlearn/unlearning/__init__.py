@@ -10,9 +10,9 @@ Importing this package registers the built-in methods:
   a-priori noise calibration).
 """
 
-from fedunlearn.evaluation.cost import CostRecord
-from fedunlearn.unlearning.base import (REQUEST_KINDS, SETTINGS, DeletionBatch, FederatedState, Monitor, Outcome,
-                                        UnlearningMethod, resolve_request)
+from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.batch import REQUEST_KINDS, DeletionBatch, resolve_request
+from fedunlearn.unlearning.base import SETTINGS, FederatedState, Monitor, Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class, register
 
 # Imported for their @register side effect.

@@ -142,7 +142,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedunlearn.certify.budget import ResidualLedger, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL
-from fedunlearn.evaluation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
+from fedunlearn.federation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State, Tensors
 from fedunlearn.federation.topology import Topology

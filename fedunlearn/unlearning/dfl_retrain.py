@@ -34,7 +34,7 @@ from torch import nn
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.store import HorizontalPartition
-from fedunlearn.evaluation.cost import CostRecord, training_flops
+from fedunlearn.federation.cost import CostRecord, training_flops
 from fedunlearn.evaluation.metrics import functional_distance
 from fedunlearn.federation.dpsgd import DPSGD, DPSGDRound, average_state
 from fedunlearn.federation.local import State, Tensors, accuracy

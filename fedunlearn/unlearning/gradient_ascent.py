@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
-from fedunlearn.evaluation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
 from fedunlearn.federation.fedavg import ClientUpdate, aggregate
 from fedunlearn.federation.local import State, Tensors
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,

@@ -73,7 +73,7 @@ Hyperparameters (default; the paper's value):
     residual_tolerance: τ, the largest relative Newton residual certified (1e-3; the paper marks
         CG "converged" at 1e-4 in its Figure 1 and takes k = 10 for an error of 0.01 at κ ~ 100).
 
-Cost. FLOPs: one training pass (F per sample, evaluation/cost.py) over the forget samples for
+Cost. FLOPs: one training pass (F per sample, federation/cost.py) over the forget samples for
 g_i, and per Hessian-vector product 2·F per curvature sample — double backprop costs about two
 gradient evaluations (Pearlmutter; DESIGN.md §4 measured one product over 713 samples of the
 small CNN ≈ two training epochs over them). Products: k (CG) + 1 (the true residual) per
@@ -133,7 +133,7 @@ import numpy as np
 import torch
 
 from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION
-from fedunlearn.evaluation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
 from fedunlearn.federation.local import Tensors
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds, num_params)

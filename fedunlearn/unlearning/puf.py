@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
-from fedunlearn.evaluation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
 from fedunlearn.federation.fedavg import ClientUpdate, FedAvg
 from fedunlearn.federation.local import State, accuracy
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,

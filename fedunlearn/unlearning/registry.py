@@ -11,7 +11,8 @@ import inspect
 from typing import Any, TypeVar
 
 from fedunlearn.certify.certificate import GUARANTEES
-from fedunlearn.unlearning.base import REQUEST_KINDS, SETTINGS, UnlearningMethod
+from fedunlearn.federation.batch import REQUEST_KINDS
+from fedunlearn.unlearning.base import SETTINGS, UnlearningMethod
 
 _METHODS: dict[str, list[type[UnlearningMethod]]] = {}
 

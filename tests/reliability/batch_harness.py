@@ -234,7 +234,7 @@ def submit(workspace: Path, sample_ids: list[str]) -> str:
 def registry(workspace: Path):
     from mlflow import MlflowClient
 
-    from tasks.tracking import tracking_uri
+    from tasks.registry import tracking_uri
 
     return MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
 
@@ -255,7 +255,7 @@ class Stores:
     ledger: list[LedgerEntry]
     records: list[BatchRecord]             # the batch journal, oldest first
     roles: Counter                         # registered versions per role tag (None: a version without one)
-    unlearned: dict[str, list[str]]        # batch_id -> its unlearned version numbers
+    unlearned: dict[str, dict[int, str]]   # batch_id -> attempt -> the version registered for it
     receipts: list[str]                    # batch IDs with a receipt file
     inbox: list[str]
     processed: list[str]
@@ -265,10 +265,12 @@ class Stores:
     def read(cls, workspace: Path) -> "Stores":
         folders = RequestFolders.create(workspace)
         versions = registry(workspace).search_model_versions(f"name='{SCENARIO}'")
-        unlearned: dict[str, list[str]] = {}
+        unlearned: dict[str, dict[int, str]] = {}
         for version in versions:
-            if version.tags.get("role") == "unlearned":
-                unlearned.setdefault(version.tags["batch_id"], []).append(str(version.version))
+            if "attempt" in version.tags:
+                attempts = unlearned.setdefault(version.tags["batch_id"], {})
+                assert int(version.tags["attempt"]) not in attempts, f"attempt registered twice: {version.tags}"
+                attempts[int(version.tags["attempt"])] = str(version.version)
         return cls(ledger=Ledger(workspace / LEDGER_PATH).entries(), records=load_records(folders),
                    roles=Counter(version.tags.get("role") for version in versions), unlearned=unlearned,
                    receipts=sorted(p.stem for p in (workspace / RECEIPTS_DIR).glob("*.json")),
@@ -310,40 +312,41 @@ def check_exactly_once(workspace: Path, submitted: list[str], may_wait: frozense
     deleted = [i for entry in stores.ledger for i in entry.sample_ids]
     assert len(deleted) == len(set(deleted)), "a sample ID is deleted by two ledger entries"
 
-    # One complete journal, one unlearned version and one receipt per batch, and no other version
-    # but the original (a version without its role would be a half-finished registration).
+    # One complete journal and one receipt per batch; each attempt of a batch registered once, the
+    # receipt listing exactly those, in order; no version but the original, the attempts and the
+    # retrained references (a version without its role would be a half-finished registration).
     batches = [record.batch_id for record in stores.records]
     assert all(record.status is BatchStatus.COMPLETE for record in stores.records), stores.records
     assert {entry.batch_id for entry in stores.ledger} == set(batches)
-    assert {batch: len(versions) for batch, versions in stores.unlearned.items()} == dict.fromkeys(batches, 1), \
-        stores.unlearned
-    assert stores.roles == Counter({"original": 1, "unlearned": len(batches)}), stores.roles
     assert stores.receipts == sorted(batches), (stores.receipts, batches)
+    assert set(stores.roles) <= {"original", "unlearned", "retrained"} and stores.roles["original"] == 1, stores.roles
 
     client = registry(workspace)
-    current = None  # a freshly trained workspace has no alias `current`; promotions move it
+    current = None  # a freshly trained workspace has no alias `current`; every batch moves it
     for record in stores.records:
         receipt = read_receipt(workspace, record.batch_id)
         assert receipt.request_ids == [entry.request_id for entry in record.requests]
-        unlearned = client.get_model_version(SCENARIO, receipt.models["unlearned"].version)
-        assert (str(unlearned.version), unlearned.run_id) == (stores.unlearned[record.batch_id][0],
-                                                         receipt.models["unlearned"].run_id)
-        assert unlearned.tags["data_version"] == receipt.data_version_after == record.data_version_after
+        assert {a.attempt: a.version.version for a in receipt.attempts} == stores.unlearned[record.batch_id], \
+            (receipt.attempts, stores.unlearned[record.batch_id])
+        chosen = client.get_model_version(SCENARIO, receipt.models["unlearned"].version)
+        assert receipt.attempts[-1].version.version == str(chosen.version) and receipt.promoted
+        assert chosen.tags["data_version"] == receipt.data_version_after == record.data_version_after
         # The receipt's metrics, which the gates judged, are those of the registered weights, even
         # where a re-run recomputed the unlearning after the version had been registered.
-        logged = client.get_run(unlearned.run_id).data.metrics
+        logged = client.get_run(chosen.run_id).data.metrics
         assert {k: logged[k] for k in COMPARED_METRICS} == \
-            {k: receipt.metrics["unlearned"][k] for k in COMPARED_METRICS}, record.batch_id
+            {k: receipt.metrics["unlearned"][k] for k in COMPARED_METRICS}, (record.batch_id, logged, receipt.metrics)
         for ref in receipt.models.values():
             assert ref is None or client.get_model_version(SCENARIO, ref.version).run_id == ref.run_id
-        current = str(unlearned.version) if receipt.promoted else current
-        recorded = receipt.models["current"]
-        assert (recorded.version if recorded else None) == current, (record.batch_id, recorded, current)
+        current = str(chosen.version)
+        assert receipt.models["current"].version == current, (record.batch_id, receipt.models["current"], current)
 
-    # No orphaned alias: `current` names an existing unlearned version, the one the receipts say:
-    # the latest batch's if it passed its gates, else where it was before that batch.
+    # No orphaned alias: `current` names the version the last receipt promoted, a version of the
+    # last batch's data version (never one trained on data a batch deleted).
     assert alias_version(workspace, "current") == current, (alias_version(workspace, "current"), current)
-    assert current is None or client.get_model_version(SCENARIO, current).tags["role"] == "unlearned"
+    if stores.records:
+        assert client.get_model_version(SCENARIO, current).tags["data_version"] == \
+            stores.records[-1].data_version_after
     assert alias_version(workspace, "original") is not None
 
     # The batch lock is free: a dead holder's lock went with its process.

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted(p for folder in ("fedunlearn", "tasks", "flows", "models", "scripts")
+SOURCES = sorted(p for folder in ("fedunlearn", "tasks", "flows", "cli", "models", "scripts")
                  for p in (ROOT / folder).rglob("*.py"))
 UNPICKLING = {("pickle", "load"), ("pickle", "loads"), ("cloudpickle", "load"), ("cloudpickle", "loads"),
               ("joblib", "load"), ("dill", "load"), ("dill", "loads"), ("numpy", "load")}
