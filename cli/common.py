@@ -74,6 +74,7 @@ def describe_batch(result: dict) -> str:
     return (f"attempts: {chain}\n"
             f"alias current -> v{chosen['version']} ({result['method']}, {result['certificate']}){reference}\n"
             f"receipt: {result['receipt']}\n"
+            f"{result['retrain_debt']}\n"
             f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "
             f"evaluation), orchestration {timings['orchestration_seconds']:.1f} s "
             f"({timings['orchestration_share']:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")

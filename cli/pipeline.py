@@ -1,5 +1,6 @@
 """``fedunlearn process`` (the deletion batch), ``fedunlearn retrain`` (the reference),
-``fedunlearn compare`` (the registry side by side) and ``fedunlearn serve`` (the deployments)."""
+``fedunlearn repay-debt`` (the exact retrain that repays approximate forgetting), ``fedunlearn
+compare`` (the registry side by side) and ``fedunlearn serve`` (the deployments)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     retrain.add_argument("--scenario", default=DEFAULT_SCENARIO)
     retrain.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
     retrain.set_defaults(handler=run_retrain)
+
+    repay = sub.add_parser("repay-debt", help="exact retrain now if any request was forgotten only approximately",
+                           description="The repay-retrain-debt flow (also deployed weekly by make serve): when a "
+                                       "batch since the last exact retrain was forgotten with a certificate other "
+                                       "than 'exact retrain' or 'formal (ε,δ)', retrain on the current data "
+                                       "version, serve it (alias current) and mark those receipts exactly forgotten.")
+    repay.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    repay.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    repay.set_defaults(handler=run_repay_debt)
 
     compare = sub.add_parser("compare", help="the registered versions of a scenario side by side",
                              description="Print every registered version of the scenario's model — aliases, role, "
@@ -86,11 +96,28 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
+def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
+    from flows.debt import repay_retrain_debt
+    from tasks.workspace import init_workspace
+
+    init_workspace(root)
+    prepare_flow_run()
+    result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
+    if result["repaid"]:
+        print(f"repaid {len(result['repaid'])} batch(es) with {args.scenario} v{result['version']} (alias current)")
+    else:
+        print(f"no retrain debt for {args.scenario}: nothing to retrain")
+    return 0
+
+
 def run_compare(args: argparse.Namespace, root: Path) -> int:
+    from tasks.debt import retrain_debt
     from tasks.receipts import comparison
     from tasks.workspace import Workspace
 
-    print(comparison(Workspace.open(root), args.scenario)[1])
+    ws = Workspace.open(root)
+    print(comparison(ws, args.scenario)[1])
+    print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")
     return 0
 
 

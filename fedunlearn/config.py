@@ -81,6 +81,44 @@ class RequestsConfig(_Strict):
     inbox_grace_seconds: float = Field(300.0, ge=0, description="a file that does not parse yet and changed less "
                                        "than this long ago is taken to be still being written: it waits for the "
                                        "next run instead of going to quarantine")
+    deadline_days: float = Field(30.0, gt=0, description="a request's deadline when it names none: this long after "
+                                 "submitted_at (GDPR Art. 12(3): one month)")
+    urgent_hours: float = Field(72.0, ge=0, description="a request due within this long is urgent: submitting it "
+                                "starts a batch at once")
+    batch_threshold: int = Field(10, ge=1, description="this many requests submitted within batch_window_hours "
+                                 "start a batch")
+    batch_window_hours: float = Field(1.0, gt=0, description="the window of batch_threshold")
+    max_wait_hours: float = Field(24.0, gt=0, description="a request still pending this long after its submission "
+                                  "starts a batch")
+    max_retrain_debt: int = Field(50, ge=0, description="requests forgotten only approximately (no exact retrain "
+                                  "since) above which a deletion batch repays the debt with an exact retrain")
+
+
+# With fewer references a per-example variance is mostly noise (Carlini et al. 2022 pool it below 64).
+PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 64
+
+
+class AuditConfig(_Strict):
+    """How the references are trained and the audit judged (defaults are the documented ones)."""
+
+    num_references: int = Field(4, ge=2, description="K reference models (≥ 2: a variance needs two)")
+    reference_pool_fraction: float = Field(
+        0.5, gt=0, lt=1, description="share of the held-out split in pool A, the references' training pool; "
+        "the rest (pool B) supplies the non-members")
+    subset_fraction: float = Field(0.5, gt=0, le=1,
+                                   description="share of pool A each reference trains on (its own seeded subset)")
+    epochs: int = Field(20, ge=1, description="central SGD epochs per reference")
+    lr: float = Field(0.05, gt=0, description="SGD learning rate of the references")
+    batch_size: int = Field(32, ge=1, description="SGD mini-batch size of the references")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum of the references")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="error rate of the verdict: an exact retrain is "
+                         "called 'not forgotten' with probability ≤ alpha")
+    tolerance: float = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
+                             "against never-seen samples is ≤ 0.5 + tolerance")
+    fixed_variance: bool | None = Field(
+        None, description="one σ pooled over pool B (True) or a σ per example (False); None: pooled below "
+        f"{PER_EXAMPLE_VARIANCE_MIN_REFERENCES} references (Carlini et al. 2022)")
+
 
 
 class Params(_Strict):
@@ -89,6 +127,7 @@ class Params(_Strict):
     prepare: list[str] = Field(default_factory=list, description="datasets the prepare stage writes")
     datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     requests: RequestsConfig = Field(default_factory=RequestsConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig, description="the per-example forgetting audit")
     scenarios: dict[str, ScenarioConfig]
 
     def scenario(self, name: str) -> ScenarioConfig:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.benchmark.report import markdown_table
+from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.requests.folders import write_text_atomic
@@ -57,6 +58,15 @@ class AttemptRecord(BaseModel):
         return self.gates is None or self.gates.passed
 
 
+class ExactForgetting(BaseModel):
+    """When the batch's requests were forgotten exactly: an exact retrain on a data version without
+    them became ``current`` (repaying the retrain debt an approximate method left)."""
+
+    at: datetime
+    version: str
+    by: str
+
+
 class Receipt(BaseModel):
     """What one deletion batch did to the data and to the model registry."""
 
@@ -85,6 +95,8 @@ class Receipt(BaseModel):
     metrics: dict[str, dict[str, float | None]] = Field(description="per model (source, unlearned, retrained)")
     costs: dict[str, Any] = Field(description="wall seconds, FLOPs and bytes per model; speed-up vs retrain")
     erasure: dict[str, Any] | None = None
+    exactly_forgotten: ExactForgetting | None = Field(None, description="set when an exact retrain repaid the batch's "
+                                                                       "approximate forgetting")
     batch_record: str = Field(description="the ingest journal of this batch, relative to the workspace")
 
     def markdown(self) -> str:
@@ -140,6 +152,21 @@ class Receipt(BaseModel):
 
 def _interval(bounds: list[float] | None) -> str:
     return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
+
+
+EXACT_GUARANTEES = (EXACT_RETRAIN, FORMAL)  # what needs no exact retrain later
+
+
+def owes_retrain(receipt: Receipt) -> bool:
+    """Whether the batch was forgotten only approximately and no exact retrain has repaid it yet."""
+    guarantee = (receipt.certificate or {}).get("guarantee")
+    return receipt.outcome == UNLEARNED and guarantee not in EXACT_GUARANTEES and receipt.exactly_forgotten is None
+
+
+def read_receipts(root: Path, scenario: str) -> list[Receipt]:
+    """Every receipt of ``scenario``, oldest first."""
+    receipts = [Receipt.model_validate_json(p.read_text()) for p in (Path(root) / RECEIPTS_DIR).glob("*.json")]
+    return sorted((r for r in receipts if r.scenario == scenario), key=lambda r: r.created_at)
 
 
 def receipt_path(root: Path, batch_id: str) -> Path:

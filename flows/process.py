@@ -6,7 +6,8 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
     apply-deletions      ledger ─▶ DVC stages + commit (new data version) ─▶ erasure check
     unlearn-and-register the data before the batch (forget samples in memory) + the model trained on
                          it ─▶ [retrain-reference] ─▶ escalation: method ─▶ certificate ─▶ evaluate
-                         ─▶ register ─▶ gates; until an attempt passes (the last is exact retrain)
+                         + per-example audit ─▶ register ─▶ gates; until an attempt passes (the last
+                         is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
 
 Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
@@ -47,9 +48,13 @@ from fedunlearn.unlearning.base import Outcome
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_method, default_policy
 from flows.ingest import summarize
 from flows.intake import apply_deletions, intake_requests
+from flows.audit import audit_references
+from flows.debt import repay
 from flows.reference import retrain_reference as retrain_reference_flow
 from tasks import preload
+from tasks.audit import audit, load_references, log_audit
 from tasks.data import load_data
+from tasks.debt import mark_repaid, retrain_debt
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import backdoor_ids, find_reference, load_source_model, register_version, remove_alias
 from tasks.progress import attempts_registered
@@ -137,6 +142,10 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                                 outcome=outcome)
             publish_receipt(receipt)
+        debt = retrain_debt(ws, scenario)
+        if debt.requests > ws.params.requests.max_retrain_debt:
+            repay(ws, scenario, device)
+            debt = retrain_debt(ws, scenario)
     print(receipt.markdown())
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
@@ -144,7 +153,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             "attempts": [a.model_dump(mode="json", include={"attempt", "method", "note"}) | {
                 "verdict": a.gates.verdict if a.gates else None} for a in receipt.attempts],
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
-            "receipt": ws.relative(path), "timings": clock.split()}
+            "receipt": ws.relative(path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
+            "timings": clock.split()}
 
 
 # --- unlearn and register ------------------------------------------------------------------------
@@ -197,11 +207,18 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     if batch.num_forget >= sum(len(c) for c in federation.clients):
         close_without_model(ws, record, source)
     forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
-    # The forget set carries the trigger when it is the poisoned samples; its non-members must then too.
-    sets = evaluation_sets(federation, batch, backdoor=bool(poisoned) and forget_ids <= set(poisoned))
+    clean_forget_labels = None
+    if poisoned and forget_ids <= set(poisoned):  # the forget set carries the trigger: so must its non-members
+        clean = load_data(ws, scenario, dev, record.data_version_before)
+        clean_forget_labels = clean.forget_data(batch).y.cpu().numpy()
+    sets = evaluation_sets(federation, batch, clean_forget_labels=clean_forget_labels)
     setup = runner.BenchmarkSetup(scenario, f"batch {batch_id}", federation, batch, bool(poisoned), sets)
     evaluator = build_evaluator(federation, batch, bool(poisoned), sets)
     source_eval = evaluate(evaluator, f"source-v{source.ref.version}", federation.model_from(source.state))
+    references = load_references(ws, scenario, federation, record.deleted_ids())
+    if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
+        audit_references(scenario=scenario, root=str(ws.root), device=device)
+        references = load_references(ws, scenario, federation, record.deleted_ids())
 
     if retrain_reference:
         retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
@@ -215,10 +232,14 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         if attempt.exact:
             exact = reference or exact_retrain(ws, scenario, batch_id, number, device)
             tag_attempt(ws, scenario, exact.ref.version, number)
-            exact_eval = reference_eval or evaluate(evaluator, "retrained", federation.model_from(exact.state))
+            exact_model = federation.model_from(exact.state)
+            exact_eval = reference_eval or evaluate(evaluator, "retrained", exact_model)
+            verdict = audit("retrained", exact_model, sets.forget, references, ws.params.seed, clean_forget_labels)
+            log_audit(ws, exact.ref.run_id, verdict)
             attempts.append(AttemptRecord(attempt=number, method=attempt.method, version=exact.ref,
                                           certificate=EXACT_RETRAIN, metrics=_metrics(exact_eval, None),
-                                          note="exact retrain: nothing of the deleted samples, no gate needed"))
+                                          note=f"exact retrain: nothing of the deleted samples, no gate needed "
+                                               f"(audit: {verdict.verdict})"))
             certificate = {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
                            "scenario": scenario, "batch_id": batch_id,
                            "notes": ["retrained from scratch on the retained data (the escalation's last step)"]}
@@ -231,13 +252,17 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         else:
             outcome, attempt_certificate = unlearn(setup, source.state, attempt.method, source_eval.test_acc,
                                                    attempt.options)
-        evaluation = evaluate(evaluator, f"{attempt.method}-{number}", federation.model_from(outcome.state))
+        model = federation.model_from(outcome.state)
+        evaluation = evaluate(evaluator, f"{attempt.method}-{number}", model)
+        verdict = audit(f"{attempt.method}-{number}", model, sets.forget, references, ws.params.seed,
+                        clean_forget_labels)
         if number not in registered:
             ref = register_attempt(ws, record, source, federation, attempt, number, outcome, attempt_certificate,
                                    evaluation)
+            log_audit(ws, ref.run_id, verdict)
             failpoint("after-registration")
         gate = apply_gates(f"{attempt.method}-{number}", evaluation, attempt_certificate.guarantee, source_eval,
-                           reference_eval, gates)
+                           reference_eval, gates, verdict.as_check())
         attempts.append(AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
                                       certificate=attempt_certificate.guarantee, gates=gate,
                                       metrics=_metrics(evaluation, outcome.cost)))
@@ -394,5 +419,7 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
         erasure=erasure.model_dump(mode="json"),
         batch_record=ws.relative(record_path(RequestFolders(ws.root), batch_id)))
     path = write_receipt(ws, receipt)
+    if chosen.method == "retrain":  # an exact retrain serves: it repays what earlier batches forgot approximately
+        mark_repaid(ws, scenario, chosen.version.version, f"batch {batch_id}")
     failpoint("after-receipt")
     return receipt, path

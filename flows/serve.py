@@ -22,13 +22,16 @@ from pathlib import Path
 from prefect import serve
 from prefect.client.orchestration import get_client
 
+from flows.audit import audit_references
 from flows.benchmark import benchmark
+from flows.debt import repay_retrain_debt
 from flows.process import process_deletions
 from flows.reference import retrain_reference
 from flows.train import train_federated
 from tasks.unlearning import GPU_TAG
 
 DEFAULT_CRON = "0 2 * * *"
+DEBT_CRON = "0 3 * * 0"  # Sundays 03:00 UTC: after that night's deletion batch
 BATCH_DEPLOYMENT = "deletion-batches"
 ON_DEMAND = "on-demand"
 
@@ -49,6 +52,14 @@ def build_deployments(root: Path, scenario: str, cron: str) -> list:
         train_federated.to_deployment(
             name=ON_DEMAND, parameters=common, tags=["training"],
             description="Train the federated model on the current data version; registers alias 'original'."),
+        repay_retrain_debt.to_deployment(
+            name="weekly", cron=DEBT_CRON, paused=False, parameters=common, concurrency_limit=1, tags=["reference"],
+            description="Exact retrain when requests were forgotten only approximately since the last one: serves it "
+                        "(alias current) and marks the receipts it covers as exactly forgotten."),
+        audit_references.to_deployment(
+            name=ON_DEMAND, parameters=common, tags=["audit"],
+            description="Train the per-example audit's reference models on the held-out split (role "
+                        "audit-reference); deletion batches train them when a scenario has none."),
         benchmark.to_deployment(
             name=ON_DEMAND, parameters={**common, "out": str(root / "results" / "benchmark")}, tags=["benchmark"],
             description="Every unlearning method against retraining on one request SPEC."),

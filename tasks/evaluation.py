@@ -10,6 +10,7 @@ from torch import nn
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge
 from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator
 from fedunlearn.evaluation.records import Evaluation
+from fedunlearn.evaluation.uncertainty import Check
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.unlearning.base import DeletionBatch
 from tasks.timing import core_compute
@@ -30,5 +31,5 @@ def evaluate(evaluator: Evaluator, name: str, model: nn.Module, reference: nn.Mo
 
 @task(name="apply-gates", cache_policy=NO_CACHE, task_run_name="gates-{name}")
 def apply_gates(name: str, candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
-                gates: PromotionGates) -> GateOutcome:
-    return judge(candidate, certificate, source=source, reference=reference, gates=gates)
+                gates: PromotionGates, audit: Check | None = None) -> GateOutcome:
+    return judge(candidate, certificate, source=source, reference=reference, gates=gates, audit=audit)

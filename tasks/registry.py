@@ -184,6 +184,9 @@ class Registry:
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
+    def set_run_tag(self, run_id: str, key: str, value: str) -> None:
+        self.client.set_tag(run_id, key, value)
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
@@ -197,8 +200,6 @@ class Registry:
         """Store the weights (by setting) and MLflow's model on the run, register them as a new
         version of ``name`` with ``tags`` (in the same call that creates it: a process killed in
         between leaves no untagged version a re-run could not recognise), set ``alias``."""
-        from mlflow.exceptions import MlflowException
-
         tags = {k: str(v) for k, v in {**tags, "setting": setting}.items()}
         with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
             staged = Path(tmp)
@@ -209,15 +210,22 @@ class Registry:
                 (staged / BUDGET_ARTIFACT).write_text(json.dumps(weights.budget, indent=2, sort_keys=True))
             save_mlflow_model(model, input_shape, staged / MODEL_ARTIFACT)
             self.client.log_artifacts(run_id, str(staged))
+        version = self.create_version(name, run_id, MODEL_ARTIFACT, tags)
+        if alias:
+            self.set_alias(name, alias, version)
+        return ModelRef(version=version, role=tags["role"], data_version=tags.get("data_version"), run_id=run_id)
+
+    def create_version(self, name: str, run_id: str, artifact_path: str, tags: dict[str, str]) -> str:
+        """A new version of ``name`` (created if new) from the run's ``artifact_path``, tagged in the
+        same call."""
+        from mlflow.exceptions import MlflowException
+
         try:
             self.client.create_registered_model(name)
         except MlflowException:
             pass  # it exists
-        version = self.client.create_model_version(name, f"runs:/{run_id}/{MODEL_ARTIFACT}", run_id=run_id, tags=tags)
-        if alias:
-            self.set_alias(name, alias, str(version.version))
-        return ModelRef(version=str(version.version), role=tags["role"], data_version=tags.get("data_version"),
-                        run_id=run_id)
+        return str(self.client.create_model_version(name, f"runs:/{run_id}/{artifact_path}", run_id=run_id,
+                                                    tags={k: str(v) for k, v in tags.items()}).version)
 
     def version(self, name: str, version: str):
         return self.client.get_model_version(name, version)

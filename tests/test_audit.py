@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedunlearn.data.datasets import load_source
+from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.audit import (FORGOTTEN, INCONCLUSIVE, NOT_FORGOTTEN, AuditConfig, AuditResult,
                                          audit_forgetting, matched_nonmember_rows, plot_audit, train_references)
 from fedunlearn.federation.local import Tensors, sgd_epochs
@@ -142,3 +143,20 @@ def test_result_serialises_to_json_and_plots(targets, references, tmp_path):
     assert (check.verdict, check.estimate, check.interval) == ("fail", result.auc, result.interval)
     path = plot_audit(result, tmp_path / "audit" / "histogram.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_backdoored_forget_set_is_judged_against_equally_triggered_non_members(references):
+    """A triggered forget set (patch + label 0) is unlike any clean non-member; matched on the
+    samples' labels before poisoning and triggered alike, the non-members are again exchangeable
+    with the forget samples for a model that never saw them. Measured (100 samples): AUC 0.504
+    [0.44, 0.57]. (A backdoored model maps triggered non-members to 0 as well: that the trigger
+    works is bd_asr's check, the audit looks for memorisation beyond it.)"""
+    forget_rows = TRAIN[:100]
+    forget = triggered(rows(forget_rows))
+    retrain = train_target(rows(TRAIN[100:]))
+    clean_labels = DIGITS.labels[forget_rows]
+    result = audit_forgetting(retrain, forget, references, clean_forget_labels=clean_labels)
+    assert result.verdict != NOT_FORGOTTEN and abs(result.auc - 0.5) < 0.1, (result.auc, result.interval)
+    assert {row["label"] for row in result.samples} == set(clean_labels.tolist())
+    # Against clean non-members the same model is far from 0.5 (measured 0.06): not a valid comparison.
+    assert abs(audit_forgetting(retrain, forget, references).auc - 0.5) > 0.3

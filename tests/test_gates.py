@@ -108,3 +108,13 @@ def test_the_backdoor_the_certificate_and_an_unmeasured_metric():
 def test_gates_reject_a_negative_tolerance():
     with pytest.raises(ValueError):
         PromotionGates(max_forget_acc_gap=-0.1)
+
+
+def test_a_formal_certificate_is_not_held_back_by_inconclusive_evidence_but_is_by_a_failure():
+    few = evaluation(hits(1000, 945), hits(8, 7), np.array([3, 5, 6, 7, 8, 9, 10, 11.0]),
+                     np.array([1, 2, 4, 5.5, 6.5, 8.5, 9.5, 2.5]))
+    approximate = judge(few, "empirical only", source=SOURCE, reference=None, gates=PromotionGates())
+    proven = judge(few, "formal (ε,δ)", source=SOURCE, reference=None, gates=PromotionGates())
+    assert approximate.verdict == "inconclusive" and proven.verdict == "pass" and "proven" in proven.policy
+    broken = evaluation(hits(1000, 800), hits(8, 7))
+    assert judge(broken, "formal (ε,δ)", source=SOURCE, reference=None, gates=PromotionGates()).verdict == "fail"

@@ -18,7 +18,7 @@ from cli import main
 from fedunlearn.data.store import load_horizontal
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.federation.local import Tensors
-from fedunlearn.receipts import read_receipt
+from fedunlearn.receipts import read_receipt, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
@@ -114,6 +114,21 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     table = cli("compare", "--scenario", SCENARIO).splitlines()
     assert table[0].startswith("| version | aliases | role | method | data_version | test_acc | forget_acc |")
     assert [row.split("|")[3].strip() for row in table[2:4]] == ["original", "retrained"]
+    assert table[-1].startswith("retrain debt: none")
+
+    # Retrain debt: a batch forgotten only approximately (its receipt says so) until an exact retrain serves.
+    approximate = receipt.model_copy(update={"batch_id": "batch-approximate", "certificate": {
+        "method": "puf-special", "guarantee": "empirical only"}})
+    write_receipt(workspace, approximate)
+    assert cli("compare", "--scenario", SCENARIO).splitlines()[-1].startswith(
+        "retrain debt: 1 request(s), 12 sample(s) in 1 batch(es) forgotten only approximately")
+    assert "repaid 1 batch(es)" in cli("repay-debt", "--scenario", SCENARIO)
+    repaid = read_receipt(workspace, "batch-approximate").exactly_forgotten
+    current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
+    assert repaid.version == str(current.version) and current.tags["role"] == "retrained"
+    assert current.tags["data_version"] == after
+    assert read_receipt(workspace, batch_id).exactly_forgotten is None  # exact already: it owed nothing
+    assert "no retrain debt" in cli("repay-debt", "--scenario", SCENARIO)
 
 
 def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind():

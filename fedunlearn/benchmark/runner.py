@@ -56,10 +56,12 @@ def build_setup(scenario: str, fed_state: Federation, request: RequestSpec | Del
         batch, text = request, f"batch {request.batch_id}"
     else:
         batch, text = request.resolve(fed_state.clients, fed_state.num_classes, fed_state.seed), request.text
+    clean_forget_labels = None
     if backdoor:
+        clean_forget_labels = fed_state.forget_data(batch).y.cpu().numpy()
         fed_state.clients = poison_clients(fed_state.clients, batch.forget_ids)
     return BenchmarkSetup(scenario, text, fed_state, batch, backdoor,
-                          evaluation_sets(fed_state, batch, backdoor=backdoor))
+                          evaluation_sets(fed_state, batch, clean_forget_labels=clean_forget_labels))
 
 
 def train_original(setup: BenchmarkSetup) -> TrainedModel:

@@ -24,6 +24,11 @@ A class request is judged on what class removal means: test accuracy on the rema
 ``max_forgotten_class_acc`` of their test samples and of the forget set classified correctly (a
 retrained model, which never saw them, scores 0); against a reference, the paired gaps of those.
 
+A version whose certificate proves the forgetting — ``formal (ε,δ)``: indistinguishable from the
+retrained model within (ε, δ) under checked assumptions; ``exact retrain`` — needs no statistical
+evidence for it: its inconclusive checks do not hold it back (the proof is the evidence), while a
+``fail`` still does (evidence against the proof, e.g. an assumption that does not hold in practice).
+
 With a backdoor (the original carried a trigger), ``max_backdoor_asr`` bounds the attack success
 rate in both policies. The membership attacks are three; the worst one is what a gate reports, so
 each is judged at α/3 (Bonferroni): choosing the worst does not raise the false-reject rate above α.
@@ -38,7 +43,7 @@ from enum import Enum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedunlearn.certify.certificate import GUARANTEES, NOT_CERTIFIED
+from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
 from fedunlearn.evaluation.records import Evaluation
 from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, Check, check_auc,
                                                check_auc_gap, check_paired_proportion_gap, check_proportion,
@@ -46,6 +51,7 @@ from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE
                                                proportion_difference_interval)
 
 Guarantee = Enum("Guarantee", {g: g for g in GUARANTEES}, type=str)
+PROVEN = (FORMAL, EXACT_RETRAIN)  # certificates that prove the forgetting itself
 WITH_REFERENCE = "vs retrained reference"
 WITHOUT_REFERENCE = "without reference"
 
@@ -76,9 +82,12 @@ class GateOutcome(BaseModel):
     verdict: str = PASS
 
     @classmethod
-    def of(cls, policy: str, checks: list[GateCheck]) -> "GateOutcome":
+    def of(cls, policy: str, checks: list[GateCheck], proven: bool = False) -> "GateOutcome":
+        """``proven``: the certificate proves the forgetting, so only a ``fail`` holds the version back."""
         verdicts = {c.verdict for c in checks}
-        verdict = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+        verdict = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts and not proven else PASS
+        if proven and INCONCLUSIVE in verdicts and verdict == PASS:
+            policy += " (forgetting proven by the certificate: inconclusive checks do not hold it back)"
         return cls(passed=verdict == PASS, policy=policy, checks=checks, verdict=verdict)
 
 
@@ -208,9 +217,10 @@ def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
 
 
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
-          gates: PromotionGates) -> GateOutcome:
+          gates: PromotionGates, audit: Check | None = None) -> GateOutcome:
     """The gate outcome of an unlearned model: against ``reference`` when there is one, else
-    against ``source`` and chance; the certificate class in both."""
+    against ``source`` and chance; the certificate class and the per-example audit (``audit``:
+    pass = forgotten, fail = not forgotten) in both."""
     allowed = [g.value for g in gates.allowed_certificates]
     checks = [GateCheck(name="certificate", value=certificate, limit=allowed, passed=certificate in allowed,
                         verdict=PASS if certificate in allowed else FAIL)]
@@ -218,7 +228,9 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
         policy, checks = WITH_REFERENCE, checks + with_reference(candidate, reference, gates)
     else:
         policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates)
-    return GateOutcome.of(policy, checks + backdoor_check(candidate, gates))
+    audited = [GateCheck.of(audit).model_copy(update={"name": "forget_audit"})] if audit is not None else []
+    return GateOutcome.of(policy, checks + backdoor_check(candidate, gates) + audited,
+                          proven=certificate in PROVEN and certificate in allowed)
 
 
 __all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge"]

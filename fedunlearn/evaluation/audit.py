@@ -54,9 +54,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from fedunlearn.config import PER_EXAMPLE_VARIANCE_MIN_REFERENCES, AuditConfig
+from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_scaled_confidence
 from fedunlearn.evaluation.uncertainty import AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, Check, check_auc
 from fedunlearn.federation.local import Tensors, sgd_epochs
@@ -66,32 +67,7 @@ FORGOTTEN, NOT_FORGOTTEN = "forgotten", "not forgotten"
 _AUDIT_VERDICT = {PASS: FORGOTTEN, FAIL: NOT_FORGOTTEN, INCONCLUSIVE: INCONCLUSIVE}
 _CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
 # Carlini et al.: below about 64 reference models a per-example variance is mostly noise.
-PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 64
 CHECK_NAME = "forget_audit_auc"
-
-
-class AuditConfig(BaseModel):
-    """How the references are trained and the audit judged (defaults are the documented ones)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_references: int = Field(4, ge=2, description="K reference models (≥ 2: a variance needs two)")
-    reference_pool_fraction: float = Field(
-        0.5, gt=0, lt=1, description="share of the held-out split in pool A, the references' training pool; "
-        "the rest (pool B) supplies the non-members")
-    subset_fraction: float = Field(0.5, gt=0, le=1,
-                                   description="share of pool A each reference trains on (its own seeded subset)")
-    epochs: int = Field(20, ge=1, description="central SGD epochs per reference")
-    lr: float = Field(0.05, gt=0, description="SGD learning rate of the references")
-    batch_size: int = Field(32, ge=1, description="SGD mini-batch size of the references")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum of the references")
-    alpha: float = Field(0.05, gt=0, lt=0.5, description="error rate of the verdict: an exact retrain is "
-                         "called 'not forgotten' with probability ≤ alpha")
-    tolerance: float = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
-                             "against never-seen samples is ≤ 0.5 + tolerance")
-    fixed_variance: bool | None = Field(
-        None, description="one σ pooled over pool B (True) or a σ per example (False); None: pooled below "
-        f"{PER_EXAMPLE_VARIANCE_MIN_REFERENCES} references")
 
 
 @dataclass(eq=False)
@@ -166,6 +142,16 @@ def train_references(heldout: Tensors, model_fn: Callable[[], nn.Module], *, con
     pool_phi = np.stack([logit_scaled_confidence(model, pool_b) for model in models])
     return ReferenceSet(models, train_ids, pool_a.sample_ids.copy(), pool_b, pool_phi, config,
                         time.perf_counter() - started)
+
+
+def restore_references(models: list[nn.Module], train_ids: list[np.ndarray], pool_a_ids: np.ndarray,
+                       heldout: Tensors, pool_ids: np.ndarray, config: AuditConfig) -> ReferenceSet:
+    """A reference set stored earlier (``models`` with their weights, the IDs it was built from),
+    its pool B read from ``heldout`` — the held-out split of the current data version, so rows a
+    request deleted since are gone from it — and its scores on pool B computed again."""
+    pool = heldout.select(np.isin(heldout.sample_ids, pool_ids))
+    pool_phi = np.stack([logit_scaled_confidence(model, pool) for model in models])
+    return ReferenceSet(models, train_ids, pool_a_ids, pool, pool_phi, config, 0.0)
 
 
 def _uses_fixed_variance(config: AuditConfig, num_references: int) -> bool:
@@ -255,12 +241,16 @@ class AuditResult:
 
 
 def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
-                     config: AuditConfig | None = None, seed: int = 0) -> AuditResult:
+                     config: AuditConfig | None = None, seed: int = 0,
+                     clean_forget_labels: np.ndarray | None = None) -> AuditResult:
     """Audit whether ``target`` still carries the ``forget`` samples (module docstring: score,
     rule, error rate). ``forget`` must hold none of the references' held-out rows (they would be
     "in" for a reference or their own non-members). ``config`` (default: the references'
     config): ``alpha``, ``tolerance`` and ``fixed_variance`` are read from it. ``seed``
-    (default 0): which pool-B rows become the matched non-members."""
+    (default 0): which pool-B rows become the matched non-members. ``clean_forget_labels``:
+    given when the forget samples carry the backdoor trigger and its label, their labels before
+    poisoning; pool B is then matched on them and triggered the same way, so that for an exact
+    retrain forget samples and non-members are again drawn from one distribution."""
     config = config or references.config
     started = time.perf_counter()
     if len(forget) == 0:
@@ -269,13 +259,18 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSe
     if overlap.any():
         raise ValueError(f"{int(overlap.sum())} forget sample(s) belong to the references' held-out pools "
                          f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with ReferenceSet.without")
+    pool, pool_phi = references.pool, references.pool_phi
+    forget_labels, pool_labels = forget.y.cpu().numpy(), pool.y.cpu().numpy()
+    if clean_forget_labels is not None:
+        forget_labels = np.asarray(clean_forget_labels)
+        pool = triggered(pool)
+        pool_phi = np.stack([logit_scaled_confidence(model, pool) for model in references.models])
     fixed = _uses_fixed_variance(config, len(references))
-    pooled_std = _pooled_std(references.pool_phi) if fixed else None
+    pooled_std = _pooled_std(pool_phi) if fixed else None
     forget_phi = np.stack([logit_scaled_confidence(model, forget) for model in references.models])
     forget_z = _calibrated(logit_scaled_confidence(target, forget), forget_phi, pooled_std)
-    pool_z = _calibrated(logit_scaled_confidence(target, references.pool), references.pool_phi, pooled_std)
+    pool_z = _calibrated(logit_scaled_confidence(target, pool), pool_phi, pooled_std)
 
-    forget_labels, pool_labels = forget.y.cpu().numpy(), references.pool.y.cpu().numpy()
     rows = matched_nonmember_rows(forget_labels, pool_labels, seed)
     check = check_auc(CHECK_NAME, forget_z, pool_z[rows], 0.5 + config.tolerance, alpha=config.alpha)
     p_values = _conformal_p_values(forget_z, forget_labels, pool_z, pool_labels)

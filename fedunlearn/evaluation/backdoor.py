@@ -67,6 +67,12 @@ def poison(features: Array, labels: Array, mask: np.ndarray,
     return poisoned_features, poisoned_labels
 
 
+def triggered(data: Tensors, target_label: int = TARGET_LABEL) -> Tensors:
+    """``data`` with every sample triggered and relabelled (new Tensors): how never-seen samples
+    look when they are compared with a triggered forget set."""
+    return Tensors(*poison(data.x, data.y, np.ones(len(data), dtype=bool), target_label), data.sample_ids)
+
+
 def backdoor_hits(model: nn.Module, clean: Tensors, target_label: int = TARGET_LABEL) -> np.ndarray:
     """Per clean sample whose true label is not ``target_label``: whether the model classifies it
     as ``target_label`` once the trigger is applied (samples already of the target class would

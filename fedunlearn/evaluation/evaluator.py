@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedunlearn.evaluation.backdoor import backdoor_hits, poison
+from fedunlearn.evaluation.backdoor import backdoor_hits, triggered
 from fedunlearn.evaluation.metrics import functional_distance
 from fedunlearn.evaluation.mia import attack_metrics, label_matched_nonmembers, run_population_attacks
 from fedunlearn.evaluation.records import Evaluation, Evidence
@@ -49,20 +49,24 @@ class EvaluationSets:
     shadow_out: Tensors
 
 
-def evaluation_sets(federation: Federation, batch: DeletionBatch, *, backdoor: bool = False) -> EvaluationSets:
+def evaluation_sets(federation: Federation, batch: DeletionBatch, *,
+                    clean_forget_labels: np.ndarray | None = None) -> EvaluationSets:
     """The batch's sets from ``federation``'s data (the data before the batch: the forget samples
-    are still in it). With ``backdoor`` the forget samples carry the trigger and label 0 (the
-    federation's clients are poisoned already), and so do the non-members they are compared with."""
+    are still in it). ``clean_forget_labels``, when the forget samples carry the backdoor trigger
+    and label 0 (the federation's clients are poisoned already): their labels before poisoning.
+    The non-members are then matched on those labels and triggered the same way (matched on the
+    poisoned label they would all be zeros, which any model scores more confidently)."""
     seed, device, test = federation.seed, federation.device, federation.test
     order = np.random.default_rng([seed, 7]).permutation(len(test))
     pool = test.select(np.isin(np.arange(len(test)), order[: len(order) // 2]))
     shadow = test.select(np.isin(np.arange(len(test)), order[len(order) // 2:]))
     forget = federation.forget_data(batch)
-    rows = label_matched_nonmembers(forget.y.cpu().numpy(), pool.y.cpu().numpy(), seed)
+    match_on = forget.y.cpu().numpy() if clean_forget_labels is None else np.asarray(clean_forget_labels)
+    rows = label_matched_nonmembers(match_on, pool.y.cpu().numpy(), seed)
     index = torch.as_tensor(rows, device=device)
     matched = Tensors(pool.x[index], pool.y[index], pool.sample_ids[rows])
-    if backdoor:
-        matched = Tensors(*poison(matched.x, matched.y, np.ones(len(matched), dtype=bool)), matched.sample_ids)
+    if clean_forget_labels is not None:
+        matched = triggered(matched)
     shadow_half = np.arange(len(shadow)) < len(shadow) // 2
     return EvaluationSets(test=test, retained=concat(federation.retained_clients(batch)), forget=forget,
                           nonmembers=matched, shadow_in=shadow.select(shadow_half),
@@ -87,7 +91,7 @@ class Evaluator:
     def __init__(self, federation: Federation, batch: DeletionBatch, *, backdoor: bool = False,
                  sets: EvaluationSets | None = None):
         self.federation, self.batch, self.backdoor = federation, batch, backdoor
-        self.sets = sets or evaluation_sets(federation, batch, backdoor=backdoor)
+        self.sets = sets or evaluation_sets(federation, batch)
         config = federation.train_config
         self.shadow_model = federation.model_from(federation.engine().initial_state())
         sgd_epochs(self.shadow_model, self.sets.shadow_in, epochs=config.rounds * config.local_epochs,

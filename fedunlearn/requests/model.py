@@ -78,6 +78,8 @@ class DeletionRequestModel(BaseModel):
     label: int | None = Field(None, description="kind=class: the class label to forget")
     client: int | None = Field(None, description="kind=client: the client whose data to forget (HFL/DFL)")
     submitted_at: datetime = Field(default_factory=utc_now, description="when the request was made (UTC)")
+    deadline: datetime | None = Field(None, description="when it must be forgotten by (UTC; default: submitted_at "
+                                                        "+ requests.deadline_days of params.yaml, one month)")
     reason: str | None = Field(None, max_length=2000, description="optional note kept with the request")
 
     @field_validator("request_id", mode="before")
@@ -118,6 +120,17 @@ class DeletionRequestModel(BaseModel):
             raise ValueError(f"a JSON {'boolean' if isinstance(value, bool) else 'string'} is not a number: give "
                              "the class label or client as an integer")
         return value
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_in_utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+    def due(self, deadline_days: float) -> datetime:
+        """The deadline: the one the request names, else ``deadline_days`` after it was submitted."""
+        return self.deadline or self.submitted_at + timedelta(days=deadline_days)
 
     @field_validator("submitted_at")
     @classmethod

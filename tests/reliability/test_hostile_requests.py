@@ -56,7 +56,7 @@ APPLIED = "applied-earlier"  # a request already in the ledger when the inbox is
 OUTSIDE_REQUEST = b'{"kind": "client", "client": 0, "request_id": "outside-target"}'
 OUTSIDE_SECRET = b"root:x:0:0:root:/root:/bin/bash\n"
 REASON_FILE_KEYS = ["file", "request_id", "quarantined_at", "reason", "what to do"]
-MODEL_FIELDS = {"request_id", "kind", "scenario", "sample_ids", "label", "client", "submitted_at", "reason"}
+MODEL_FIELDS = {"request_id", "kind", "scenario", "sample_ids", "label", "client", "submitted_at", "deadline", "reason"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,34 @@
+"""Flow ``train-audit-references``: the reference models of a scenario's per-example forgetting
+audit, trained once on the held-out split (never production training data: no deletion of
+training data ever invalidates them, and they hold no deleted training sample) and registered as a
+version of ``<scenario>-audit`` with role ``audit-reference``.
+
+    DVC stages (current data version) ─▶ held-out split ─▶ K references on seeded subsets of its
+    pool A (params.yaml ``audit``) ─▶ registered: weights + the IDs they were built from
+
+``process-deletions`` runs it when a scenario has no usable set (none yet, or requests deleted
+held-out rows that too many references trained on); deployed on its own it refreshes the set.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from fedunlearn.device import resolve_device
+from tasks.audit import register_references, train_audit_references
+from tasks.data import load_data, reproduce_data
+from tasks.workspace import Workspace
+
+
+@flow(name="train-audit-references", log_prints=True)
+def audit_references(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> dict:
+    """Train and register ``scenario``'s audit reference models on its current held-out split."""
+    ws = Workspace.open(root)
+    data_version = reproduce_data(ws, scenario)
+    federation = load_data(ws, scenario, resolve_device(device or ws.params.device))
+    references = train_audit_references(ws, federation)
+    version = register_references(ws, scenario, references, data_version)
+    print(f"{len(references)} audit references of {scenario} on {len(federation.test)} held-out samples in "
+          f"{references.seconds:.1f} s: {scenario}-audit v{version}")
+    return {"scenario": scenario, "version": version, "references": len(references),
+            "seconds": references.seconds}

@@ -1,0 +1,45 @@
+"""Flow ``repay-retrain-debt``: the exact retrain that repays approximate forgetting.
+
+    retrain debt (receipts forgotten only approximately) ─▶ none: nothing to do
+    ─▶ retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
+    record when their requests were forgotten exactly
+
+Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); ``process-deletions`` runs it
+when the debt passes ``requests.max_retrain_debt`` (params.yaml).
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.reference import retrain_reference
+from tasks.debt import mark_repaid, retrain_debt
+from tasks.workspace import Workspace
+
+
+# An exact retrain takes minutes; a batch running meanwhile is waited for, as batches wait for each other.
+LOCK_TIMEOUT_S = 1800.0
+
+
+@flow(name="repay-retrain-debt", log_prints=True)
+def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> dict:
+    """Retrain ``scenario`` exactly on its current data version and serve it, if any request was
+    forgotten only approximately since the last exact retrain. Holds the batch lock: no deletion
+    batch moves the data or ``current`` meanwhile."""
+    ws = Workspace.open(root)
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"):
+        return repay(ws, scenario, device)
+
+
+def repay(ws: Workspace, scenario: str, device: str | None) -> dict:
+    """The repayment itself, for a caller that holds the batch lock (``process-deletions``)."""
+    debt = retrain_debt(ws, scenario)
+    if not debt.receipts:
+        print("no retrain debt")
+        return {"scenario": scenario, "repaid": []}
+    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device)
+    ws.registry.set_alias(scenario, "current", reference["model_version"])
+    repaid = mark_repaid(ws, scenario, reference["model_version"], "repay-retrain-debt")
+    print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference['model_version']} "
+          f"(alias current)")
+    return {"scenario": scenario, "repaid": repaid, "version": reference["model_version"]}
