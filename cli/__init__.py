@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedunlearn.errors import FedunlearnError, NoSpace
 
-COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline")
+COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:

@@ -1,5 +1,6 @@
-"""``fedunlearn request samples|client|class`` (submit a deletion request) and ``fedunlearn ingest``
-(apply the pending requests as one batch: validation, ledger, new data version, erasure check)."""
+"""``fedunlearn request samples|client|class`` (submit a deletion request), ``fedunlearn ingest``
+(apply the pending requests as one batch: validation, ledger, new data version, erasure check) and
+``fedunlearn status`` (where the requests stand, their deadlines)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
         parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
         parser.add_argument("--reason", help="optional note kept with the request")
+        parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, e.g. "
+                            "2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after submission)")
         parser.set_defaults(handler=run_request, request_kind=kind)
 
     ingest = sub.add_parser("ingest", help="apply pending deletion requests: a new, verified data version",
@@ -48,6 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="after the batch, remove earlier data versions from the DVC cache (`dvc gc`) and "
                              "verify the cache too")
     ingest.set_defaults(handler=run_ingest)
+
+    status = sub.add_parser("status", help="pending requests with their deadlines, the serving model, retrain debt",
+                            description="Where the scenario's deletion requests stand: pending ones (inbox, or applied "
+                                        "to the data by a batch not finished yet) with age and deadline, overdue ones "
+                                        "first; the serving version (alias current) and its certificate; the retrain "
+                                        "debt; the last batch and its verdict. Changes nothing. Exit status 9 when a "
+                                        "request is overdue, for monitors. Each batch also publishes it as the "
+                                        "Prefect artifact deletion-status-<scenario>.")
+    status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
+    status.set_defaults(handler=run_status)
 
 
 def read_sample_ids(args: argparse.Namespace) -> list[str]:
@@ -73,7 +86,8 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     kind = RequestKind(args.request_kind)
     field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
     subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
-    request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject})
+    request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject,
+                             "deadline": args.deadline})
     path = submit_request(RequestFolders.create(root), request)
     print(request.request_id)
     print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only "
@@ -92,3 +106,15 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
     print_summary(result)
     return erasure_status(result.get("erasure"))
 
+
+
+def run_status(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.errors import RequestOverdue
+    from tasks.status import deletion_status
+    from tasks.workspace import Workspace
+
+    ws = Workspace.open(root)
+    ws.params.scenario(args.scenario)
+    status = deletion_status(ws, args.scenario)
+    print(status.markdown())
+    return RequestOverdue.exit_code if status.overdue else 0

@@ -121,6 +121,16 @@ class AuditConfig(_Strict):
 
 
 
+class MlflowConfig(_Strict):
+    """Where runs, models and their artifacts go."""
+
+    tracking_uri: str | None = Field(
+        None, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$",
+        description="an MLflow tracking server (http://HOST:PORT; it keeps the runs, the registry and, with "
+        "--serve-artifacts, the artifacts) or a database URI; None: the workspace's own store, "
+        "sqlite:///<workspace>/mlflow/mlflow.db with artifacts under mlflow/artifacts")
+
+
 class Params(_Strict):
     seed: int = 0
     device: str = "auto"
@@ -128,6 +138,7 @@ class Params(_Strict):
     datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     requests: RequestsConfig = Field(default_factory=RequestsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig, description="the per-example forgetting audit")
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="the MLflow tracking store")
     scenarios: dict[str, ScenarioConfig]
 
     def scenario(self, name: str) -> ScenarioConfig:

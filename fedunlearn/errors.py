@@ -11,6 +11,7 @@ The CLI prints ``error: <message>`` and exits with the class's ``exit_code``:
     6  ErasureNotVerified the deleted rows' bytes are still in a store that the scan covers
     7  NoSpace            no space left on device; free space and run the same command again to resume
     8  BenchmarkRegressed `benchmark --compare`: the run succeeded, but a method got worse than the baseline
+    9  RequestOverdue     `fedunlearn status`: a pending request is past its deadline (the status is printed)
 """
 
 from __future__ import annotations
@@ -72,9 +73,15 @@ class BenchmarkRegressed(FedunlearnError):
     exit_code = 8
 
 
+class RequestOverdue(FedunlearnError):
+    """A deletion request is still pending past its deadline: a monitor alerts on this status."""
+
+    exit_code = 9
+
+
 EXIT_CODES = {cls.__name__: cls.exit_code for cls in (BatchFailed, InputError, BatchInProgress, StateDamaged,
                                                        BatchCannotSucceed, ErasureNotVerified, NoSpace,
-                                                       BenchmarkRegressed)}
+                                                       BenchmarkRegressed, RequestOverdue)}
 
 
 def is_no_space(err: BaseException) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from prefect import flow
 
 from fedunlearn.device import resolve_device
-from tasks.audit import register_references, train_audit_references
+from tasks.audit import ROLE, audit_model, register_references, train_audit_references
 from tasks.data import load_data, reproduce_data
 from tasks.workspace import Workspace
 
@@ -28,6 +28,9 @@ def audit_references(scenario: str = "mnist5k-hfl", root: str = ".", device: str
     federation = load_data(ws, scenario, resolve_device(device or ws.params.device))
     references = train_audit_references(ws, federation)
     version = register_references(ws, scenario, references, data_version)
+    # Its data: the held-out split of this data version (the lineage every version's run records).
+    ws.registry.log_data_version(ws.registry.version(audit_model(scenario), version).run_id, scenario, data_version,
+                                 ROLE)
     print(f"{len(references)} audit references of {scenario} on {len(federation.test)} held-out samples in "
           f"{references.seconds:.1f} s: {scenario}-audit v{version}")
     return {"scenario": scenario, "version": version, "references": len(references),

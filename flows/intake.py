@@ -4,7 +4,8 @@
                       batch owed by an earlier run (process) — or the inbox: validate (GX + domain
                       rules) ─▶ quarantine invalid ─▶ one batch, journaled
     apply-deletions   ledger append ─▶ DVC stages + commit (new data version) ─▶ optional purge
-                      ─▶ erasure check of every store ─▶ files to processed/
+                      ─▶ erasure check of every store ─▶ files to processed/ ─▶ with a default DVC
+                      remote: data versions + state snapshot pushed (``tasks.durable``)
 
 Exactly once: the journal (batch record) is written before the ledger, the ledger skips requests
 it already holds, and files move only after the ledger is durable; ``apply_deletions`` runs only
@@ -20,6 +21,7 @@ from prefect import flow
 from fedunlearn.faults import failpoint
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, load_records
 from fedunlearn.requests.erasure import Fingerprints
+from tasks.durable import sync_state
 from tasks.progress import owed_batch
 from tasks.requests import (append_ledger, capture_fingerprints, close_batch, collect_inbox, file_applied_requests,
                             open_batch, purge_cache, quarantine_requests, recover_interrupted_batches,
@@ -62,6 +64,7 @@ def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
         record = verify_erasure(ws, record, fingerprints)
     if record.status is BatchStatus.VERIFIED:
         record = close_batch(ws, record)
+    sync_state(ws.root, f"batch {record.batch_id}: ledger and new data version")  # with a default DVC remote
     return Applied(record, fingerprints)
 
 
@@ -71,6 +74,7 @@ def intake_requests(root: str, scenario: str, purge: bool = False, take_owed: bo
     earlier run left unfinished comes first (``tasks.progress``), and the inbox waits."""
     ws = Workspace.open(root)
     interrupted = recover_interrupted_batches(ws)
+    sync_state(ws.root, "the remote was behind this workspace")  # a push an earlier run could not make
     resumed = [finish_steps(ws, r).record for r in interrupted if not (take_owed and r.scenario == scenario)]
     owed = owed_batch(ws, scenario) if take_owed else None
     if owed is not None:

@@ -55,12 +55,16 @@ from tasks import preload
 from tasks.audit import audit, load_references, log_audit
 from tasks.data import load_data
 from tasks.debt import mark_repaid, retrain_debt
+from tasks.durable import sync_state
+from tasks.events import announce_processed
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
-from tasks.models import backdoor_ids, find_reference, load_source_model, register_version, remove_alias
+from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
+                          register_version, remove_alias)
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt, write_receipt
 from tasks.registry import ModelWeights, RegisteredModel
 from tasks.requests import capture_fingerprints, scan_stores, submit_requests
+from tasks.status import publish_status
 from tasks.timing import FlowClock
 from tasks.unlearning import unlearn
 from tasks.workspace import Workspace
@@ -122,6 +126,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
             intra_op_threads(cfg.threads):
         taken = intake_requests(root=str(ws.root), scenario=scenario, take_owed=True)
+        announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
+                           taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
             return summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
                              taken.already_applied)
@@ -142,10 +148,12 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                                 outcome=outcome)
             publish_receipt(receipt)
+        announce_processed(receipt.request_ids, scenario, "forgotten", record.batch_id)
         debt = retrain_debt(ws, scenario)
         if debt.requests > ws.params.requests.max_retrain_debt:
             repay(ws, scenario, device)
             debt = retrain_debt(ws, scenario)
+        publish_status(ws, scenario)
     print(receipt.markdown())
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
@@ -213,12 +221,14 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         clean_forget_labels = clean.forget_data(batch).y.cpu().numpy()
     sets = evaluation_sets(federation, batch, clean_forget_labels=clean_forget_labels)
     setup = runner.BenchmarkSetup(scenario, f"batch {batch_id}", federation, batch, bool(poisoned), sets)
-    evaluator = build_evaluator(federation, batch, bool(poisoned), sets)
+    evaluator = build_evaluator(ws, scenario, federation, batch, bool(poisoned), sets)
     source_eval = evaluate(evaluator, f"source-v{source.ref.version}", federation.model_from(source.state))
     references = load_references(ws, scenario, federation, record.deleted_ids())
     if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
         audit_references(scenario=scenario, root=str(ws.root), device=device)
         references = load_references(ws, scenario, federation, record.deleted_ids())
+    source_audit = audit(f"source-v{source.ref.version}", federation.model_from(source.state), sets.forget,
+                         references, ws.params.seed, clean_forget_labels)
 
     if retrain_reference:
         retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
@@ -240,6 +250,9 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
                                           certificate=EXACT_RETRAIN, metrics=_metrics(exact_eval, None),
                                           note=f"exact retrain: nothing of the deleted samples, no gate needed "
                                                f"(audit: {verdict.verdict})"))
+            describe_version(ws, scenario, exact.ref.version, batch_description(
+                record, number, len(policy), attempt.method, attempt.options, EXACT_RETRAIN, None,
+                note=f"none needed (exact retrain; audit {verdict.verdict})"))
             certificate = {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
                            "scenario": scenario, "batch_id": batch_id,
                            "notes": ["retrained from scratch on the retained data (the escalation's last step)"]}
@@ -258,11 +271,14 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
                         clean_forget_labels)
         if number not in registered:
             ref = register_attempt(ws, record, source, federation, attempt, number, outcome, attempt_certificate,
-                                   evaluation)
+                                   evaluation, len(policy))
             log_audit(ws, ref.run_id, verdict)
             failpoint("after-registration")
         gate = apply_gates(f"{attempt.method}-{number}", evaluation, attempt_certificate.guarantee, source_eval,
-                           reference_eval, gates, verdict.as_check())
+                           reference_eval, gates, verdict.as_check(), source_audit.as_check())
+        describe_version(ws, scenario, ref.version, batch_description(
+            record, number, len(policy), attempt.method, attempt.options, attempt_certificate.guarantee,
+            source.ref.version, gate))
         attempts.append(AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
                                       certificate=attempt_certificate.guarantee, gates=gate,
                                       metrics=_metrics(evaluation, outcome.cost)))
@@ -291,8 +307,10 @@ def _metrics(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[str
 
 def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation,
                      attempt: Attempt, number: int, outcome: Outcome, certificate: Certificate,
-                     evaluation: Evaluation | None) -> ModelRef:
-    """An attempt as a registered version of the batch's new data version."""
+                     evaluation: Evaluation | None, steps: int = 1) -> ModelRef:
+    """An attempt as a registered version of the batch's new data version (step ``number`` of
+    ``steps`` in the escalation), its run's data version that version; its description says so,
+    gates pending until they judge it."""
     name = record.scenario
     tags = {"role": "unlearned", "scenario": name, "method": attempt.method, "batch_id": record.batch_id,
             "attempt": str(number), "data_version": record.data_version_after, "certificate": certificate.guarantee,
@@ -308,7 +326,12 @@ def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel
     return register_version(ws, name, weights, federation.model_from(outcome.state),
                             tuple(federation.test.x.shape[1:]), tags, params, VersionMetrics.of(evaluation,
                                                                                                  outcome.cost),
-                            {"certificate.json": certificate.to_json()})
+                            {"certificate.json": certificate.to_json()},
+                            description=batch_description(
+                                record, number, steps, attempt.method, attempt.options, certificate.guarantee,
+                                source.ref.version, note="none needed (only held-out samples deleted: the model "
+                                                         "never trained on them)" if attempt.method == UNCHANGED
+                                else "pending"))
 
 
 def read_attempt(ws: Workspace, scenario: str, version) -> tuple[ModelRef, Outcome, Certificate]:
@@ -387,10 +410,14 @@ def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredMo
 @flow(name="promote-and-receipt")
 def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome) -> tuple[Receipt, Any]:
     """Alias ``current`` to the attempt that passed, the erasure scan of every store (now that the
-    batch registered its versions and logged its runs), the receipt."""
+    batch registered its versions and logged its runs), the receipt. With a default DVC remote the
+    data versions and the state are on it before the alias moves, and again with the receipt."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
     chosen = outcome.chosen
+    # With a default DVC remote, the new data version and the ledger are there before `current` moves
+    # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.
+    sync_state(ws.root, f"batch {batch_id}: before alias current moves")
     ws.registry.set_alias(scenario, "current", chosen.version.version)
     failpoint("after-alias-move")
     erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
@@ -421,5 +448,6 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
     path = write_receipt(ws, receipt)
     if chosen.method == "retrain":  # an exact retrain serves: it repays what earlier batches forgot approximately
         mark_repaid(ws, scenario, chosen.version.version, f"batch {batch_id}")
+    sync_state(ws.root, f"batch {batch_id}: receipt")
     failpoint("after-receipt")
     return receipt, path

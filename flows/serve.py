@@ -1,14 +1,27 @@
-"""Deployments: the recurring deletion batch on a cron schedule, the other flows on demand.
+"""Deployments: deletion batches started by request events (cron as the backstop), the other
+flows on demand or weekly.
 
-    process-deletions/deletion-batches   cron (default daily 02:00 UTC), one run at a time
+    process-deletions/deletion-batches   event triggers (below) + cron (default daily 02:00 UTC),
+                                         one run at a time
+    submit-deletion-requests/form        requests from the Prefect UI into the inbox
+    repay-retrain-debt/weekly            exact retrain when approximate forgetting is owed
+    train-audit-references/on-demand     the per-example audit's reference models
     retrain-reference/on-demand          the gold standard of the current data version
     train-federated/on-demand            a new original model
     benchmark/on-demand                  every method against retraining
 
+Event-driven batches (Prefect's own deployment triggers, evaluated by the server's automations
+service; ``tasks.events`` emits the events): the batch runs when ``requests.batch_threshold``
+requests of the scenario were submitted within ``requests.batch_window_hours``; at once when one
+is urgent (due within ``requests.urgent_hours``); and when a submitted request was not processed
+within ``requests.max_wait_hours`` (a proactive trigger: the absence of its ``processed`` event).
+A trigger that fires while a batch runs starts a run that waits for the lock and takes what is
+left, so no request waits for the cron.
+
 ``fedunlearn serve`` (what ``make serve`` starts) serves them from one process against the
-Prefect API in ``PREFECT_API_URL``; each flow run starts as a subprocess. Their parameters are
-typed (pydantic models and enums), so the Prefect UI's Run button shows forms; ``root`` defaults
-to the served workspace.
+Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them; each flow run starts as a
+subprocess. Their parameters are typed (pydantic models and enums), so the Prefect UI's Run
+button shows forms; ``root`` defaults to the served workspace.
 
 GPU: the unlearning tasks carry the tag ``gpu`` (``tasks.benchmark``: unlearn, train-original,
 audit-ulira); serving first sets a concurrency limit on that tag (one slot by default), so runs
@@ -17,18 +30,25 @@ started together never put two of them on one GPU worker — the second waits fo
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from prefect import serve
 from prefect.client.orchestration import get_client
+from prefect.events import DeploymentEventTrigger
+
+from fedunlearn.config import RequestsConfig, load_params
 
 from flows.audit import audit_references
 from flows.benchmark import benchmark
 from flows.debt import repay_retrain_debt
 from flows.process import process_deletions
 from flows.reference import retrain_reference
+from flows.submit import submit_deletion_requests
 from flows.train import train_federated
+from tasks.events import PROCESSED, RESOURCE_PREFIX, SCENARIO_LABEL, SUBMITTED, URGENT_LABEL, InboxWatcher
 from tasks.unlearning import GPU_TAG
+from tasks.workspace import Workspace
 
 DEFAULT_CRON = "0 2 * * *"
 DEBT_CRON = "0 3 * * 0"  # Sundays 03:00 UTC: after that night's deletion batch
@@ -36,16 +56,41 @@ BATCH_DEPLOYMENT = "deletion-batches"
 ON_DEMAND = "on-demand"
 
 
+def batch_triggers(scenario: str, requests: RequestsConfig) -> list[DeploymentEventTrigger]:
+    """When request events start a deletion batch of ``scenario`` (module docstring)."""
+    match = {"prefect.resource.id": f"{RESOURCE_PREFIX}*", SCENARIO_LABEL: scenario}
+    return [
+        DeploymentEventTrigger(
+            name=f"{requests.batch_threshold} requests", description="enough requests submitted for a batch",
+            expect={SUBMITTED}, match=match, posture="Reactive", threshold=requests.batch_threshold,
+            within=timedelta(hours=requests.batch_window_hours)),
+        DeploymentEventTrigger(
+            name="urgent request", description=f"a request due within {requests.urgent_hours:g} h",
+            expect={SUBMITTED}, match={**match, URGENT_LABEL: "true"}, posture="Reactive", threshold=1),
+        DeploymentEventTrigger(
+            name="waited too long", description=f"a request not processed {requests.max_wait_hours:g} h after "
+                                                "its submission",
+            after={SUBMITTED}, expect={PROCESSED}, for_each={"prefect.resource.id"}, match=match,
+            posture="Proactive", threshold=1, within=timedelta(hours=requests.max_wait_hours)),
+    ]
+
+
 def build_deployments(root: Path, scenario: str, cron: str) -> list:
     common = {"root": str(root), "scenario": scenario}
+    requests = load_params(root / "params.yaml").requests
     return [
         process_deletions.to_deployment(
             # Serving pauses it on shutdown (no runs pile up unserved); serving again resumes it.
             name=BATCH_DEPLOYMENT, cron=cron, paused=False, parameters=common, concurrency_limit=1,
-            tags=["deletions"],
-            description="Recurring deletion batch: pending requests → new data version → unlearned, certified, "
-                        "evaluated model version → gates → alias current → receipt. Run it with a request in the "
-                        "form to forget it now."),
+            triggers=batch_triggers(scenario, requests), tags=["deletions"],
+            description="Deletion batch, started by request events (enough requests, an urgent one, one waiting "
+                        "too long) or the cron backstop: pending requests → new data version → unlearned, "
+                        "certified, evaluated model version → gates → alias current → receipt. Run it with a "
+                        "request in the form to forget it now."),
+        submit_deletion_requests.to_deployment(
+            name="form", parameters=common, tags=["deletions"],
+            description="Put deletion requests into the inbox; the batch triggers decide when they are forgotten "
+                        "(process-deletions' own form forgets them at once)."),
         retrain_reference.to_deployment(
             name=ON_DEMAND, parameters=common, tags=["reference"],
             description="Retrain from scratch on the current data version; registers alias 'retrained'."),
@@ -73,6 +118,15 @@ def limit_gpu_tasks(slots: int) -> None:
 
 
 def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_slots: int = 1) -> None:
-    """Register the deployments and run their flow runs until interrupted (Ctrl-C)."""
+    """Register the deployments and run their flow runs until interrupted (Ctrl-C); meanwhile the
+    inbox watcher announces every request file that arrives."""
+    root = Path(root).resolve()
     limit_gpu_tasks(gpu_slots)
-    serve(*build_deployments(Path(root).resolve(), scenario, cron))
+    ws = Workspace.open(root)
+    watcher = InboxWatcher(ws.folders.inbox, scenario, ws.params.requests.deadline_days,
+                           ws.params.requests.urgent_hours)
+    watcher.start()
+    try:
+        serve(*build_deployments(root, scenario, cron))
+    finally:
+        watcher.stop()

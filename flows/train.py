@@ -23,7 +23,7 @@ from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.federation.local import accuracy, map_inline
 from fedunlearn.training import TrainingRound, train
 from tasks.data import load_data, reproduce_data, validate_partition
-from tasks.models import BACKDOOR_ARTIFACT, backdoor_ids, register_version
+from tasks.models import BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, register_version, training_description
 from tasks.registry import ModelWeights
 from tasks.training import map_with_prefect
 from tasks.workspace import Workspace
@@ -79,6 +79,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
             "seed": ws.params.seed, "device": str(dev), "data_version": data_version,
             **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
             **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
+        ws.registry.log_data_version(run_id, scenario, data_version, DATA_CONTEXTS[role])
 
         def report(step: TrainingRound) -> None:
             test_acc = accuracy(federation.model_from(step.state), federation.test)
@@ -99,7 +100,9 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
         ref = register_version(ws, scenario, ModelWeights(trained.state, trained.node_states), model,
                                tuple(federation.test.x.shape[1:]), tags, {}, metrics,
                                {BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned else {},
-                               alias=role, run_id=run_id)
+                               alias=role, run_id=run_id,
+                               description=training_description(scenario, cfg, data_version, role, batch_id,
+                                                                len(poisoned)))
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)
     return {"scenario": scenario, "data_version": data_version, "test_acc": metrics.test_acc,
             "model_version": ref.version, "run_id": run_id, "device": str(dev),

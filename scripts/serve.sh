@@ -16,6 +16,13 @@ export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false GX_ANALYTICS_ENABLED=False
 mkdir -p "$PREFECT_HOME" "$ROOT/mlflow"
+# An MLflow tracking server named in params.yaml (mlflow.tracking_uri) is the UI: no `mlflow ui` here.
+TRACKING="$("$BIN/python" -c 'import sys, yaml
+print(((yaml.safe_load(open(sys.argv[1])) or {}).get("mlflow") or {}).get("tracking_uri") or "")' "$ROOT/params.yaml")"
+case "$TRACKING" in
+  http://*|https://*) MLFLOW_UI="${TRACKING%/}" ;;
+  *) TRACKING="" MLFLOW_UI="http://127.0.0.1:$MLFLOW_PORT" ;;
+esac
 
 pids=()
 stop() {  # the deployments first (they pause themselves on the server), then the servers
@@ -40,20 +47,24 @@ wait_for() {  # URL NAME LOG
 
 "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT" >"$PREFECT_HOME/server.log" 2>&1 &
 pids+=($!)
-"$BIN/mlflow" ui --backend-store-uri "sqlite:///$ROOT/mlflow/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" \
-  >"$ROOT/mlflow/ui.log" 2>&1 &
-pids+=($!)
+if [ -z "$TRACKING" ]; then
+  "$BIN/mlflow" ui --backend-store-uri "sqlite:///$ROOT/mlflow/mlflow.db" --host 127.0.0.1 --port "$MLFLOW_PORT" \
+    >"$ROOT/mlflow/ui.log" 2>&1 &
+  pids+=($!)
+fi
 wait_for "$PREFECT_API_URL/health" "The Prefect server" "$PREFECT_HOME/server.log"
 "$BIN/fedunlearn" --root "$ROOT" serve --scenario "$SCENARIO" --cron "$CRON" >"$PREFECT_HOME/serve.log" 2>&1 &
 pids+=($!)
-wait_for "http://127.0.0.1:$MLFLOW_PORT/health" "The MLflow UI" "$ROOT/mlflow/ui.log"
+wait_for "$MLFLOW_UI/health" "The MLflow UI" "$ROOT/mlflow/ui.log"
 
 cat <<INFO
 
 Prefect UI   http://127.0.0.1:$PREFECT_PORT/deployments   (Run ▸ Quick run / Custom run on process-deletions)
-MLflow UI    http://127.0.0.1:$MLFLOW_PORT/#/models/$SCENARIO
-Deployments: process-deletions/deletion-batches (cron '$CRON'), retrain-reference/on-demand,
-             train-federated/on-demand, benchmark/on-demand; log: $PREFECT_HOME/serve.log
+MLflow UI    $MLFLOW_UI/#/models/$SCENARIO${TRACKING:+   (the tracking server in params.yaml)}
+Deployments: process-deletions/deletion-batches (cron '$CRON' and event triggers),
+             submit-deletion-requests/form, retrain-reference/on-demand, train-federated/on-demand,
+             repay-retrain-debt/weekly, train-audit-references/on-demand, benchmark/on-demand;
+             log: $PREFECT_HOME/serve.log
 Submit a request, then run the batch from the UI:
   $BIN/fedunlearn --root $ROOT request samples --scenario $SCENARIO --ids \$($BIN/fedunlearn --root $ROOT ids --scenario $SCENARIO --limit 5)
 Ctrl-C stops the Prefect server, the deployments and the MLflow UI.

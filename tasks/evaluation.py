@@ -3,24 +3,53 @@ a batch (``fedunlearn.evaluation.evaluator``), evaluating a model, and judging i
 
 from __future__ import annotations
 
+import os
+
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge
-from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator
+from fedunlearn.evaluation.evaluator import (EvaluationSets, Evaluator, evaluation_sets, shadow_key,
+                                             train_shadow_model)
 from fedunlearn.evaluation.records import Evaluation
 from fedunlearn.evaluation.uncertainty import Check
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.unlearning.base import DeletionBatch
 from tasks.timing import core_compute
+from tasks.workspace import Workspace
+
+
+SHADOW_DIR = "shadow-models"
 
 
 @task(name="build-evaluator", cache_policy=NO_CACHE)
 @core_compute
-def build_evaluator(federation: Federation, batch: DeletionBatch, backdoor: bool = False,
-                    sets: EvaluationSets | None = None) -> Evaluator:
-    return Evaluator(federation, batch, backdoor=backdoor, sets=sets)
+def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch: DeletionBatch,
+                    backdoor: bool = False, sets: EvaluationSets | None = None) -> Evaluator:
+    """The batch's evaluator, its shadow model read from the workspace's cache when one was trained
+    on the same rows and settings before (``evaluator.shadow_key``), else trained and kept there.
+    Only the current key of a scenario is kept: a shadow model trained on a held-out row that a
+    request deleted since is removed with the first batch after it."""
+    sets = sets or evaluation_sets(federation, batch)
+    key = shadow_key(federation, sets.shadow_in)
+    folder = ws.cache_dir / SHADOW_DIR
+    path = folder / f"{scenario}-{key}.pt"
+    shadow = None
+    if path.is_file():
+        shadow = federation.model_from(federation.engine().initial_state())
+        shadow.load_state_dict(torch.load(path, map_location=federation.device, weights_only=True))
+    else:
+        shadow = train_shadow_model(federation, sets.shadow_in)
+        folder.mkdir(parents=True, exist_ok=True)
+        staged = path.with_suffix(".tmp")
+        torch.save(shadow.state_dict(), staged)
+        os.replace(staged, path)
+    for stale in folder.glob(f"{scenario}-*.pt"):
+        if stale != path:
+            stale.unlink()
+    return Evaluator(federation, batch, backdoor=backdoor, sets=sets, shadow_model=shadow)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, task_run_name="evaluate-{name}")
@@ -31,5 +60,6 @@ def evaluate(evaluator: Evaluator, name: str, model: nn.Module, reference: nn.Mo
 
 @task(name="apply-gates", cache_policy=NO_CACHE, task_run_name="gates-{name}")
 def apply_gates(name: str, candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
-                gates: PromotionGates, audit: Check | None = None) -> GateOutcome:
-    return judge(candidate, certificate, source=source, reference=reference, gates=gates, audit=audit)
+                gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None) -> GateOutcome:
+    return judge(candidate, certificate, source=source, reference=reference, gates=gates, audit=audit,
+                 source_audit=source_audit)

@@ -1,5 +1,7 @@
 """Prefect tasks over the model registry (``tasks.registry``): the model a batch unlearns from,
-the retrained reference, registering a version, aliases, and a lineage's backdoor samples."""
+the retrained reference, registering a version, aliases, and a lineage's backdoor samples; the
+lineage a version carries in MLflow — its run's data version as a dataset input, and a
+description of why the version exists (counts and identifiers only: never a sample ID or row)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,19 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
+from fedunlearn.certify.gates import GateOutcome
+from fedunlearn.config import ScenarioConfig
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.receipts import ModelRef
+from fedunlearn.requests.batch import BatchRecord
 from tasks.registry import ModelWeights, RegisteredModel
 from tasks.workspace import Workspace
 
 SOURCE_ALIASES = ("current", "retrained", "original")
 BACKDOOR_ARTIFACT = "backdoor_ids.txt"
+# The context (``mlflow.data.context``) of a run's data version input, by the role of its version.
+DATA_CONTEXTS = {"original": "training", "retrained": "retraining", "unlearned": "unlearning"}
+SHOWN_REQUESTS = 5  # a description lists this many request IDs, then a count
 
 
 def model_on(ws: Workspace, scenario: str, data_version: str, aliases: tuple[str, ...] = SOURCE_ALIASES
@@ -59,20 +67,78 @@ def find_reference(ws: Workspace, scenario: str, data_version: str) -> Registere
 def register_version(ws: Workspace, scenario: str, weights: ModelWeights, model: nn.Module,
                      input_shape: tuple[int, ...], tags: dict[str, str], params: dict[str, Any],
                      metrics: VersionMetrics, texts: dict[str, str], alias: str | None = None,
-                     run_id: str | None = None) -> ModelRef:
-    """The version metrics and ``texts`` as artifacts of ``run_id`` (a new run with ``params`` if
-    None), then a new registered version with ``tags`` (and ``alias``); the run ends."""
+                     run_id: str | None = None, description: str | None = None) -> ModelRef:
+    """The version metrics and ``texts`` as artifacts of ``run_id`` (a new run with ``params`` and
+    its data version ``tags["data_version"]`` as a dataset input if None), then a new registered
+    version with ``tags`` and ``description`` (and ``alias``); the run ends."""
     registry = ws.registry
     if run_id is None:
         run_id = registry.start_run(scenario, f"{tags['role']}-{tags.get('batch_id', tags['data_version'][:10])}",
                                     params, tags)
+        registry.log_data_version(run_id, scenario, tags["data_version"], DATA_CONTEXTS.get(tags["role"], tags["role"]))
     logged = registry.metrics(run_id)  # a training run's per-round test_acc stays its history
     registry.log_metrics(run_id, {k: v for k, v in metrics.to_dict().items() if k not in logged})
     for name, text in texts.items():
         registry.log_text(run_id, text, name)
-    ref = registry.register(run_id, scenario, ws.scenario(scenario).setting, weights, model, input_shape, tags, alias)
+    ref = registry.register(run_id, scenario, ws.scenario(scenario).setting, weights, model, input_shape, tags, alias,
+                            description)
     registry.end_run(run_id)
     return ref
+
+
+@task(name="describe-version", cache_policy=NO_CACHE)
+def describe_version(ws: Workspace, scenario: str, version: str, description: str) -> None:
+    """The version's description in the registry (its page in the MLflow UI)."""
+    ws.registry.describe(scenario, version, description)
+
+
+def training_description(scenario: str, cfg: ScenarioConfig, data_version: str, role: str,
+                         batch_id: str | None = None, backdoor: int = 0) -> str:
+    """Why a trained version exists: trained from scratch, on what, how."""
+    why = ("**Original**: trained from scratch" if role == "original" else
+           f"**Exact retrain** from scratch on the data after deletion batch `{batch_id}` (its gates' reference)"
+           if batch_id else "**Exact retrain** from scratch on the current data (the data version's reference)")
+    train = cfg.train
+    lines = [f"{why} by flow `train-federated`.",
+             f"- data: `partition@{scenario}` ({cfg.dataset}), data version `{data_version}`",
+             (f"- training: {cfg.setting.upper()} `{cfg.model}`, {cfg.partition.num_clients} "
+              f"{'parties' if cfg.setting == 'vfl' else 'clients'} ({cfg.partition.scheme}), {train.rounds} rounds × "
+              f"{train.local_epochs} local epoch(s), lr {train.lr:g}"),
+             f"- certificate: {'exact retrain' if role == 'retrained' else 'not certified (nothing unlearned)'}"]
+    if backdoor:
+        lines.append(f"- backdoor trigger on {backdoor} training samples")
+    return "\n".join(lines)
+
+
+def batch_description(record: BatchRecord, number: int, steps: int, method: str, options: dict[str, Any],
+                      certificate: str, source_version: str | None, gate: GateOutcome | None = None,
+                      note: str | None = None) -> str:
+    """Why a version of a deletion batch exists: the batch (requests, deleted samples — counted,
+    never listed), the method and its options, the certificate, the gates with each check's verdict,
+    its step in the escalation, its source version and the data versions before → after."""
+    ids = [entry.request_id for entry in record.requests]
+    shown = ", ".join(f"`{i}`" for i in ids[:SHOWN_REQUESTS]) + (f", … (+{len(ids) - SHOWN_REQUESTS})"
+                                                               if len(ids) > SHOWN_REQUESTS else "")
+    kinds = sorted({str(getattr(entry.kind, "value", entry.kind)) for entry in record.requests if entry.kind})
+    held_out = len({i for entry in record.requests for i in entry.held_out})
+    role = "**Exact retrain**" if method == "retrain" else "**Unlearned**"
+    if gate is not None:
+        checks = " · ".join(f"{c.name} {c.verdict}" for c in gate.checks)
+        gates, verdict = f"**{gate.verdict}** ({gate.policy}){': ' + checks if checks else ''}", f"**{gate.verdict}**"
+    else:
+        gates = note or "pending"
+        verdict = gates.split(" (")[0]
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    return "\n".join([  # the first line says it all: the UI shows a run's description folded
+        (f"{role} for deletion batch `{record.batch_id}` by `{method}`: gates {verdict}, certificate {certificate} "
+         f"(escalation step {number + 1} of {steps})."),
+        f"- requests: {len(ids)} ({shown}){', kind ' + '/'.join(kinds) if kinds else ''}",
+        f"- deleted samples: {len(record.deleted_ids())}" + (f" ({held_out} held-out)" if held_out else ""),
+        f"- method: `{method}`" + (f" ({settings})" if settings else ""),
+        f"- certificate: {certificate}",
+        f"- gates: {gates}",
+        f"- source version: {'v' + source_version if source_version else 'none (trained from scratch)'}",
+        f"- data version: `{record.data_version_before}` → `{record.data_version_after}`"])
 
 
 @task(name="move-alias", cache_policy=NO_CACHE)

@@ -1,6 +1,7 @@
 """MLflow: runs, metrics and the model registry of one workspace, through one client built with
-explicit URIs (``sqlite:///<root>/mlflow/mlflow.db``; artifacts under ``<root>/mlflow/artifacts``)
-— never MLflow's process-global tracking URI.
+explicit URIs (``sqlite:///<root>/mlflow/mlflow.db``; artifacts under ``<root>/mlflow/artifacts``),
+or the tracking server that params.yaml names (``mlflow.tracking_uri``; its experiments keep their
+artifacts where the server puts them) — never MLflow's process-global tracking URI.
 
 Registry conventions: every version of the registered model ``<scenario>`` carries the tags
 ``role`` (original | retrained | unlearned), ``scenario``, ``setting``, ``data_version`` and
@@ -8,6 +9,12 @@ Registry conventions: every version of the registered model ``<scenario>`` carri
 ``batch_id``, unlearned ones ``method``, ``attempt`` and ``source_version``. Aliases:
 ``original`` (the trained model), ``retrained`` (the latest exact reference), ``current`` (the
 version that serves).
+
+Lineage: every training, unlearning and retraining run has its data version as an MLflow dataset
+input (``log_data_version``: metadata only — name ``partition@<scenario>``, digest the DVC content
+hash, source the partition's path in the workspace, context ``training`` | ``unlearning`` |
+``retraining`` | ``audit-reference``), and every version a description of why it exists
+(``describe``): the MLflow UI alone says what data a version saw and which batch put it there.
 
 What a version stores, by setting — each a plain ``state_dict`` loaded with
 ``torch.load(..., weights_only=True)`` (nothing from the store is unpickled):
@@ -38,6 +45,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from fedunlearn.data.store import PARTITIONS_DIR
 from fedunlearn.errors import StateDamaged
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.receipts import ModelRef
@@ -54,7 +62,20 @@ _EXPORT_LOCK = threading.Lock()
 
 
 def tracking_uri(root: Path) -> str:
-    return f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}"
+    """The workspace's tracking (and registry) URI: ``mlflow.tracking_uri`` of its params.yaml, or its
+    own store ``sqlite:///<root>/mlflow/mlflow.db``. MLflow's process-global ``MLFLOW_TRACKING_URI`` is
+    not read: every workspace names its store itself."""
+    from fedunlearn.config import load_params
+
+    params = Path(root) / "params.yaml"
+    configured = load_params(params).mlflow.tracking_uri if params.is_file() else None
+    return configured or f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def is_tracking_server(uri: str) -> bool:
+    """An MLflow tracking server (it keeps the runs, the registry and, proxied, the artifacts) rather
+    than a database or file store this process writes itself."""
+    return urlparse(uri).scheme in ("http", "https", "databricks")
 
 
 def input_example(input_shape: tuple[int, ...]) -> torch.Tensor:
@@ -142,6 +163,7 @@ class Registry:
         self.root = Path(root)
         (self.root / "mlflow").mkdir(exist_ok=True)
         self.uri = tracking_uri(self.root)
+        self.server = is_tracking_server(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
 
     # --- runs ---------------------------------------------------------------------------------
@@ -150,6 +172,8 @@ class Registry:
         experiment = self.client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
+        if self.server:  # the server's artifact store (proxied: mlflow-artifacts:/), not this machine's disk
+            return self.client.create_experiment(name)
         location = (self.root / "mlflow" / "artifacts" / name).resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
@@ -187,6 +211,32 @@ class Registry:
     def set_run_tag(self, run_id: str, key: str, value: str) -> None:
         self.client.set_tag(run_id, key, value)
 
+    def log_data_version(self, run_id: str, scenario: str, data_version: str, context: str,
+                         partition: str | None = None) -> None:
+        """The run's data as an MLflow dataset input: the scenario's partition (``partition``, a path
+        relative to the workspace; default ``data/partitions/<scenario>``, the output of DVC stage
+        ``partition@<scenario>``) at ``data_version``, the DVC content hash, as the digest. Metadata
+        only: no row, no sample ID. Logging the same input again changes nothing."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.data.sources import LocalArtifactDatasetSource
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        source = LocalArtifactDatasetSource(partition or (PARTITIONS_DIR / scenario).as_posix())
+        dataset = MetaDataset(source, name=f"partition@{scenario}", digest=data_version)
+        self.client.log_inputs(run_id, datasets=[DatasetInput(Dataset(**dataset.to_dict()),
+                                                              tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
+    def data_inputs(self, run_id: str) -> list[tuple[str, str, str | None]]:
+        """The run's dataset inputs: (digest, source path, context) each."""
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        found = []
+        for entry in self.client.get_run(run_id).inputs.dataset_inputs:
+            context = next((t.value for t in entry.tags if t.key == MLFLOW_DATASET_CONTEXT), None)
+            found.append((entry.dataset.digest, json.loads(entry.dataset.source).get("uri", ""), context))
+        return found
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
@@ -196,10 +246,12 @@ class Registry:
     # --- versions -----------------------------------------------------------------------------
 
     def register(self, run_id: str, name: str, setting: str, weights: ModelWeights, model: nn.Module,
-                 input_shape: tuple[int, ...], tags: dict[str, str], alias: str | None = None) -> ModelRef:
+                 input_shape: tuple[int, ...], tags: dict[str, str], alias: str | None = None,
+                 description: str | None = None) -> ModelRef:
         """Store the weights (by setting) and MLflow's model on the run, register them as a new
-        version of ``name`` with ``tags`` (in the same call that creates it: a process killed in
-        between leaves no untagged version a re-run could not recognise), set ``alias``."""
+        version of ``name`` with ``tags`` and ``description`` (in the same call that creates it: a
+        process killed in between leaves no untagged version a re-run could not recognise), set
+        ``alias``."""
         tags = {k: str(v) for k, v in {**tags, "setting": setting}.items()}
         with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
             staged = Path(tmp)
@@ -210,14 +262,17 @@ class Registry:
                 (staged / BUDGET_ARTIFACT).write_text(json.dumps(weights.budget, indent=2, sort_keys=True))
             save_mlflow_model(model, input_shape, staged / MODEL_ARTIFACT)
             self.client.log_artifacts(run_id, str(staged))
-        version = self.create_version(name, run_id, MODEL_ARTIFACT, tags)
+        version = self.create_version(name, run_id, MODEL_ARTIFACT, tags, description)
+        if description is not None:
+            self._note(run_id, description)
         if alias:
             self.set_alias(name, alias, version)
         return ModelRef(version=version, role=tags["role"], data_version=tags.get("data_version"), run_id=run_id)
 
-    def create_version(self, name: str, run_id: str, artifact_path: str, tags: dict[str, str]) -> str:
-        """A new version of ``name`` (created if new) from the run's ``artifact_path``, tagged in the
-        same call."""
+    def create_version(self, name: str, run_id: str, artifact_path: str, tags: dict[str, str],
+                       description: str | None = None) -> str:
+        """A new version of ``name`` (created if new) from the run's ``artifact_path``, tagged and
+        described in the same call."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -225,7 +280,8 @@ class Registry:
         except MlflowException:
             pass  # it exists
         return str(self.client.create_model_version(name, f"runs:/{run_id}/{artifact_path}", run_id=run_id,
-                                                    tags={k: str(v) for k, v in tags.items()}).version)
+                                                    tags={k: str(v) for k, v in tags.items()},
+                                                    description=description).version)
 
     def version(self, name: str, version: str):
         return self.client.get_model_version(name, version)
@@ -253,6 +309,17 @@ class Registry:
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
         self.client.set_registered_model_alias(name, alias, version)
+
+    def describe(self, name: str, version: str, description: str) -> None:
+        """Set the version's description (markdown, shown on its page in the MLflow UI) and its
+        run's, which the run's page shows beside the run's dataset input."""
+        self.client.update_model_version(name, version, description=description)
+        self._note(self.version(name, version).run_id, description)
+
+    def _note(self, run_id: str, description: str) -> None:
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
+        self.client.set_tag(run_id, MLFLOW_RUN_NOTE, description)
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self.client.set_model_version_tag(name, version, key, value)
@@ -340,13 +407,16 @@ class Registry:
         ``data/model.pt2`` saved again from the version's own weights (``rebuild(version)`` gives
         the module and its input shape) with a zero example. What the version serves does not
         change. Each rewritten version is tagged ``erasure=artifacts-rewritten`` (``erasure_batch``:
-        this batch); one whose artifacts are not on this machine ``erasure=contains-deleted-rows``,
+        this batch); one whose artifacts are not on this machine (a tracking server's) is read back:
+        its examples all zeros, nothing to do; otherwise it is tagged ``erasure=contains-deleted-rows``,
         and ``fedunlearn compare`` shows the tag. Returns ``<model> v<version>`` for each."""
         touched = []
         for model in self.client.search_registered_models():
             for version in self.versions(model.name):
                 directory, local = self._model_directory(version)
                 if not local:
+                    if not self._examples_hold_data(version):
+                        continue
                     self.set_version_tag(model.name, version.version, ERASURE_TAG, "contains-deleted-rows")
                     touched.append(f"{model.name} v{version.version}")
                     continue
@@ -365,16 +435,35 @@ class Registry:
                 touched.append(f"{model.name} v{version.version}")
         return touched
 
-    def _model_directory(self, version) -> tuple[Path, bool]:
-        """Where the version's MLflow model files are, and whether that is on this machine."""
+    def _model_uri(self, version) -> str:
+        """The artifact URI of the version's MLflow model files."""
         source = version.source
         if source.startswith("models:/"):  # a logged model (MLflow 3's log_model)
-            uri = self.client.get_logged_model(source.removeprefix("models:/")).artifact_location
-        else:  # runs:/<run_id>/<path>
-            run_id, _, path = source.removeprefix("runs:/").partition("/")
-            uri = f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
-        location = urlparse(uri)
+            return self.client.get_logged_model(source.removeprefix("models:/")).artifact_location
+        run_id, _, path = source.removeprefix("runs:/").partition("/")  # runs:/<run_id>/<path>
+        return f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
+
+    def _model_directory(self, version) -> tuple[Path, bool]:
+        """Where the version's MLflow model files are, and whether that is on this machine."""
+        location = urlparse(self._model_uri(version))
         return Path(location.path), location.scheme in ("", "file")
+
+    def _examples_hold_data(self, version) -> bool:
+        """Whether the input examples of a version stored elsewhere (read back through the tracking
+        server) hold anything but zeros — as versions registered before examples were zeros do."""
+        import mlflow.artifacts
+
+        uri = self._model_uri(version)
+        present = {Path(f.path).name for f in mlflow.artifacts.list_artifacts(artifact_uri=uri, tracking_uri=self.uri)}
+        with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
+            for name in EXAMPLE_FILES:
+                if name in present:
+                    local = mlflow.artifacts.download_artifacts(artifact_uri=f"{uri}/{name}", dst_path=tmp,
+                                                                tracking_uri=self.uri)
+                    document = json.loads(Path(local).read_text())
+                    if document != _zeroed(document):
+                        return True
+        return False
 
     def _resave(self, module: nn.Module, input_shape: tuple[int, ...], directory: Path) -> None:
         with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:

@@ -6,7 +6,8 @@ a deletion batch can vouch for it.
     dvc-cache          .dvc/cache — earlier data versions stay until `ingest --purge` (then in scope)
     dvc-remote         the default DVC remote, when it is a local directory (in scope after a purge,
                        which also runs `dvc gc --cloud`)
-    mlflow             the tracking database and every version's artifacts (mlflow/)
+    mlflow             the tracking database and every version's artifacts (mlflow/); with a tracking
+                       server (params.yaml mlflow.tracking_uri) out of scope: the server keeps them
     prefect            Prefect's home: its database, result storage and logs (PREFECT_HOME)
     temporary files    .tmp/ (the CLI's TMPDIR) and .dvc/tmp/
     benchmark outputs  artifacts/ (cached originals) and results/
@@ -24,6 +25,7 @@ from urllib.parse import urlparse
 from fedunlearn.requests.erasure import Store
 
 TEMPORARY_DIR = Path(".tmp")
+CACHE_DIR = Path(".cache")  # models kept between batches (the evaluator's shadow model)
 PURGE_NOTE = "keeps earlier data versions (deleted rows included) until `fedunlearn ingest --purge`"
 
 
@@ -70,6 +72,30 @@ def prefect_store(root: Path) -> Store:
     return Store("prefect", _distinct(paths), note=note)
 
 
+def mlflow_store(root: Path) -> Store:
+    """The workspace's own MLflow store (``mlflow/``), or — with ``mlflow.tracking_uri`` set — what
+    of it this machine can read: nothing of a tracking server (its database and artifact destination
+    are the server's), the database file of a sqlite URI elsewhere."""
+    from tasks.registry import is_tracking_server, tracking_uri
+
+    root = Path(root)
+    uri = tracking_uri(root)
+    own = f"sqlite:///{(root / 'mlflow' / 'mlflow.db').resolve()}"
+    if uri == own:
+        return Store("mlflow", [root / "mlflow"], note="tracking database and every version's artifacts")
+    if is_tracking_server(uri):
+        return Store("mlflow", [], in_scope=False,
+                     note=f"the tracking server {_without_credentials(uri)} keeps the runs, the registry and the artifacts in its own "
+                          "backend store and artifact destination, which this machine cannot scan (versions hold "
+                          "zeros as input examples; `ingest --purge` reads each version's examples back)")
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        return Store("mlflow", _distinct([root / "mlflow", Path(uri.split(":///", 1)[-1])]),
+                     note=f"the tracking database {uri} and every version's artifacts (mlflow/artifacts)")
+    return Store("mlflow", [root / "mlflow"], note=f"every version's artifacts (mlflow/artifacts); the tracking "
+                                                   f"database at {parsed.scheme}://{parsed.hostname} is not scanned")
+
+
 def erasure_stores(root: Path, purged: bool) -> list[Store]:
     root = Path(root)
     data = root / "data"
@@ -89,11 +115,19 @@ def erasure_stores(root: Path, purged: bool) -> list[Store]:
             stores.append(Store("dvc-remote", [path], in_scope=purged,
                                 note=f"remote {name!r}, " + ("`dvc gc --cloud` after the purge" if purged
                                                              else PURGE_NOTE)))
-    stores += [Store("mlflow", [root / "mlflow"], note="tracking database and every version's artifacts"),
+    stores += [mlflow_store(root),
                prefect_store(root),
                Store("temporary files", [root / TEMPORARY_DIR, root / ".dvc" / "tmp"]),
+               Store("model caches", [root / CACHE_DIR], note="the evaluator's shadow model, trained on held-out "
+                                                               "rows; replaced when a request deletes one of them"),
                Store("benchmark outputs", [root / "artifacts", root / "results"])]
     return stores
+
+
+def _without_credentials(uri: str) -> str:
+    parsed = urlparse(uri)
+    netloc = (parsed.hostname or "") + (f":{parsed.port}" if parsed.port else "")
+    return parsed._replace(netloc=netloc).geturl()
 
 
 def _distinct(paths: list[Path]) -> list[Path]:

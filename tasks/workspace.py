@@ -26,7 +26,7 @@ from fedunlearn.errors import NoSpace, StateDamaged
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, read_deleted_ids
 from tasks.registry import Registry
-from tasks.stores import TEMPORARY_DIR
+from tasks.stores import CACHE_DIR, TEMPORARY_DIR
 from tasks.timing import CORE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -196,6 +196,10 @@ class Workspace:
     @property
     def temporary_dir(self) -> Path:
         return temporary_dir(self.root)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / CACHE_DIR
 
     def data_version(self, scenario: str) -> str:
         return data_version(self.root, scenario)

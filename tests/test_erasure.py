@@ -68,7 +68,7 @@ def test_purge_removes_the_deleted_rows_from_the_cache_and_verification_proves_i
     report = record.erasure
     assert record.purged and report.verified and report.found == {}
     assert [s.name for s in report.stores] == ["data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files",
-                                              "benchmark outputs"]
+                                              "model caches", "benchmark outputs"]
     assert all(s.in_scope for s in report.stores) and report.checked_samples == len(fingerprints.by_sample)
     scanned = [workspace / "data", cache, workspace / "mlflow", workspace / ".tmp"]
     assert report.files_scanned >= sum(len(files) for root in scanned for _, _, files in os.walk(root))

@@ -102,7 +102,9 @@ def test_the_backdoor_the_certificate_and_an_unmeasured_metric():
     outcome = judge(unmeasured, "empirical only", source=SOURCE, reference=None, gates=PromotionGates())
     assert verdicts(outcome)["forget_acc_minus_test_acc"] == "inconclusive" and not outcome.passed
     off = PromotionGates(max_forget_acc_excess=None, max_mia_auc_excess=None, max_test_acc_drop=None)
-    assert judge(unmeasured, "empirical only", source=SOURCE, reference=None, gates=off).passed
+    # Every check switched off: the source itself would pass, so nothing is shown.
+    nothing_checked = judge(unmeasured, "empirical only", source=SOURCE, reference=None, gates=off)
+    assert nothing_checked.verdict == "inconclusive" and verdicts(nothing_checked)["power_vs_no_op"] == "inconclusive"
 
 
 def test_gates_reject_a_negative_tolerance():
@@ -118,3 +120,19 @@ def test_a_formal_certificate_is_not_held_back_by_inconclusive_evidence_but_is_b
     assert approximate.verdict == "inconclusive" and proven.verdict == "pass" and "proven" in proven.policy
     broken = evaluation(hits(1000, 800), hits(8, 7))
     assert judge(broken, "formal (ε,δ)", source=SOURCE, reference=None, gates=PromotionGates()).verdict == "fail"
+
+
+def test_without_reference_a_pass_the_source_itself_would_get_shows_nothing():
+    """A model that generalises to its forget set passes the no-reference checks without any
+    unlearning; then the candidate's pass is no evidence of forgetting: inconclusive."""
+    unseen_members, unseen_nonmembers = RNG.normal(0, 1, 2000), RNG.normal(0, 1, 2000)
+    generalising_source = evaluation(hits(1000, 950), hits(2000, 1900), RNG.normal(0, 1, 2000),
+                                     RNG.normal(0, 1, 2000))
+    candidate = evaluation(hits(1000, 948), hits(2000, 1890), unseen_members, unseen_nonmembers)
+    outcome = judge(candidate, "empirical only", source=generalising_source, reference=None, gates=PromotionGates())
+    assert outcome.verdict == "inconclusive" and verdicts(outcome)["power_vs_no_op"] == "inconclusive"
+    assert all(v == "pass" for name, v in verdicts(outcome).items() if name != "power_vs_no_op")
+    # A source that kept the forget set (it fails the same checks): the candidate's pass stands.
+    memorising_source = evaluation(hits(1000, 950), hits(2000, 2000), RNG.normal(1, 1, 2000), RNG.normal(0, 1, 2000))
+    outcome = judge(candidate, "empirical only", source=memorising_source, reference=None, gates=PromotionGates())
+    assert outcome.passed and "power_vs_no_op" not in verdicts(outcome)

@@ -22,7 +22,7 @@ from fedunlearn.receipts import read_receipt, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
-from tasks.registry import tracking_uri
+from tasks.registry import Registry, tracking_uri
 from tasks.workspace import data_version
 
 SCENARIO = "digits-hfl"
@@ -104,6 +104,29 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
         assert set(VERSION_METRICS) <= set(registry(workspace).get_run(version.run_id).data.metrics)
     assert math.isnan(registry(workspace).get_run(original.run_id).data.metrics["forget_acc"])
     assert not math.isnan(registry(workspace).get_run(retrained.run_id).data.metrics["forget_acc"])
+    # Lineage in MLflow: each version's run has its data version as a dataset input (digest = the DVC
+    # hash, source = the partition), and its description says which batch put it there and why.
+    lineage = Registry(workspace)
+    partition = f"data/partitions/{SCENARIO}"
+    assert lineage.data_inputs(original.run_id) == [(before, partition, "training")]
+    assert lineage.data_inputs(retrained.run_id) == [(after, partition, "retraining")]
+    assert all(lineage.data_inputs(v.run_id) == [(after, partition, "unlearning")] for v in unlearned.values())
+    assert "**Original**" in lineage.version(SCENARIO, original.version).description and before in \
+        lineage.version(SCENARIO, original.version).description
+    for attempt in attempts:
+        description = lineage.version(SCENARIO, attempt.version.version).description
+        for text in (batch_id, request_id, f"`{attempt.method}`", attempt.certificate, "deleted samples: 12",
+                     f"`{before}` → `{after}`", f"(escalation step {attempt.attempt + 1} of "):
+            assert text in description, f"{text!r} not in the description of v{attempt.version.version}"
+        assert (f"gates: **{attempt.gates.verdict}**" if attempt.gates else "gates: none needed") in description
+        assert all(c.name in description for c in (attempt.gates.checks if attempt.gates else []))
+        assert not any(i in description for i in ids)  # counts only, never a sample ID
+    assert batch_id in lineage.version(SCENARIO, retrained.version).description
+    [audit_set] = lineage.versions(f"{SCENARIO}-audit")  # trained by the batch on the new data's held-out split
+    assert lineage.data_inputs(audit_set.run_id) == [(after, partition, "audit-reference")]
+
+    # The shadow model of the attacks was trained by the failed run and read back by the resumed one.
+    assert len(list((workspace / ".cache/shadow-models").glob(f"{SCENARIO}-*.pt"))) == 1
 
     ledger, lock = (workspace / LEDGER_PATH).read_bytes(), (workspace / "dvc.lock").read_bytes()
     count = sum(len(v) for v in versions_by_role(workspace).values())

@@ -2,6 +2,8 @@
 the deployments served by `fedunlearn serve` (another subprocess), a deletion batch triggered
 through the Prefect API as the UI's Run button does, then the registry (original, retrained and
 unlearned versions, their tags and aliases), the receipt linking them, and the flow run's artifacts.
+Then the event-driven path: requests submitted, announced by the inbox watcher, a batch started by
+the deployment's trigger with nobody pressing Run, and `fedunlearn status` before and after.
 The helpers here also start the services of the UI screenshot test."""
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def check_batch(workspace: Path, scenario: str, receipt) -> dict:
     return versions
 
 
-def test_batches_of_every_setting_run_through_the_prefect_api(workspace, services):
+def test_batches_of_every_setting_run_through_the_prefect_api(workspace, services, capsys):
     """HFL (digits-hfl, PUF-Special first), VFL (wine-vfl, a class request, FedORA first) and DFL
     (breast_cancer-dfl-ring, samples at three nodes, certified DFU first), each a deployment run
     as the UI's Run button starts it."""
@@ -173,6 +175,8 @@ def test_batches_of_every_setting_run_through_the_prefect_api(workspace, service
     from flows.serve import BATCH_DEPLOYMENT
     from flows.train import train_federated
 
+    params = workspace / "params.yaml"  # three submitted requests start a batch (phase two)
+    params.write_text(params.read_text().replace("batch_threshold: 10", "batch_threshold: 3"))
     api, server = start_prefect(services)
     services.wait_for(f"{api}/health", server)
     deployments = serve_deployments(services, workspace)
@@ -206,7 +210,8 @@ def test_batches_of_every_setting_run_through_the_prefect_api(workspace, service
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[SCENARIO].id])))
             assert client.read_concurrency_limit_by_tag("gpu").concurrency_limit == 1
     assert {(a.key, a.type) for a in artifacts} >= {("deletion-receipt", "markdown"),
-                                                    ("deletion-batch-models", "table")}
+                                                    ("deletion-batch-models", "table"),
+                                                    ("deletion-status-digits-hfl", "markdown")}
 
     receipts = {}
     for scenario in runs:
@@ -222,3 +227,44 @@ def test_batches_of_every_setting_run_through_the_prefect_api(workspace, service
     assert vfl.attempts[0].method == "fedora" and vfl.attempts[0].version is not None
     dfl = receipts["breast_cancer-dfl-ring"]
     assert dfl.attempts[0].method == "certified-dfu" and set(dfl.forgotten_per_client) == {"0", "1", "2"}
+
+    # Phase two, event-driven: three requests submitted, and a batch runs without anyone pressing Run
+    # (the inbox watcher announces each file, the deployment's threshold trigger starts the run).
+    def status() -> tuple[int, str]:
+        code = main(["--root", str(workspace), "status", "--scenario", SCENARIO])
+        return code, capsys.readouterr().out
+
+    capsys.readouterr()
+    ids = load_horizontal(SCENARIO, workspace).clients[1].sample_ids[:3].tolist()
+    submitted = []
+    for sample_id in ids:
+        assert main(["--root", str(workspace), "request", "samples", "--scenario", SCENARIO, "--ids", sample_id]) == 0
+        submitted.append(capsys.readouterr().out.strip())
+    code, before = status()
+    assert code == 0 and "**3 pending request(s)**" in before and all(r in before for r in submitted)
+    assert "| deadline |" in before and "serving: v" in before
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        triggered = wait_for_triggered_batch(runs[SCENARIO].deployment_id, {r.id for r in runs.values()}, services)
+    assert triggered.state.is_completed(), f"{triggered.state}\n{services.logs()}"
+    code, after = status()
+    assert code == 0 and "no pending requests" in after, after
+    receipt = read_receipt(workspace, sorted((workspace / "data/receipts").glob("*.json"))[-1].stem)
+    assert sorted(receipt.request_ids) == sorted(submitted)
+
+
+def wait_for_triggered_batch(deployment_id, started_by_us: set, services: Services, timeout: float = 240):
+    """The first run of the batch deployment that an automation (a deployment trigger) created,
+    once every such run is final."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+            others = [r for r in runs if r.id not in started_by_us and r.created_by is not None
+                      and r.created_by.type == "AUTOMATION"]
+            if others and all(r.state.is_final() for r in others):
+                return sorted(others, key=lambda r: r.created)[0]
+            time.sleep(2)
+    raise TimeoutError(f"no triggered deletion batch finished within {timeout:.0f} s\n{services.logs()}")

@@ -11,7 +11,6 @@ on one digits-hfl workspace (a temporary Prefect server, a real DVC repository a
    and is not retried.
 Plus the messages for a full disk, without filling one."""
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,7 +30,8 @@ from tasks import workspace as workspaces
 from tasks.registry import ModelArtifactMissing, Registry, tracking_uri
 
 SCENARIO = "digits-hfl"
-EVERY_STORE = {"data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files", "benchmark outputs"}
+EVERY_STORE = {"data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files", "model caches",
+               "benchmark outputs"}
 
 
 def files_holding(root: Path, rows: set[bytes]) -> list[str]:

@@ -33,6 +33,12 @@ With a backdoor (the original carried a trigger), ``max_backdoor_asr`` bounds th
 rate in both policies. The membership attacks are three; the worst one is what a gate reports, so
 each is judged at α/3 (Bonferroni): choosing the worst does not raise the false-reject rate above α.
 A limit set to None switches its check off; a metric nobody measured is ``inconclusive``.
+
+Power. Without a reference, checks that the source model would pass as well cannot show that
+anything was forgotten (a model that generalises to the forget set, measured in
+docs/BENCHMARKS.md: a no-op passed for two of five whole clients). ``judge`` therefore judges the
+source as a no-op candidate too and turns such a pass into ``inconclusive`` — escalation then
+goes on, to exact retrain at worst.
 """
 
 from __future__ import annotations
@@ -216,11 +222,34 @@ def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
                                           alpha=gates.alpha))]
 
 
+NO_OP_CHECK = "power_vs_no_op"
+
+
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
-          gates: PromotionGates, audit: Check | None = None) -> GateOutcome:
+          gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None) -> GateOutcome:
     """The gate outcome of an unlearned model: against ``reference`` when there is one, else
     against ``source`` and chance; the certificate class and the per-example audit (``audit``:
-    pass = forgotten, fail = not forgotten) in both."""
+    pass = forgotten, fail = not forgotten) in both. Without a reference, a pass also needs the
+    checks to tell forgetting from none: the source model itself — no unlearning at all, its own
+    audit ``source_audit`` — is judged the same way, and if it passes too, the candidate's pass
+    shows nothing (the model generalises to the forget set, or the sample is too small to see a
+    difference): ``inconclusive``, check ``power_vs_no_op``."""
+    outcome = _judged(candidate, certificate, source, reference, gates, audit)
+    if reference is None and outcome.verdict == PASS and not _proven(certificate, gates):
+        no_op = _judged(source, certificate, source, None, gates, source_audit)
+        if no_op.verdict == PASS:
+            powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
+                                  limit=None, passed=False, verdict=INCONCLUSIVE)
+            outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
+    return outcome
+
+
+def _proven(certificate: str, gates: PromotionGates) -> bool:
+    return certificate in PROVEN and certificate in [g.value for g in gates.allowed_certificates]
+
+
+def _judged(candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
+            gates: PromotionGates, audit: Check | None) -> GateOutcome:
     allowed = [g.value for g in gates.allowed_certificates]
     checks = [GateCheck(name="certificate", value=certificate, limit=allowed, passed=certificate in allowed,
                         verdict=PASS if certificate in allowed else FAIL)]
@@ -230,7 +259,7 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
         policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates)
     audited = [GateCheck.of(audit).model_copy(update={"name": "forget_audit"})] if audit is not None else []
     return GateOutcome.of(policy, checks + backdoor_check(candidate, gates) + audited,
-                          proven=certificate in PROVEN and certificate in allowed)
+                          proven=_proven(certificate, gates))
 
 
 __all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge"]

@@ -9,12 +9,15 @@ on the same sets, the same way, in the benchmark and in the pipeline (DESIGN.md 
 
 The test set is split once: half is the pool non-members are drawn from (matched to the forget
 set's label histogram — under label skew anything else measures the label mix), half trains and
-tests the shadow model of the Shokri attack. The shadow model is trained once, centrally, with
-the scenario's architecture and as many epochs as a client sees in the original training.
+tests the shadow model of the Shokri attack. The shadow model is trained centrally, with the
+scenario's architecture and as many epochs as a client sees in the original training; it depends
+on none of the batch's choices, so a pipeline keeps it between batches (``shadow_key``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,18 +88,37 @@ def _mean(hits: np.ndarray) -> float:
     return float(hits.mean()) if len(hits) else float("nan")
 
 
+def train_shadow_model(federation: Federation, shadow_in: Tensors) -> nn.Module:
+    """The population attacks' shadow model: the federation's architecture trained centrally on
+    ``shadow_in`` (held-out rows) for as many epochs as a client trains in all rounds."""
+    config = federation.train_config
+    shadow = federation.model_from(federation.engine().initial_state())
+    sgd_epochs(shadow, shadow_in, epochs=config.rounds * config.local_epochs, lr=config.lr,
+               batch_size=config.batch_size, momentum=config.momentum,
+               generator=torch.Generator().manual_seed(federation.seed))
+    return shadow
+
+
+def shadow_key(federation: Federation, shadow_in: Tensors) -> str:
+    """What the shadow model depends on — its rows, the training settings, the seed, the
+    architecture — as a digest: the same key, the same shadow model (reusable across batches
+    until a request deletes one of its rows)."""
+    parts = [federation.setting, federation.seed, federation.train_config.model_dump_json(),
+             sorted(map(str, shadow_in.sample_ids.tolist())),
+             [(name, list(p.shape)) for name, p in federation.model_from(federation.engine().initial_state())
+              .state_dict().items()]]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
 class Evaluator:
-    """Evaluates models of one batch; the shadow model is trained at construction."""
+    """Evaluates models of one batch. ``shadow_model``: the population attacks' shadow model
+    (``train_shadow_model`` on ``sets.shadow_in``), trained here when not given."""
 
     def __init__(self, federation: Federation, batch: DeletionBatch, *, backdoor: bool = False,
-                 sets: EvaluationSets | None = None):
+                 sets: EvaluationSets | None = None, shadow_model: nn.Module | None = None):
         self.federation, self.batch, self.backdoor = federation, batch, backdoor
         self.sets = sets or evaluation_sets(federation, batch)
-        config = federation.train_config
-        self.shadow_model = federation.model_from(federation.engine().initial_state())
-        sgd_epochs(self.shadow_model, self.sets.shadow_in, epochs=config.rounds * config.local_epochs,
-                   lr=config.lr, batch_size=config.batch_size, momentum=config.momentum,
-                   generator=torch.Generator().manual_seed(federation.seed))
+        self.shadow_model = shadow_model or train_shadow_model(federation, self.sets.shadow_in)
 
     def evaluate(self, model: nn.Module, reference: nn.Module | None = None) -> Evaluation:
         sets = self.sets

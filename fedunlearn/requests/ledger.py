@@ -114,22 +114,47 @@ class LedgerInspection:
         return GENESIS
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """An intact inspection of a file's first ``length`` bytes (``lines`` lines, the last
+    checksum ``previous``), to carry on from when the file only grew."""
+
+    digest: bytes
+    length: int
+    lines: int
+    previous: str | None
+    inspection: LedgerInspection
+
+
+_CHECKED: dict[str, _Checked] = {}  # per ledger path, in this process
+
+
 class Ledger:
     def __init__(self, path: Path):
         self.path = Path(path)
 
     def inspect(self) -> LedgerInspection:
-        """Read every line and check its checksum and link; never changes the file."""
+        """Read every line and check its checksum and link; never changes the file. A file that
+        only grew since an intact inspection in this process (its first bytes hash as before) is
+        checked from where that one ended: a batch inspects the ledger several times, and a ledger
+        of every deletion ever made would otherwise be parsed again each time."""
         found = LedgerInspection()
         if not self.path.is_file():
             return found
         data = self.path.read_bytes()
-        lines = data.split(b"\n")
+        key = str(self.path.resolve())
+        start, numbered, previous = 0, 0, None  # previous: the last checksum seen; None in the legacy prefix
+        checked = _CHECKED.get(key)
+        if checked is not None and len(data) >= checked.length and \
+                hashlib.sha256(data[:checked.length]).digest() == checked.digest:
+            found = LedgerInspection(entries=list(checked.inspection.entries),
+                                     legacy_entries=checked.inspection.legacy_entries)
+            start, numbered, previous = checked.length, checked.lines, checked.previous
+        lines = data[start:].split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline
-        previous: str | None = None  # the last checksum seen; None while in the legacy prefix
         unreadable_before = False  # the line before could not be read: its checksum is unknown
-        for number, raw in enumerate(lines + ([tail] if tail else []), start=1):
-            is_tail = bool(tail) and number == len(lines) + 1
+        for number, raw in enumerate(lines + ([tail] if tail else []), start=numbered + 1):
+            is_tail = bool(tail) and number == numbered + len(lines) + 1
             if not raw.strip():
                 continue
             try:
@@ -165,6 +190,10 @@ class Ledger:
             unreadable_before = False
             found.missing_final_newline = is_tail
             found.entries.append(entry)
+        if found.intact and not found.missing_final_newline:  # whole lines only: a later append continues it
+            _CHECKED[key] = _Checked(hashlib.sha256(data).digest(), len(data), numbered + len(lines), previous,
+                                     LedgerInspection(entries=list(found.entries),
+                                                      legacy_entries=found.legacy_entries))
         return found
 
     def entries(self) -> list[LedgerEntry]:

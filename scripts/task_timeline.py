@@ -1,0 +1,72 @@
+"""The task runs of a workspace's latest ``process-deletions`` flow run (its sub-flows included),
+with their wall seconds, read from the Prefect database the CLI left in the workspace: where a
+batch's time goes, and whether its evaluation (``build-evaluator``, ``evaluate-*``,
+``audit-*``) stays within its unlearning (``unlearn-*``).
+
+    .venv/bin/python scripts/task_timeline.py WORKSPACE [--flow process-deletions] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+GROUPS = {"unlearning": ("unlearn-",), "evaluation": ("build-evaluator", "evaluate-", "audit-", "gates-")}
+
+
+def seconds(start: str | None, end: str | None) -> float:
+    if not start or not end:
+        return 0.0
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def flow_runs(db: sqlite3.Connection, name: str, count: int) -> list[tuple[str, str]]:
+    return db.execute("SELECT flow_run.id, flow_run.name FROM flow_run JOIN flow ON flow.id = flow_run.flow_id "
+                      "WHERE flow.name = ? AND flow_run.parent_task_run_id IS NULL "
+                      "ORDER BY flow_run.start_time DESC LIMIT ?", (name, count)).fetchall()
+
+
+def descendants(db: sqlite3.Connection, flow_run_id: str) -> list[str]:
+    """The flow run and its sub-flow runs, recursively."""
+    found, frontier = [flow_run_id], [flow_run_id]
+    while frontier:
+        children = [row[0] for row in db.execute(
+            "SELECT flow_run.id FROM flow_run JOIN task_run ON flow_run.parent_task_run_id = task_run.id "
+            f"WHERE task_run.flow_run_id IN ({','.join('?' * len(frontier))})", frontier)]
+        found += children
+        frontier = children
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workspace", type=Path)
+    parser.add_argument("--flow", default="process-deletions")
+    parser.add_argument("--runs", type=int, default=1, help="the latest N runs (default 1)")
+    args = parser.parse_args()
+    db = sqlite3.connect(args.workspace / ".prefect" / "prefect.db")
+    for run_id, run_name in flow_runs(db, args.flow, args.runs):
+        ids = descendants(db, run_id)
+        rows = db.execute("SELECT id, name, start_time, end_time FROM task_run WHERE flow_run_id IN "
+                          f"({','.join('?' * len(ids))}) ORDER BY start_time", ids).fetchall()
+        # A sub-flow appears as a task run of its parent too (``unlearn-and-register``): its time is
+        # that of the task runs inside it, counted there.
+        wrappers = {row[0] for row in db.execute("SELECT parent_task_run_id FROM flow_run WHERE parent_task_run_id "
+                                                 "IS NOT NULL")}
+        totals = defaultdict(float)
+        print(f"## {args.flow} run {run_name}")
+        for task_run_id, name, start, end in rows:
+            wall = seconds(start, end)
+            print(f"{wall:8.2f} s  {name}{'  (sub-flow)' if task_run_id in wrappers else ''}")
+            for group, prefixes in GROUPS.items():
+                if task_run_id not in wrappers and name.startswith(prefixes):
+                    totals[group] += wall
+        print(" ".join(f"{group} {totals[group]:.1f} s" for group in GROUPS)
+              + f"; evaluation / unlearning = {totals['evaluation'] / max(totals['unlearning'], 1e-9):.2f}\n")
+
+
+if __name__ == "__main__":
+    main()

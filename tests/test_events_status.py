@@ -1,0 +1,72 @@
+"""Request events and `fedunlearn status`, without a batch: what the inbox watcher announces for a
+request file (scenario, urgency from its deadline), the deployment triggers built from params.yaml,
+and the status of pending requests — overdue first, exit status 9 for monitors."""
+
+import json
+from datetime import timedelta
+
+import pytest
+
+import tasks.events as events
+from cli import main
+from fedunlearn.config import RequestsConfig
+from fedunlearn.errors import RequestOverdue
+from fedunlearn.requests.model import utc_now
+
+SCENARIO = "digits-hfl"
+
+
+@pytest.fixture
+def emitted(monkeypatch) -> list[dict]:
+    calls = []
+    monkeypatch.setattr(events, "emit_event", lambda event, **kwargs: calls.append({"event": event, **kwargs}))
+    return calls
+
+
+def test_a_request_file_is_announced_with_its_scenario_and_urgency(tmp_path, emitted):
+    soon, later = utc_now() + timedelta(hours=5), utc_now() + timedelta(days=20)
+    (tmp_path / "req-soon.json").write_text(json.dumps({"scenario": "wine-vfl", "deadline": soon.isoformat()}))
+    (tmp_path / "req-later.json").write_text(json.dumps({"request_id": "req-later", "deadline": later.isoformat()}))
+    (tmp_path / "req-broken.json").write_text("{not json")  # still announced: its validation is the batch's job
+    (tmp_path / ".hidden.json").write_text("{}")
+    announced = [events.announce_file(p, SCENARIO, 30, 72) for p in sorted(tmp_path.iterdir())]
+    assert announced == [False, True, True, True]
+    by_id = {call["resource"]["prefect.resource.name"]: call for call in emitted}
+    assert set(by_id) == {"req-soon", "req-later", "req-broken"}
+    assert all(call["event"] == events.SUBMITTED for call in emitted)
+    assert by_id["req-soon"]["resource"] == {"prefect.resource.id": "fedunlearn.request.req-soon",
+                                             "prefect.resource.name": "req-soon", "fedunlearn.scenario": "wine-vfl",
+                                             "fedunlearn.urgent": "true"}
+    assert by_id["req-later"]["resource"]["fedunlearn.urgent"] == "false"
+    assert by_id["req-broken"]["resource"]["fedunlearn.scenario"] == SCENARIO  # the served scenario by default
+    events.announce_processed(["req-soon"], "wine-vfl", "forgotten", "batch-1")
+    assert emitted[-1]["event"] == events.PROCESSED and emitted[-1]["payload"]["outcome"] == "forgotten"
+
+
+def test_the_batch_triggers_follow_params(monkeypatch):
+    from flows.serve import batch_triggers
+
+    count, urgent, waited = batch_triggers(SCENARIO, RequestsConfig(batch_threshold=7, max_wait_hours=12))
+    assert (count.threshold, count.expect, count.posture) == (7, {events.SUBMITTED}, "Reactive")
+    assert count.match.root["fedunlearn.scenario"] == SCENARIO
+    assert urgent.threshold == 1 and urgent.match.root["fedunlearn.urgent"] == "true"
+    assert waited.posture == "Proactive" and waited.after == {events.SUBMITTED} and waited.expect == {events.PROCESSED}
+    assert waited.for_each == {"prefect.resource.id"} and waited.within == timedelta(hours=12)
+
+
+def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_overdue(workspace, capsys):
+    def cli(*args: str) -> tuple[int, str]:
+        code = main(["--root", str(workspace), *args])
+        return code, capsys.readouterr().out
+
+    code, out = cli("status", "--scenario", SCENARIO)
+    assert code == 0 and "no pending requests" in out and "last batch: none yet" in out
+    _, on_time = cli("request", "client", "--scenario", SCENARIO, "--client", "1")
+    past = (utc_now() - timedelta(hours=2)).isoformat()
+    _, late = cli("request", "client", "--scenario", SCENARIO, "--client", "2", "--deadline", past)
+    code, out = cli("status", "--scenario", SCENARIO)
+    assert code == RequestOverdue.exit_code == 9
+    rows = [line for line in out.splitlines() if line.startswith("| req-")]
+    assert [row.split("|")[1].strip() for row in rows] == [late.strip(), on_time.strip()]  # overdue first
+    assert "OVERDUE by 2.0 h" in rows[0] and "**2 pending request(s)**, **1 OVERDUE**" in out
+    assert "29.9 d" in rows[1] or "30.0 d" in rows[1]  # the default deadline: one month after submission
