@@ -36,7 +36,7 @@ class PartitionConfig(_Strict):
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
     test_fraction: float = Field(0.2, ge=0, lt=1, description="share of samples held out for testing")
     features: str = Field("raw", pattern=r"^(raw|pca[1-9][0-9]*)$",
-                          description="raw, or pca<k>: the first k principal components (fit on training rows)")
+                          description="raw, or pca<k>: the first k principal components (fit on the held-out split)")
     unit_norm: bool = Field(False, description="scale every sample to unit L2 norm (bounded features, R = 1)")
 
 

@@ -31,6 +31,7 @@ from prefect import flow, get_run_logger
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import PromotionGates
+from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space)
@@ -45,7 +46,8 @@ from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.base import Outcome
-from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_method, default_policy
+from fedunlearn.unlearning.escalation import (EXACT_RETRAIN_METHOD, Attempt, checked_policy, default_method,
+                                              default_policy)
 from flows.ingest import summarize
 from flows.intake import apply_deletions, intake_requests
 from flows.audit import audit_references
@@ -155,6 +157,10 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             debt = retrain_debt(ws, scenario)
         publish_status(ws, scenario)
     print(receipt.markdown())
+    timings = clock.split()
+    # In the flow run's log too: a served run (no CLI to print it) shows where its time went.
+    print(f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s, orchestration "
+          f"{timings['orchestration_seconds']:.1f} s ({timings['orchestration_share']:.0%})")
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
             "method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
@@ -162,7 +168,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                 "verdict": a.gates.verdict if a.gates else None} for a in receipt.attempts],
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
             "receipt": ws.relative(path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
-            "timings": clock.split()}
+            "timings": timings}
 
 
 # --- unlearn and register ------------------------------------------------------------------------
@@ -210,6 +216,12 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     poisoned = backdoor_ids(ws, scenario)
     federation = with_weights(load_data(ws, scenario, dev, record.data_version_before, backdoor_ids=poisoned), source)
     batch = record.forget_set(federation.clients)
+    if refits_on_holdout_deletion(read_manifest(scenario, ws.root)) and any(e.held_out for e in record.requests):
+        get_run_logger().warning("batch %s deletes held-out samples, on which %s's feature transform is fit: every "
+                                 "sample's features moved, so the batch retrains exactly", batch_id, scenario)
+        if batch is None:
+            return retrain_for_new_features(ws, record, source, device)
+        policy = [Attempt(method=EXACT_RETRAIN_METHOD)]
     if batch is None:
         return keep_source(ws, record, source, registered)
     if batch.num_forget >= sum(len(c) for c in federation.clients):
@@ -253,11 +265,8 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
             describe_version(ws, scenario, exact.ref.version, batch_description(
                 record, number, len(policy), attempt.method, attempt.options, EXACT_RETRAIN, None,
                 note=f"none needed (exact retrain; audit {verdict.verdict})"))
-            certificate = {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
-                           "scenario": scenario, "batch_id": batch_id,
-                           "notes": ["retrained from scratch on the retained data (the escalation's last step)"]}
-            cost = CostRecord(exact.metrics.get("wall_seconds", math.nan), exact.metrics.get("flops", math.nan),
-                              int(exact.metrics.get("comm_bytes", 0) or 0))
+            certificate = exact_certificate(scenario, batch_id, "the escalation's last step")
+            cost = registered_cost(exact)
             reference, reference_eval = exact, exact_eval
             break
         if number in registered:
@@ -292,9 +301,7 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
         ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": reference_eval.forget_acc,
                                                        "mia_auc": reference_eval.mia_auc})
-        reference_metrics = VersionMetrics.of(reference_eval, CostRecord(
-            reference.metrics.get("wall_seconds", math.nan), reference.metrics.get("flops", math.nan),
-            int(reference.metrics.get("comm_bytes", 0) or 0)))
+        reference_metrics = VersionMetrics.of(reference_eval, registered_cost(reference))
     return BatchOutcome(source.ref, VersionMetrics.of(source_eval, None), attempts, certificate, cost,
                         {str(c): len(ids) for c, ids in batch.forget_ids.items()},
                         reference.ref if reference else None, reference_metrics)
@@ -356,6 +363,33 @@ def exact_retrain(ws: Workspace, scenario: str, batch_id: str, number: int, devi
     """The escalation's last step: the retrain-reference flow on the batch's new data version."""
     retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
     return find_reference.fn(ws, scenario, ws.data_version(scenario))
+
+
+def registered_cost(model: RegisteredModel) -> CostRecord:
+    """The cost a registered version's run logged."""
+    return CostRecord(model.metrics.get("wall_seconds", math.nan), model.metrics.get("flops", math.nan),
+                      int(model.metrics.get("comm_bytes", 0) or 0))
+
+
+def exact_certificate(scenario: str, batch_id: str, why: str) -> dict[str, Any]:
+    return {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN, "scenario": scenario,
+            "batch_id": batch_id, "notes": [f"retrained from scratch on the retained data ({why})"]}
+
+
+def retrain_for_new_features(ws: Workspace, record: BatchRecord, source: RegisteredModel,
+                             device: str | None) -> BatchOutcome:
+    """A batch that deleted only held-out samples of a scenario whose feature transform is fit on
+    the held-out split: no model of the earlier data version fits the new one's features (nor may
+    it keep statistics of the deleted samples), so the new data version gets an exact retrain."""
+    exact = find_reference.fn(ws, record.scenario, record.data_version_after) or exact_retrain(
+        ws, record.scenario, record.batch_id, 0, device)
+    tag_attempt(ws, record.scenario, exact.ref.version, 0)
+    why = "held-out samples deleted: the feature transform fit on them changed"
+    cost = registered_cost(exact)
+    attempt = AttemptRecord(attempt=0, method=EXACT_RETRAIN_METHOD, version=exact.ref, certificate=EXACT_RETRAIN,
+                            metrics=_metrics(None, cost), note=f"exact retrain: {why}")
+    return BatchOutcome(source.ref, VersionMetrics(), [attempt], exact_certificate(record.scenario, record.batch_id,
+                                                                                 why), cost, {}, exact.ref)
 
 
 def keep_source(ws: Workspace, record: BatchRecord, source: RegisteredModel, registered: dict) -> BatchOutcome:

@@ -10,7 +10,8 @@ import torch
 from fedunlearn.config import Params, TrainConfig
 from fedunlearn.data.datasets import load_source
 from fedunlearn.data.partition import assign_iid, holdout_mask
-from fedunlearn.data.store import PARTITIONS_DIR, load_horizontal, partition_scenario, prepare_dataset
+from fedunlearn.data.store import (PARTITIONS_DIR, load_horizontal, partition_scenario, prepare_dataset,
+                                   refits_on_holdout_deletion)
 from fedunlearn.federation.cost import communication_bytes
 from fedunlearn.federation.dpsgd import DPSGD, average_state
 from fedunlearn.federation.local import Tensors, objective
@@ -121,8 +122,9 @@ def test_dfl_retrain_is_dpsgd_from_scratch_on_the_retained_data():
     assert len(after.clients[1]) == 0 and after.nodes()[1] is None
 
 
-def test_partition_stage_applies_pca_and_unit_norm_fit_on_training_rows(tmp_path):
-    """... and a DFL federation is built from the partition and its trained local models."""
+def test_partition_stage_applies_pca_and_unit_norm_fit_on_the_held_out_split(tmp_path):
+    """... so that deleting training samples moves no other sample's features; and a DFL
+    federation is built from the partition and its trained local models."""
     params = Params.model_validate({"seed": 0, "scenarios": {"digits-dfl": {
         "dataset": "digits", "setting": "dfl", "model": "logreg",
         "partition": {"scheme": "iid", "num_clients": 3, "features": "pca10", "unit_norm": True}}}})
@@ -134,20 +136,37 @@ def test_partition_stage_applies_pca_and_unit_norm_fit_on_training_rows(tmp_path
     part = load_horizontal("digits-dfl", tmp_path)
     assert part.input_shape == (10,) and part.manifest["unit_norm"] is True
     assert part.manifest["features"]["transform"] == "pca10" and 0 < part.manifest["features"]["explained_variance"] < 1
+    assert refits_on_holdout_deletion(part.manifest)
     everything = np.concatenate([c.features for c in part.clients] + [part.test.features])
     assert np.allclose(np.linalg.norm(everything, axis=1), 1, atol=1e-5)
-    # Fit on the training rows only: their projections are centred (the test rows' need not be).
-    train = load_source("digits")
-    train_rows = ~holdout_mask(train.sample_ids, 0, 0.2)
+    # Fit on the held-out rows only: every training row is their projection.
+    source = load_source("digits")
+    flat, held_out = source.features.reshape(len(source.features), -1), holdout_mask(source.sample_ids, 0, 0.2)
     from sklearn.decomposition import PCA
 
-    projected = PCA(10, svd_solver="full").fit(train.features.reshape(len(train.features), -1)[train_rows]) \
-        .transform(train.features.reshape(len(train.features), -1)[train_rows])
+    projected = PCA(10, svd_solver="full").fit(flat[held_out]).transform(flat[~held_out])
     projected /= np.linalg.norm(projected, axis=1, keepdims=True)
     ids = np.concatenate([c.sample_ids for c in part.clients])
-    order = {sid: i for i, sid in enumerate(train.sample_ids[train_rows])}
+    order = {sid: i for i, sid in enumerate(source.sample_ids[~held_out])}
     assert np.allclose(np.concatenate([c.features for c in part.clients]), projected[[order[s] for s in ids]],
                        atol=1e-5)
+
+    def features_by_id(gone: set[str]) -> dict[str, np.ndarray]:
+        prepare_dataset("digits", params, tmp_path, gone)
+        partition_scenario("digits-dfl", params, tmp_path)
+        again = load_horizontal("digits-dfl", tmp_path)
+        return {sid: x for c in [*again.clients, again.test] for sid, x in zip(c.sample_ids.tolist(), c.features)}
+
+    before = features_by_id(set())
+    trained_gone = set(ids[:25].tolist())
+    after_training_deletion = features_by_id(trained_gone)
+    assert set(after_training_deletion) == set(before) - trained_gone
+    assert all(np.array_equal(x, before[sid]) for sid, x in after_training_deletion.items())
+    held_out_gone = {part.test.sample_ids[0]}
+    after_held_out_deletion = features_by_id(held_out_gone)
+    assert not np.allclose(after_held_out_deletion[ids[0]], before[ids[0]], atol=1e-6)
+    prepare_dataset("digits", params, tmp_path, set())
+    partition_scenario("digits-dfl", params, tmp_path)
     assert (tmp_path / PARTITIONS_DIR / "digits-dfl" / "client_002").is_dir()
     model_fn = lambda: build_model("logreg", part.input_shape, part.num_classes, l2=0.01)  # noqa: E731
     config = TrainConfig(rounds=2, lr=0.5)
@@ -160,3 +179,23 @@ def test_partition_stage_applies_pca_and_unit_norm_fit_on_training_rows(tmp_path
     untrained = DecentralizedState.from_federation(FederatedState.from_partition(
         part, model_fn=model_fn, state={}, train_config=config, seed=0, device=CPU, setting="dfl"), ring(3))
     assert untrained.node_states is None and untrained.state == {} and len(untrained.topology) == 3
+
+
+def test_tabular_standardisation_is_fit_on_the_held_out_split(tmp_path):
+    """Deleting training rows leaves every other row's standardised features byte-identical."""
+    params = Params.model_validate({"seed": 0, "scenarios": {"bc": {
+        "dataset": "breast_cancer", "setting": "dfl", "model": "logreg",
+        "partition": {"scheme": "iid", "num_clients": 2, "unit_norm": True}}}})
+
+    def features_by_id(gone: set[str]) -> dict[str, np.ndarray]:
+        prepare_dataset("breast_cancer", params, tmp_path, gone)
+        partition_scenario("bc", params, tmp_path)
+        part = load_horizontal("bc", tmp_path)
+        assert refits_on_holdout_deletion(part.manifest)
+        return {sid: x for c in [*part.clients, part.test] for sid, x in zip(c.sample_ids.tolist(), c.features)}
+
+    before = features_by_id(set())
+    trained = [sid for sid in load_horizontal("bc", tmp_path).clients[0].sample_ids.tolist()][:30]
+    after = features_by_id(set(trained))
+    assert set(after) == set(before) - set(trained)
+    assert all(np.array_equal(x, before[sid]) for sid, x in after.items())

@@ -131,9 +131,10 @@ def test_label_unlearning_on_wine_drives_the_forgotten_class_to_uniform_predicti
         forget_logits = model(forget.x)
     chance = 1 / 3
     assert float(entropy(forget_logits).mean()) >= 0.95 * math.log(3)  # near log C
-    # Near-uniform predictions: the argmax is at chance, within one binomial standard error.
+    # Near-uniform predictions: the argmax of a near-tie is at chance, within two binomial standard
+    # errors (a model that still recognised the class would score near 1).
     forget_acc = float((forget_logits.argmax(1) == forget.y).float().mean())
-    assert forget_acc <= chance + math.sqrt(chance * (1 - chance) / len(forget))
+    assert forget_acc <= chance + 2 * math.sqrt(chance * (1 - chance) / len(forget))
     others = test.y != 0
 
     def accuracy_on_others(m):

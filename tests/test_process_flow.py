@@ -18,7 +18,7 @@ from cli import main
 from fedunlearn.data.store import load_horizontal
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.federation.local import Tensors
-from fedunlearn.receipts import read_receipt, write_receipt
+from fedunlearn.receipts import read_receipt, read_receipts, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
@@ -152,6 +152,26 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     assert current.tags["data_version"] == after
     assert read_receipt(workspace, batch_id).exactly_forgotten is None  # exact already: it owed nothing
     assert "no retrain debt" in cli("repay-debt", "--scenario", SCENARIO)
+
+
+def test_a_held_out_deletion_where_the_feature_transform_is_fit_on_the_held_out_split_retrains_exactly(
+        workspace, prefect_server, capsys):
+    """breast_cancer-dfl-ring standardises its features with statistics of the held-out split:
+    deleting a held-out row moves every sample's features, so no model of the earlier data version
+    may serve the new one (nor keep the deleted row's statistics) — the batch retrains exactly
+    instead of keeping the source model as an image scenario's held-out deletion does."""
+    scenario = "breast_cancer-dfl-ring"
+    assert main(["--root", str(workspace), "train", "--scenario", scenario, "--inline"]) == 0
+    held_out = load_horizontal(scenario, workspace).test.sample_ids[:1].tolist()
+    assert main(["--root", str(workspace), "request", "samples", "--scenario", scenario, "--ids", *held_out]) == 0
+    capsys.readouterr()
+    assert main(["--root", str(workspace), "process", "--scenario", scenario]) == 0
+    [receipt] = read_receipts(workspace, scenario)
+    assert receipt.method == "retrain" and receipt.certificate["guarantee"] == "exact retrain"
+    assert [a.method for a in receipt.attempts] == ["retrain"] and "feature transform" in receipt.attempts[0].note
+    current = Registry(workspace).client.get_model_version_by_alias(scenario, "current")
+    assert current.tags["role"] == "retrained" and current.tags["data_version"] == data_version(workspace, scenario)
+    assert str(current.version) == receipt.models["current"].version
 
 
 def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind():

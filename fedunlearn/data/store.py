@@ -66,20 +66,37 @@ def load_prepared(name: str, root: Path) -> Dataset:
                    _load(directory, "sample_ids"), meta["kind"], meta["num_classes"], meta["class_names"])
 
 
-def _standardize(features: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
-    mean = features[train_rows].mean(axis=0)
-    std = features[train_rows].std(axis=0)
+# Where a fitted feature transform (tabular standardisation, PCA) takes its statistics from: the
+# held-out split, never the training rows. Deleting training samples then leaves every data
+# version in the same input space — a model unlearned on one data version is evaluated, gated and
+# served on the next in the space it was trained in — and the transform holds nothing of a deleted
+# training sample, so neither does a model (an exact retrain, or a certified removal) built on it.
+# Deleting a held-out sample re-fits the transform: the deletion pipeline then retrains exactly
+# (``refits_on_holdout_deletion``).
+TRANSFORM_FIT_ON = "held-out split"
+
+
+def refits_on_holdout_deletion(manifest: dict[str, Any]) -> bool:
+    """Whether the partition's features come from a transform fit on the held-out split, so that
+    deleting a held-out sample moves every sample's features (and every model's input space)."""
+    return manifest.get("transform_fit_on") == TRANSFORM_FIT_ON
+
+
+def _standardize(features: np.ndarray, fit_rows: np.ndarray) -> np.ndarray:
+    mean = features[fit_rows].mean(axis=0)
+    std = features[fit_rows].std(axis=0)
     return ((features - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
 
 
-def _transform(features: np.ndarray, train_rows: np.ndarray, kind: str,
+def _transform(features: np.ndarray, fit_rows: np.ndarray, kind: str,
                unit_norm: bool) -> tuple[np.ndarray, dict[str, Any]]:
-    """The partition's feature transform, fit on the training rows only: ``pca<k>`` projects the
-    flattened samples on their first k principal components (scikit-learn's exact LAPACK solver
-    with its deterministic sign convention, so reruns are byte-identical); ``unit_norm`` then
-    scales every sample to L2 norm 1 — bounded features, as certified unlearning's Lipschitz
-    constants need. Returns the features and what to record in the manifest (nothing for raw
-    features, so untransformed partitions keep their bytes)."""
+    """The partition's feature transform, fit on ``fit_rows`` (the held-out split: see
+    ``TRANSFORM_FIT_ON``): ``pca<k>`` projects the flattened samples on their first k principal
+    components (scikit-learn's exact LAPACK solver with its deterministic sign convention, so
+    reruns are byte-identical); ``unit_norm`` then scales every sample to L2 norm 1 — bounded
+    features, as certified unlearning's Lipschitz constants need (a per-sample operation, fit on
+    nothing). Returns the features and what to record in the manifest (nothing for raw features,
+    so untransformed partitions keep their bytes)."""
     record: dict[str, Any] = {}
     if kind == "raw" and not unit_norm:
         return features, record
@@ -87,9 +104,10 @@ def _transform(features: np.ndarray, train_rows: np.ndarray, kind: str,
         from sklearn.decomposition import PCA
 
         flat = features.reshape(len(features), -1).astype(np.float64)
-        pca = PCA(n_components=int(kind[3:]), svd_solver="full").fit(flat[train_rows])
+        pca = PCA(n_components=int(kind[3:]), svd_solver="full").fit(flat[fit_rows])
         features = pca.transform(flat)
         record["features"] = {"transform": kind, "explained_variance": float(pca.explained_variance_ratio_.sum())}
+        record["transform_fit_on"] = TRANSFORM_FIT_ON
     if unit_norm:
         flat = features.reshape(len(features), -1).astype(np.float64)
         norms = np.linalg.norm(flat, axis=1, keepdims=True)
@@ -104,16 +122,19 @@ def partition_scenario(name: str, params: Params, root: Path) -> Path:
     data = load_prepared(cfg.dataset, root)
     part = cfg.partition
     is_test = holdout_mask(data.sample_ids, params.seed, part.test_fraction)
-    features = data.features
+    if (data.kind == "tabular" or part.features != "raw") and not is_test.any():
+        raise ValueError(f"scenario {name}: its feature transform is fit on the held-out split, which is empty; "
+                         "set partition.test_fraction > 0 in params.yaml")
+    features, fitted = data.features, {}
     if data.kind == "tabular":
-        features = _standardize(features, ~is_test)
-    features, transform = _transform(features, ~is_test, part.features, part.unit_norm)
+        features, fitted = _standardize(features, is_test), {"transform_fit_on": TRANSFORM_FIT_ON}
+    features, transform = _transform(features, is_test, part.features, part.unit_norm)
     out = root / PARTITIONS_DIR / name
     manifest: dict[str, Any] = {
         "scenario": name, "dataset": cfg.dataset, "setting": cfg.setting, "partition": part.scheme,
         "seed": params.seed, "num_classes": data.num_classes, "kind": data.kind,
         "input_shape": list(features.shape[1:]), "test": _summary(data.labels[is_test], data.num_classes),
-        **transform,
+        **fitted, **transform,
     }
     _save_arrays(out / "test", features=features[is_test], labels=data.labels[is_test],
                  sample_ids=data.sample_ids[is_test])

@@ -1,0 +1,150 @@
+"""A deletion batch in served mode, measured (issue 18 item 6): the flow time of a batch that a
+Prefect deployment trigger started, split into core compute and orchestration by the flow itself
+(``tasks/timing.py``), as `make serve` runs it — every flow run a fresh ``python -m prefect.engine``
+process that imports Great Expectations and does MLflow's first model logging itself.
+
+Steps: a fresh workspace (``fedunlearn init``) with ``requests.batch_threshold`` set to the batch
+size, ``fedunlearn train``, then ``scripts/serve.sh`` (Prefect server, deployments with their event
+triggers, the inbox watcher, MLflow UI) on free ports; N single-sample requests of distinct
+training IDs written into the inbox (``submit_request``, what ``fedunlearn request`` calls);
+nobody presses Run: the N-th request's event starts ``process-deletions``. When that run ends,
+its log's timing line, its task-run timeline and its wall time are printed and written as JSON.
+
+    .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+PROJECT = Path(__file__).resolve().parent.parent
+BIN = PROJECT / ".venv" / "bin"
+TIMING = re.compile(r"flow ([\d.]+) s: compute ([\d.]+) s, orchestration ([\d.]+) s \((\d+)%\)")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"serve.sh exited with {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def prepare(work: Path, scenario: str, requests: int) -> None:
+    subprocess.run([BIN / "fedunlearn", "init", str(work)], check=True, stdout=subprocess.DEVNULL)
+    params_path = work / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["requests"]["batch_threshold"] = requests
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    subprocess.run([BIN / "fedunlearn", "--root", str(work), "train", "--scenario", scenario], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
+                                                                              "PREFECT_HOME": str(work / ".prefect")})
+
+
+def submit(work: Path, scenario: str, requests: int, seed: int) -> list[str]:
+    import random
+
+    from fedunlearn.data.store import load_horizontal
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import submit_request
+    from fedunlearn.requests.model import DeletionRequestModel
+
+    ids = sorted(i for c in load_horizontal(scenario, work).clients for i in c.sample_ids.tolist())
+    chosen = random.Random(seed).sample(ids, requests)
+    folders = RequestFolders(work)
+    for sample_id in chosen:
+        submit_request(folders, DeletionRequestModel(scenario=scenario, kind="sample", sample_ids=[sample_id]))
+    return chosen
+
+
+def triggered_run(deployment: str, timeout: float):
+    """The first flow run of ``deployment`` that an automation created, once it is final."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        target = client.read_deployment_by_name(deployment)
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[target.id])))
+            started = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
+            if started and started[0].state and started[0].state.is_final():
+                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[started[0].id])))
+                return started[0], [entry.message for entry in logs]
+            time.sleep(5)
+    raise TimeoutError(f"no automation-created run of {deployment} finished within {timeout:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--scenario", default="mnist5k-hfl")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/served"))
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", type=Path, default=PROJECT / "results" / "served_batch.json")
+    args = parser.parse_args()
+    work = args.work.resolve()
+    if work.exists():
+        raise SystemExit(f"{work} exists; remove it or pass another --work")
+    started = time.perf_counter()
+    prepare(work, args.scenario, args.requests)
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = {**os.environ, "FEDUNLEARN_ROOT": str(work), "PREFECT_PORT": str(prefect_port),
+           "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario}
+    os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{prefect_port}/api"
+    serve = subprocess.Popen(["bash", str(PROJECT / "scripts" / "serve.sh")], env=env, cwd=PROJECT,
+                             stdout=(work / "serve-sh.log").open("w"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        wait_for(f"http://127.0.0.1:{prefect_port}/api/health", serve, 180)
+        deadline = time.monotonic() + 180
+        while "Your deployments are being served" not in (work / ".prefect" / "serve.log").read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the deployments did not start within 180 s")
+            time.sleep(1)
+        time.sleep(5)  # the watcher and the automations are registered before the deployments serve
+        submitted_at = time.perf_counter()
+        submit(work, args.scenario, args.requests, seed=0)
+        run, messages = triggered_run("process-deletions/deletion-batches", args.timeout)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
+    timing = next((TIMING.search(m) for m in messages if TIMING.search(m)), None)
+    result = {"scenario": args.scenario, "requests": args.requests, "state": run.state.type.value,
+              "flow_run": run.name, "run_wall_seconds": run.total_run_time.total_seconds(),
+              "from_last_submission_to_end_seconds": round(time.perf_counter() - submitted_at, 1),
+              "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1)}
+    if timing:
+        result.update(flow_seconds=float(timing[1]), core_seconds=float(timing[2]),
+                      orchestration_seconds=float(timing[3]), orchestration_share=int(timing[4]) / 100)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    subprocess.run([BIN / "python", PROJECT / "scripts" / "task_timeline.py", work], check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
