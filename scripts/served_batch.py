@@ -121,7 +121,8 @@ def main() -> None:
     try:
         wait_for(f"http://127.0.0.1:{prefect_port}/api/health", serve, 180)
         deadline = time.monotonic() + 180
-        while "Your deployments are being served" not in (work / ".prefect" / "serve.log").read_text(errors="replace"):
+        serve_log = work / ".prefect" / "serve.log"
+        while not serve_log.is_file() or "Your deployments are being served" not in serve_log.read_text(errors="replace"):
             if time.monotonic() > deadline:
                 raise TimeoutError("the deployments did not start within 180 s")
             time.sleep(1)
@@ -130,8 +131,11 @@ def main() -> None:
         submit(work, args.scenario, args.requests, seed=0)
         run, messages = triggered_run("process-deletions/deletion-batches", args.timeout)
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=60)
+        os.killpg(serve.pid, signal.SIGTERM)  # serve.sh stops the deployments, then the servers
+        try:
+            serve.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
     timing = next((TIMING.search(m) for m in messages if TIMING.search(m)), None)
     result = {"scenario": args.scenario, "requests": args.requests, "state": run.state.type.value,
               "flow_run": run.name, "run_wall_seconds": run.total_run_time.total_seconds(),
