@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--cron", help="schedule of the deletion batches (default: daily at 02:00 UTC)")
     serve.add_argument("--gpu-slots", type=int, default=1, metavar="N",
                        help="concurrency limit of tasks tagged gpu (default 1: one GPU worker)")
+    serve.add_argument("--cold-runs", action="store_true",
+                       help="start every flow run in a fresh interpreter (Prefect's own way) instead of forking it "
+                            "from a process that imported the application once (saves ≈ 7 s per run)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -127,5 +130,5 @@ def run_serve(args: argparse.Namespace, root: Path) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         raise ValueError("set PREFECT_API_URL to a running Prefect server (e.g. http://127.0.0.1:4200/api): "
                          "`make serve` starts one with the deployments and both UIs")
-    serve_deployments(root, args.scenario, args.cron or DEFAULT_CRON, args.gpu_slots)
+    serve_deployments(root, args.scenario, args.cron or DEFAULT_CRON, args.gpu_slots, warm_runs=not args.cold_runs)
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from tasks.debt import mark_repaid, retrain_debt
 from tasks.workspace import Workspace
@@ -27,7 +28,7 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
     forgotten only approximately since the last exact retrain. Holds the batch lock: no deletion
     batch moves the data or ``current`` meanwhile."""
     ws = Workspace.open(root)
-    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"):
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"), parent_heartbeat():
         return repay(ws, scenario, device)
 
 

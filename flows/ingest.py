@@ -20,6 +20,7 @@ from prefect import flow, get_run_logger
 from fedunlearn.requests.batch import BatchRecord, QuarantineNote, Triage, record_path
 from fedunlearn.requests.folders import LOCK_TIMEOUT_S, RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel
+from flows.heartbeat import parent_heartbeat
 from flows.intake import apply_deletions, intake_requests
 from tasks.requests import submit_requests
 from tasks.workspace import Workspace
@@ -39,7 +40,7 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     ws.scenario(scenario)  # an unknown scenario stops here
     if requests:
         submit_requests(ws, scenario, requests)
-    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"):
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"), parent_heartbeat():
         taken = intake_requests(root=str(ws.root), scenario=scenario, purge=purge)
         record = apply_deletions(root=str(ws.root), batch_id=taken.batch.batch_id).record if taken.batch else None
     summary = summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,

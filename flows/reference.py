@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.heartbeat import parent_heartbeat
 from flows.train import train_federated
 from tasks.data import reproduce_data
 from tasks.workspace import Workspace
@@ -32,6 +33,7 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
         ws.registry.set_alias(scenario, "retrained", version)
         print(f"data version {data_version} already has its reference: {scenario} v{version}")
         return {"scenario": scenario, "data_version": data_version, "model_version": version, "reused": True}
-    result = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
-                             batch_id=batch_id)
+    with parent_heartbeat():
+        result = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
+                                 batch_id=batch_id)
     return {**result, "reused": False}

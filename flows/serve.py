@@ -30,12 +30,16 @@ started together never put two of them on one GPU worker — the second waits fo
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from prefect import serve
+from prefect import Flow
 from prefect.client.orchestration import get_client
 from prefect.events import DeploymentEventTrigger
+from prefect.exceptions import TerminationSignal
+from prefect.runner import Runner
 
 from fedunlearn.config import RequestsConfig, load_params
 
@@ -46,6 +50,7 @@ from flows.process import process_deletions
 from flows.reference import retrain_reference
 from flows.submit import submit_deletion_requests
 from flows.train import train_federated
+from flows.warm import send_flows_by_reference, start_warm_runs
 from tasks.events import PROCESSED, RESOURCE_PREFIX, SCENARIO_LABEL, SUBMITTED, URGENT_LABEL, InboxWatcher
 from tasks.unlearning import GPU_TAG
 from tasks.workspace import Workspace
@@ -54,6 +59,8 @@ DEFAULT_CRON = "0 2 * * *"
 DEBT_CRON = "0 3 * * 0"  # Sundays 03:00 UTC: after that night's deletion batch
 BATCH_DEPLOYMENT = "deletion-batches"
 ON_DEMAND = "on-demand"
+# The line scripts wait for before they submit requests (Prefect's own `serve` prints it too).
+SERVING = "Your deployments are being served and polling for scheduled runs!"
 
 
 def batch_triggers(scenario: str, requests: RequestsConfig) -> list[DeploymentEventTrigger]:
@@ -75,39 +82,40 @@ def batch_triggers(scenario: str, requests: RequestsConfig) -> list[DeploymentEv
     ]
 
 
-def build_deployments(root: Path, scenario: str, cron: str) -> list:
+def build_deployments(root: Path, scenario: str, cron: str) -> list[tuple[Flow, dict[str, Any]]]:
+    """Every served flow with its deployment's settings (``Runner.add_flow``'s arguments)."""
     common = {"root": str(root), "scenario": scenario}
     requests = load_params(root / "params.yaml").requests
     return [
-        process_deletions.to_deployment(
+        (process_deletions, dict(
             # Serving pauses it on shutdown (no runs pile up unserved); serving again resumes it.
             name=BATCH_DEPLOYMENT, cron=cron, paused=False, parameters=common, concurrency_limit=1,
             triggers=batch_triggers(scenario, requests), tags=["deletions"],
             description="Deletion batch, started by request events (enough requests, an urgent one, one waiting "
                         "too long) or the cron backstop: pending requests → new data version → unlearned, "
                         "certified, evaluated model version → gates → alias current → receipt. Run it with a "
-                        "request in the form to forget it now."),
-        submit_deletion_requests.to_deployment(
+                        "request in the form to forget it now.")),
+        (submit_deletion_requests, dict(
             name="form", parameters=common, tags=["deletions"],
             description="Put deletion requests into the inbox; the batch triggers decide when they are forgotten "
-                        "(process-deletions' own form forgets them at once)."),
-        retrain_reference.to_deployment(
+                        "(process-deletions' own form forgets them at once).")),
+        (retrain_reference, dict(
             name=ON_DEMAND, parameters=common, tags=["reference"],
-            description="Retrain from scratch on the current data version; registers alias 'retrained'."),
-        train_federated.to_deployment(
+            description="Retrain from scratch on the current data version; registers alias 'retrained'.")),
+        (train_federated, dict(
             name=ON_DEMAND, parameters=common, tags=["training"],
-            description="Train the federated model on the current data version; registers alias 'original'."),
-        repay_retrain_debt.to_deployment(
+            description="Train the federated model on the current data version; registers alias 'original'.")),
+        (repay_retrain_debt, dict(
             name="weekly", cron=DEBT_CRON, paused=False, parameters=common, concurrency_limit=1, tags=["reference"],
             description="Exact retrain when requests were forgotten only approximately since the last one: serves it "
-                        "(alias current) and marks the receipts it covers as exactly forgotten."),
-        audit_references.to_deployment(
+                        "(alias current) and marks the receipts it covers as exactly forgotten.")),
+        (audit_references, dict(
             name=ON_DEMAND, parameters=common, tags=["audit"],
             description="Train the per-example audit's reference models on the held-out split (role "
-                        "audit-reference); deletion batches train them when a scenario has none."),
-        benchmark.to_deployment(
+                        "audit-reference); deletion batches train them when a scenario has none.")),
+        (benchmark, dict(
             name=ON_DEMAND, parameters={**common, "out": str(root / "results" / "benchmark")}, tags=["benchmark"],
-            description="Every unlearning method against retraining on one request SPEC."),
+            description="Every unlearning method against retraining on one request SPEC.")),
     ]
 
 
@@ -117,16 +125,31 @@ def limit_gpu_tasks(slots: int) -> None:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=slots)
 
 
-def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_slots: int = 1) -> None:
+def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_slots: int = 1,
+                      warm_runs: bool = True) -> None:
     """Register the deployments and run their flow runs until interrupted (Ctrl-C); meanwhile the
-    inbox watcher announces every request file that arrives."""
+    inbox watcher announces every request file that arrives. The runner holds the flows themselves
+    (``Runner.add_flow``, what ``flow.serve`` does), so a run starts the flow in a child process
+    without re-importing it from its file; ``warm_runs``: that child is forked from a process that
+    imported the application once (``flows.warm``) instead of spawned cold."""
     root = Path(root).resolve()
+    send_flows_by_reference()
+    if warm_runs:
+        start_warm_runs()
     limit_gpu_tasks(gpu_slots)
     ws = Workspace.open(root)
     watcher = InboxWatcher(ws.folders.inbox, scenario, ws.params.requests.deadline_days,
                            ws.params.requests.urgent_hours)
+    runner = Runner(pause_on_shutdown=True)
+    served = build_deployments(root, scenario, cron)
+    for served_flow, settings in served:
+        runner.add_flow(served_flow, **settings)
+    print("\n".join([SERVING, *(f"  {served_flow.name}/{settings['name']}" for served_flow, settings in served)]),
+          flush=True)
     watcher.start()
     try:
-        serve(*build_deployments(root, scenario, cron))
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        print("stopped: the deployments are paused until served again")
     finally:
         watcher.stop()

@@ -20,9 +20,10 @@ from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
 from fedunlearn.evaluation.records import VersionMetrics
-from fedunlearn.federation.local import accuracy, map_inline
+from fedunlearn.federation.local import map_inline
 from fedunlearn.training import TrainingRound, train
 from tasks.data import load_data, reproduce_data, validate_partition
+from tasks.evaluation import accuracy
 from tasks.models import BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, register_version, training_description
 from tasks.registry import ModelWeights
 from tasks.training import map_with_prefect

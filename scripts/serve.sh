@@ -2,7 +2,8 @@
 # `make serve`: the Prefect server and UI, the deployments (fedunlearn serve) and the MLflow UI over
 # mlflow/, all bound to 127.0.0.1. Prints the URLs; Ctrl-C stops all three.
 #   FEDUNLEARN_ROOT (workspace, default .), SCENARIO (default of the forms, mnist5k-hfl),
-#   CRON (deletion batches, default daily 02:00 UTC), PREFECT_PORT (4200), MLFLOW_PORT (5000)
+#   CRON (deletion batches, default daily 02:00 UTC), PREFECT_PORT (4200), MLFLOW_PORT (5000),
+#   SERVE_FLAGS (more flags of `fedunlearn serve`, e.g. --cold-runs)
 set -euo pipefail
 set -m  # every background job in its own process group: stopping one stops its workers too
 
@@ -15,6 +16,15 @@ CRON="${CRON:-0 2 * * *}"
 export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"
 export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false GX_ANALYTICS_ENABLED=False
+# The server's sqlite database takes one writer at a time. By default Prefect records every task-run
+# event in a transaction of its own (batch size 1): a deletion batch's ~250 events kept the database
+# busy, and the flow's own writes (a sub-flow's creation, a concurrency slot) met "database is locked"
+# (HTTP 503) and retried after 2 s. Batched, the UI shows a task run's state within a second.
+export PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE="${PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE:-100}" \
+       PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE="${PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE:-100}" \
+       PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL="${PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL:-1}" \
+       PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE="${PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE:-100}" \
+       PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE="${PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE:-200}"
 mkdir -p "$PREFECT_HOME" "$ROOT/mlflow"
 # An MLflow tracking server named in params.yaml (mlflow.tracking_uri) is the UI: no `mlflow ui` here.
 TRACKING="$("$BIN/python" -c 'import sys, yaml
@@ -53,7 +63,7 @@ if [ -z "$TRACKING" ]; then
   pids+=($!)
 fi
 wait_for "$PREFECT_API_URL/health" "The Prefect server" "$PREFECT_HOME/server.log"
-"$BIN/fedunlearn" --root "$ROOT" serve --scenario "$SCENARIO" --cron "$CRON" >"$PREFECT_HOME/serve.log" 2>&1 &
+"$BIN/fedunlearn" --root "$ROOT" serve --scenario "$SCENARIO" --cron "$CRON" ${SERVE_FLAGS:-} >"$PREFECT_HOME/serve.log" 2>&1 &
 pids+=($!)
 wait_for "$MLFLOW_UI/health" "The MLflow UI" "$ROOT/mlflow/ui.log"
 

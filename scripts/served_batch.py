@@ -1,7 +1,7 @@
 """A deletion batch in served mode, measured (issue 18 item 6): the flow time of a batch that a
 Prefect deployment trigger started, split into core compute and orchestration by the flow itself
-(``tasks/timing.py``), as `make serve` runs it — every flow run a fresh ``python -m prefect.engine``
-process that imports Great Expectations and does MLflow's first model logging itself.
+(``tasks/timing.py``), as `make serve` runs it — every flow run forked from the warm process
+(``flows.warm``), or, with ``--cold-runs``, a freshly spawned interpreter, Prefect's own way.
 
 Steps: a fresh workspace (``fedunlearn init``) with ``requests.batch_threshold`` set to the batch
 size, ``fedunlearn train``, then ``scripts/serve.sh`` (Prefect server, deployments with their event
@@ -10,7 +10,7 @@ training IDs written into the inbox (``submit_request``, what ``fedunlearn reque
 nobody presses Run: the N-th request's event starts ``process-deletions``. When that run ends,
 its log's timing line, its task-run timeline and its wall time are printed and written as JSON.
 
-    .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served]
+    .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served] [--cold-runs]
 """
 
 from __future__ import annotations
@@ -92,8 +92,14 @@ def triggered_run(deployment: str, timeout: float):
             runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[target.id])))
             started = [r for r in runs if r.created_by and r.created_by.type == "AUTOMATION"]
             if started and started[0].state and started[0].state.is_final():
-                logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[started[0].id])))
-                return started[0], [entry.message for entry in logs]
+                # The run's last log lines reach the server a moment after its final state.
+                for _ in range(30):
+                    logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[started[0].id])))
+                    messages = [entry.message for entry in logs]
+                    if any(TIMING.search(m) for m in messages):
+                        break
+                    time.sleep(1)
+                return started[0], messages
             time.sleep(5)
     raise TimeoutError(f"no automation-created run of {deployment} finished within {timeout:.0f} s")
 
@@ -105,6 +111,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/served"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=PROJECT / "results" / "served_batch.json")
+    parser.add_argument("--cold-runs", action="store_true", help="serve with `fedunlearn serve --cold-runs`")
     args = parser.parse_args()
     work = args.work.resolve()
     if work.exists():
@@ -113,7 +120,8 @@ def main() -> None:
     prepare(work, args.scenario, args.requests)
     prefect_port, mlflow_port = free_port(), free_port()
     env = {**os.environ, "FEDUNLEARN_ROOT": str(work), "PREFECT_PORT": str(prefect_port),
-           "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario}
+           "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario,
+           **({"SERVE_FLAGS": "--cold-runs"} if args.cold_runs else {})}
     os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{prefect_port}/api"
     serve = subprocess.Popen(["bash", str(PROJECT / "scripts" / "serve.sh")], env=env, cwd=PROJECT,
                              stdout=(work / "serve-sh.log").open("w"), stderr=subprocess.STDOUT,
@@ -143,7 +151,8 @@ def main() -> None:
               "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1)}
     if timing:
         result.update(flow_seconds=float(timing[1]), core_seconds=float(timing[2]),
-                      orchestration_seconds=float(timing[3]), orchestration_share=int(timing[4]) / 100)
+                      orchestration_seconds=float(timing[3]), orchestration_share=int(timing[4]) / 100,
+                      warm_start=any("started warm" in m for m in messages))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -15,6 +15,7 @@ from fedunlearn.evaluation.evaluator import (EvaluationSets, Evaluator, evaluati
                                              train_shadow_model)
 from fedunlearn.evaluation.records import Evaluation
 from fedunlearn.evaluation.uncertainty import Check
+from fedunlearn.federation import local
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.unlearning.base import DeletionBatch
 from tasks.timing import core_compute
@@ -50,6 +51,12 @@ def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch:
         if stale != path:
             stale.unlink()
     return Evaluator(federation, batch, backdoor=backdoor, sets=sets, shadow_model=shadow)
+
+
+@core_compute
+def accuracy(model: nn.Module, data: local.Tensors) -> float:
+    """A model's accuracy on ``data``, timed as the core's compute (training's per-round and final figures)."""
+    return local.accuracy(model, data)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, task_run_name="evaluate-{name}")

@@ -333,9 +333,19 @@ def purge_cache(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) 
     return record.advance(ws.folders, record.status, purged=True)
 
 
+# Files found clean by this process's scans, per set of fingerprints: a batch's scan before its receipt
+# reads again only what changed since its scan after the ingest (the receipt's, 0.3 s less of ≈ 0.5 s).
+_FOUND_CLEAN: dict[bytes, set[tuple]] = {}
+
+
 def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
     """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged."""
-    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(ws.root, purged), ws.root)
+    key = fingerprints.digest()
+    if key not in _FOUND_CLEAN:
+        _FOUND_CLEAN.clear()  # another batch's rows: what was clean for those says nothing of these
+        _FOUND_CLEAN[key] = set()
+    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(ws.root, purged), ws.root,
+                                    clean=_FOUND_CLEAN[key])
     report.scope = f"{report.scope}. {ERASURE_LIMITS}"
     if report.found:
         held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())

@@ -1,6 +1,13 @@
 """Prefect tasks for federated training: the hook that runs each unit of federated work — a
 client update (HFL), a D-PSGD round of every node (DFL), a split-NN epoch of every party (VFL) —
-as a task run on the flow's task runner (threads, Dask or Ray)."""
+through the flow's task runner.
+
+Where the task runner has workers of its own (Dask, Ray), every unit is a task run and a round's
+client updates run side by side across them. The default thread runner shares this machine's cores,
+which torch's intra-op threads already use: there a round is one task run that does its units in
+turn. Ten client updates at once on 2 cores took mnist5k-hfl's 20-round retrain 20 s against 10.4 s
+in turn, and each task run adds three events to the Prefect server's writes.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ from typing import Any, Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedunlearn.federation.fedavg import ClientUpdate
 from tasks import timing
@@ -30,14 +39,35 @@ def federated_update(update_fn: Callable[..., Any], label: str, job: dict) -> An
         return update_fn(**job)
 
 
-def _label(update_fn: Callable[..., Any], job: dict) -> str:
-    """``dpsgd-nodes-round-3``, ``split-nn-parties-epoch-3``: the unit and where it is."""
+@task(name="train-round", cache_policy=NO_CACHE, task_run_name="{label}")
+def train_round(update_fn: Callable[..., Any], label: str, jobs: list[dict]) -> list[Any]:
+    """A round's units of work, in turn (the thread runner's task run)."""
+    with timing.CORE.measure():
+        return [update_fn(**job) for job in jobs]
+
+
+def _label(update_fn: Callable[..., Any], jobs: list[dict]) -> str:
+    """``train-clients-round-3`` (a round of client updates), ``dpsgd-nodes-round-3``,
+    ``split-nn-parties-epoch-3``: the unit and where it is."""
+    job = jobs[0]
+    if set(job) == CLIENT_UPDATE:
+        return f"train-clients-round-{job['round_idx']}"
     where = [f"{'round' if key == 'round_idx' else key}-{job[key]}" for key in ("round_idx", "epoch") if key in job]
     return "-".join([update_fn.__name__.replace("_", "-"), *where])
 
 
+def _workers_of_their_own() -> bool:
+    context = FlowRunContext.get()
+    return context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
+
+
 def map_with_prefect(update_fn: Callable[..., Any], jobs: list[dict]) -> list[Any]:
-    """Run a round's units of work as Prefect task runs (``federation.map_updates``)."""
+    """Run a round's units of work as Prefect task runs (``federation.map_updates``): one per unit on
+    Dask or Ray, one for the whole round on the thread runner (module docstring)."""
+    if not jobs:
+        return []
+    if not _workers_of_their_own():
+        return train_round(update_fn, _label(update_fn, jobs), jobs)
     futures = [train_client.submit(update_fn, **job) if set(job) == CLIENT_UPDATE
-               else federated_update.submit(update_fn, _label(update_fn, job), job) for job in jobs]
+               else federated_update.submit(update_fn, _label(update_fn, [job]), job) for job in jobs]
     return [future.result() for future in futures]

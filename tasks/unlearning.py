@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import Certificate
@@ -17,6 +20,7 @@ from fedunlearn.unlearning.registry import get_method_class
 from tasks.timing import core_compute
 
 GPU_TAG = "gpu"
+GPU_LIMIT = f"tag:{GPU_TAG}"  # the concurrency limit Prefect keeps for the tag (``make serve`` sets one slot)
 
 
 def build_method(name: str, setting: str, kind: str, target_test_acc: float | None,
@@ -39,3 +43,36 @@ def unlearn(setup: runner.BenchmarkSetup, original: dict, name: str, target_test
     outcome = runner.run_method(setup, original, method, timings)
     failpoint("during-unlearning")
     return outcome, runner.method_certificate(setup, method, outcome)
+
+
+# The same task for a caller that holds the GPU slot itself (``gpu_slot``): untagged, or it would wait for
+# the slot its caller holds (``with_options(tags=set())`` keeps the tags: an empty set reads as "unchanged").
+unlearn_in_gpu_slot = unlearn.with_options()
+unlearn_in_gpu_slot.tags = set()
+
+
+@contextmanager
+def gpu_slot(device: torch.device) -> Iterator[None]:
+    """On a GPU, hold one slot of the ``gpu`` tag's concurrency limit for the block (none set: nothing
+    to hold); on the CPU there is no GPU to share. A deletion batch takes it once for its whole GPU
+    phase — unlearning, evaluation, the retrain — rather than once per tagged task run: each
+    acquisition and release is a request whose read-then-write transaction Prefect's sqlite server
+    refuses while it persists events ('database is locked', 503), and the client retries after 2 s
+    (measured: 2–4 s of a served batch)."""
+    if device.type == "cpu" or not _gpu_limited():
+        yield
+        return
+    with concurrency(GPU_LIMIT, occupy=1):
+        yield
+
+
+def _gpu_limited() -> bool:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(GPU_LIMIT)
+        except ObjectNotFound:
+            return False
+    return True

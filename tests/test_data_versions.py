@@ -95,3 +95,56 @@ def test_a_client_emptied_by_deletions_still_validates(workspace):
     reproduce(workspace, "digits-hfl")
     assert len(load_horizontal("digits-hfl", workspace).clients[0]) == 0
     assert validate_partition("digits-hfl", workspace)["splits"] == 4
+
+
+def test_reproduce_does_nothing_until_an_input_or_output_changes(workspace, monkeypatch):
+    """A batch asks for its data version four times: after the first, nothing runs while the stages'
+    inputs and outputs are as reproduced; an input edited to the same size, or an output damaged,
+    runs them again. The commit runs in this process and leaves its working directory as it was."""
+    import os
+
+    from tasks import workspace as module
+
+    cwd = os.getcwd()
+    version = reproduce(workspace, "digits-hfl")
+    assert os.getcwd() == cwd
+    commits = []
+    commit = module._commit_stages
+    monkeypatch.setattr(module, "_commit_stages", lambda root, scenario: commits.append(scenario) or commit(root, scenario))
+    assert reproduce(workspace, "digits-hfl") == version and commits == []
+
+    params = workspace / "params.yaml"
+    original = params.read_text()
+    edited = original.replace("num_clients: 3, alpha: 0.5", "num_clients: 3, alpha: 0.7")
+    assert edited != original and len(edited) == len(original)
+    params.write_text(edited)
+    assert reproduce(workspace, "digits-hfl") != version and commits == ["digits-hfl"]
+    params.write_text(original)
+    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 2
+
+    damaged = workspace / PARTITIONS_DIR / "digits-hfl" / "test" / "labels.npy"
+    damaged.write_bytes(b"damaged")
+    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 3
+    assert damaged.read_bytes() != b"damaged"
+
+
+def test_opening_a_workspace_leaves_the_ledger_untouched(workspace):
+    """Every sub-flow opens the workspace: touching the ledger would move its mtime (DVC re-hashes it)."""
+    import time
+
+    ledger = workspace / LEDGER_PATH
+    before = ledger.stat().st_mtime_ns
+    time.sleep(0.02)
+    init_workspace(workspace)
+    assert ledger.stat().st_mtime_ns == before
+
+
+def test_params_are_parsed_once_per_content_and_handed_out_as_copies(workspace):
+    from fedunlearn.config import load_params
+
+    params = load_params(workspace / "params.yaml")
+    params.scenarios.clear()  # a flow overriding its copy changes nobody else's
+    assert "digits-hfl" in load_params(workspace / "params.yaml").scenarios
+    path = workspace / "params.yaml"
+    path.write_text(path.read_text().replace("seed: 0", "seed: 7"))
+    assert load_params(path).seed == 7

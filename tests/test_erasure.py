@@ -128,3 +128,36 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
     served = mlflow.pytorch.load_model("models:/digits-hfl/1")  # the rewritten model still loads and predicts alike
     x = torch.as_tensor(test.features[2:6])
     assert torch.equal(served(x).argmax(1), model(x).argmax(1))
+
+
+def test_a_second_scan_reads_only_what_changed_and_finds_a_row_written_since(tmp_path, monkeypatch):
+    """A batch scans its stores twice with the same fingerprints: the second reads only files whose
+    inode, size or times changed; a file changed within a second of its first read is read again."""
+    import pathlib
+
+    from fedunlearn.requests import erasure
+    from fedunlearn.requests.erasure import Fingerprints
+
+    rng = np.random.default_rng(2)
+    row = rng.random(64).astype(np.float32)
+    fingerprints = Fingerprints({"s1": {row.tobytes()}}, {}, {"<f4"})
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("a.npy", "b.json", "c.npy"):
+        (store / name).write_bytes(rng.random(256).astype(np.float32).tobytes())
+    reads = []
+    read_bytes = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: reads.append(self.name) or read_bytes(self))
+
+    clean: set = set()
+    assert scan(fingerprints, [Store("s", [store])], tmp_path, clean=clean).verified
+    assert sorted(reads) == ["a.npy", "b.json", "c.npy"] and clean == set()  # just written: not settled yet
+    monkeypatch.setattr(erasure, "SETTLED_SECONDS", 0.0)
+    reads.clear()
+    assert scan(fingerprints, [Store("s", [store])], tmp_path, clean=clean).verified and len(clean) == 3
+
+    reads.clear()
+    (store / "b.json").write_text("[" + ", ".join(str(float(v)) for v in row) + "]")  # the row, as text
+    report = scan(fingerprints, [Store("s", [store])], tmp_path, clean=clean)
+    assert reads == ["b.json"] and report.files_scanned == 3
+    assert not report.verified and report.found == {"s1": ["store/b.json"]}

@@ -59,7 +59,7 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     ids = cli("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "12").split()
     request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids).strip()
 
-    monkeypatch.setattr(process, "unlearn", crash)
+    monkeypatch.setattr(process, "unlearn_in_gpu_slot", crash)
     assert main(["--root", str(workspace), "process", "--scenario", SCENARIO, "--retrain"]) == 1
     err = capsys.readouterr().err
     assert "error: batch batch-" in err and "(digits-hfl) failed at unlearn and register:" in err

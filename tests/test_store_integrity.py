@@ -123,14 +123,22 @@ def test_erasure_and_integrity_sequences_through_the_cli(workspace, prefect_serv
 
 
 def test_a_full_disk_is_named_with_the_path_and_how_to_resume(workspace, monkeypatch, capsys):
+    from dvc.exceptions import DvcException
+
     def failing_dvc(*args, **kwargs):
         return subprocess.CompletedProcess(args, 255, "", "")  # DVC's ENOSPC often prints nothing at all
 
+    def failing_commit(*args, **kwargs):
+        raise DvcException("")  # in process too
+
     monkeypatch.setattr(workspaces.subprocess, "run", failing_dvc)
+    monkeypatch.setattr("dvc.repo.Repo.commit", failing_commit)
     monkeypatch.setattr(workspaces.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
     with pytest.raises(NoSpace, match=r"no space left on device \(.*workspace: 0 MiB free\) while running `dvc "
                                       r"commit.*run the same command again"):
         workspaces.reproduce(workspace, SCENARIO)
+    with pytest.raises(NoSpace, match=r"while running `dvc gc --workspace --force`"):
+        workspaces.garbage_collect(workspace)
 
     def full(args, root):
         raise OSError(28, "No space left on device", str(workspace / "data" / "raw"))
