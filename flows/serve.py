@@ -19,13 +19,14 @@ A trigger that fires while a batch runs starts a run that waits for the lock and
 left, so no request waits for the cron.
 
 ``fedunlearn serve`` (what ``make serve`` starts) serves them from one process against the
-Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them; each flow run starts as a
-subprocess. Their parameters are typed (pydantic models and enums), so the Prefect UI's Run
-button shows forms; ``root`` defaults to the served workspace.
+Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them; each flow run is a process
+forked from the warm process (``flows.warm``). Their parameters are typed (pydantic models and
+enums), so the Prefect UI's Run button shows forms; ``root`` defaults to the served workspace.
 
 GPU: the unlearning tasks carry the tag ``gpu`` (``tasks.benchmark``: unlearn, train-original,
 audit-ulira); serving first sets a concurrency limit on that tag (one slot by default), so runs
-started together never put two of them on one GPU worker — the second waits for the slot.
+started together never put two of them on one GPU worker — the second waits for the slot. A
+deletion batch on a GPU holds the slot for its whole GPU phase (``tasks.unlearning.gpu_slot``).
 """
 
 from __future__ import annotations
