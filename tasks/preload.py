@@ -3,7 +3,9 @@ Prefect server to start (7–15 s with the main thread idle): Great Expectations
 and MLflow's model logging (``tracking.prepare_model_logging``, 2–3 s). Paid in the flow's
 critical path they were a third of a batch's orchestration time on 2 CPU cores. Started in the
 flow itself they gained nothing: there they compete for the GIL with the flow's own Python work.
-The flow calls ``wait()`` before its first tensor work.
+The flow calls ``wait()`` before its first tensor work. A served run has all of it, and more
+(``import_registry_stores``, ``import_dvc``, ``prepare_plotting``), from the warm process it is
+forked from (``flows.warm_start`` runs the steps with ``now``).
 
 A failure here is only a lost head start: the step that needs the library reports real problems.
 """
