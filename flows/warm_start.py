@@ -1,7 +1,9 @@
 """What the warm process of served flow runs (``flows.warm``) does once, at its start, for every run
 it forks: import every served flow and what they import (torch, Prefect, MLflow, DVC), Great
 Expectations, MLflow's SQL stores and its probe model, DVC's API and a first figure (``tasks.preload``) — about 7 s on 2 cores
-that a spawned flow run paid itself, 3–4 s of them inside a deletion batch.
+that a spawned flow run paid itself, 3–4 s of them inside a deletion batch; and have Prefect's API
+clients share one TLS context per CA file (``flows.warm.share_tls_contexts``; each forked run builds
+its own at its first client).
 
 Then everything it holds is frozen out of garbage collection (``gc.freeze``, the standard library's
 recipe for a parent that forks without exec): a full collection in a run walked these 880,000
@@ -18,7 +20,9 @@ from __future__ import annotations
 import gc
 
 import flows.serve  # noqa: F401 — every served flow, and through them the whole application
+from flows.warm import share_tls_contexts
 from tasks import preload
 
+share_tls_contexts()
 preload.now(*preload.BATCH_LIBRARIES, preload.import_registry_stores, preload.import_dvc, preload.prepare_plotting)
 gc.freeze()

@@ -20,7 +20,7 @@ from fedunlearn.evaluation.audit import (AuditResult, ReferenceSet, audit_forget
                                          train_references)
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.protocol import Federation
-from tasks.timing import core_compute
+from tasks.timing import CORE, core_compute
 from tasks.workspace import Workspace
 
 ROLE = "audit-reference"
@@ -84,9 +84,10 @@ def load_references(ws: Workspace, scenario: str, federation: Federation, delete
             model = fresh_model(federation)
             model.load_state_dict(torch.load(local / f"reference_{k}.pt", map_location="cpu", weights_only=True))
             models.append(model.to(federation.device))
-    references = restore_references(models, [np.asarray(ids) for ids in description["train_ids"]],
-                                    np.asarray(description["pool_a_ids"]), federation.test,
-                                    np.asarray(description["pool_ids"]), ws.params.audit)
+    with CORE.measure():  # the references' scores on the pool: the audit's compute, as when they were trained
+        references = restore_references(models, [np.asarray(ids) for ids in description["train_ids"]],
+                                        np.asarray(description["pool_a_ids"]), federation.test,
+                                        np.asarray(description["pool_ids"]), ws.params.audit)
     held_out = set(np.concatenate([references.pool_a_ids, np.asarray(description["pool_ids"])]).tolist())
     gone = (held_out - set(federation.test.sample_ids.tolist())) | (held_out & deleted)
     if not gone:

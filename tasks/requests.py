@@ -269,11 +269,24 @@ def open_batch(ws: Workspace, plan: BatchPlan, quarantined: list[QuarantineNote]
     return record.save(ws.folders)
 
 
+# The fingerprints of the batch this process last worked on: its receipt's scan uses those its ingest
+# took, instead of reading the deleted rows back from the DVC cache (0.07–0.13 s). In memory only.
+_CAPTURED: dict[tuple[Path, str], Fingerprints] = {}
+
+
 @task(name="capture-fingerprints", cache_policy=NO_CACHE)
 def capture_fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
     """The deleted rows' bytes, read before the new version exists and kept in memory only. Rows
     already gone (a batch resumed after its new version was made) are read from the data versions
     before the batch in the DVC cache, and from the dataset source for what the cache lost."""
+    key = (ws.root, record.batch_id)
+    if key not in _CAPTURED:
+        _CAPTURED.clear()
+        _CAPTURED[key] = _fingerprints(ws, record)
+    return _CAPTURED[key]
+
+
+def _fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
     deleted = record.deleted_ids()
     sources = erasure.stored_row_sources(ws.root, record.dataset, list(record.data_versions))
     missing = deleted - {i for source in sources for i in source.sample_ids}

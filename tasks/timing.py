@@ -1,6 +1,6 @@
 """Where a deletion batch's wall time goes. The core's compute — reading the data version,
 writing the new one (the prepare and partition stages), building the batch's evaluation sets,
-unlearning, evaluating, and the client updates of a retrained reference — is timed inside the
+unlearning, evaluating (the audit references' scores included), and the client updates of a retrained reference — is timed inside the
 tasks that run it (``@core_compute``, ``CORE.measure()``); the flow's
 wall time minus that is orchestration and bookkeeping: Prefect's task and flow runs, MLflow,
 DVC, Great Expectations, the ledger, the receipt."""

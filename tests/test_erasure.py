@@ -161,3 +161,27 @@ def test_a_second_scan_reads_only_what_changed_and_finds_a_row_written_since(tmp
     report = scan(fingerprints, [Store("s", [store])], tmp_path, clean=clean)
     assert reads == ["b.json"] and report.files_scanned == 3
     assert not report.verified and report.found == {"s1": ["store/b.json"]}
+
+
+def test_a_batch_captures_its_fingerprints_once_per_process(workspace, monkeypatch):
+    """The receipt's scan uses the rows the ingest captured (not read back from the DVC cache); another
+    batch's capture replaces them, so one batch's rows are all the process holds."""
+    import tasks.requests as requests_tasks
+
+    reproduce(workspace, "digits-hfl")
+    ws = Workspace.open(workspace)
+    ids = load_horizontal("digits-hfl", workspace).clients[0].sample_ids[:3].tolist()
+    records = []
+    for sample_ids in (ids[:2], ids[2:]):
+        request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=sample_ids)
+        plan = validate_requests.fn(ws, "digits-hfl",
+                                    [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
+        records.append(open_batch.fn(ws, plan, [], False))
+    taken = []
+    capture = requests_tasks._fingerprints
+    monkeypatch.setattr(requests_tasks, "_fingerprints", lambda w, r: taken.append(r.batch_id) or capture(w, r))
+    first = capture_fingerprints.fn(ws, records[0])
+    assert capture_fingerprints.fn(ws, records[0]) is first and set(first.by_sample) == set(ids[:2])
+    second = capture_fingerprints.fn(ws, records[1])
+    assert set(second.by_sample) == set(ids[2:]) and list(requests_tasks._CAPTURED.values()) == [second]
+    assert taken == [records[0].batch_id, records[1].batch_id]

@@ -104,10 +104,37 @@ def test_the_warm_start_leaves_one_thread_and_frozen_objects():
     import sys
 
     probe = ("import gc, threading, sys; import flows.warm_start; "
+             "from prefect.client import orchestration; "
              "print(threading.active_count(), gc.get_freeze_count() > 100_000, "
-             "'great_expectations' in sys.modules, 'dvc.repo' in sys.modules)")
+             "'great_expectations' in sys.modules, 'dvc.repo' in sys.modules, "
+             "type(orchestration.ssl).__name__, len(orchestration.ssl._verified))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["1", "True", "True", "True"]
+    # Prefect's clients will share TLS contexts, none built yet: each forked run builds its own.
+    assert out == ["1", "True", "True", "True", "_VerifiedContexts", "0"]
+
+
+def test_prefect_clients_share_one_verified_tls_context(monkeypatch):
+    import ssl
+
+    from prefect.client import orchestration
+    from prefect.client.orchestration import PrefectClient, SyncPrefectClient
+
+    from flows.warm import PREFECT_TLS_MODULES, share_tls_contexts
+
+    for name in PREFECT_TLS_MODULES:
+        monkeypatch.setattr(f"{name}.ssl", ssl)  # undone after the test
+    url = "http://127.0.0.1:9/api"
+    assert PrefectClient(url)._client._transport._pool._ssl_context is not \
+        PrefectClient(url)._client._transport._pool._ssl_context  # Prefect's own way: one per client
+    share_tls_contexts()
+    share_tls_contexts()  # idempotent: not wrapped twice
+    contexts = {id(client._client._transport._pool._ssl_context)
+                for client in (PrefectClient(url), PrefectClient(url), SyncPrefectClient(url))}
+    assert len(contexts) == 1
+    shared = orchestration.ssl.create_default_context(cafile=next(iter(orchestration.ssl._verified)))
+    assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
+    unverified = orchestration.ssl.create_default_context()  # Prefect changes this one: never shared
+    assert unverified is not orchestration.ssl.create_default_context() and id(unverified) not in contexts
 
 
 def test_the_gpu_slot_is_held_once_and_only_on_a_gpu(server):
