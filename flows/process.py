@@ -68,7 +68,7 @@ from tasks.models import (backdoor_ids, batch_description, describe_version, fin
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt, write_receipt
 from tasks.registry import ModelWeights, RegisteredModel
-from tasks.requests import capture_fingerprints, scan_stores, submit_requests
+from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores, submit_requests
 from tasks.status import publish_status
 from tasks.timing import FlowClock
 from tasks.unlearning import gpu_slot, unlearn_in_gpu_slot
@@ -430,6 +430,7 @@ def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredMo
     scenario = record.scenario
     remove_alias(ws, scenario, "current")
     erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
+    release_fingerprints(ws, record.batch_id)
     receipt = Receipt(
         batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
         deleted_samples=len(record.deleted_ids()), forgotten_per_client={},
@@ -462,6 +463,7 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
     ws.registry.set_alias(scenario, "current", chosen.version.version)
     failpoint("after-alias-move")
     erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
+    release_fingerprints(ws, batch_id)
     metrics = {"source": outcome.source_metrics.to_dict(), "unlearned": chosen.metrics,
                **({"retrained": outcome.reference_metrics.to_dict()} if outcome.reference_metrics else {})}
     reference_seconds = outcome.reference_metrics.wall_seconds if outcome.reference_metrics else math.nan

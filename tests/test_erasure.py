@@ -185,3 +185,5 @@ def test_a_batch_captures_its_fingerprints_once_per_process(workspace, monkeypat
     second = capture_fingerprints.fn(ws, records[1])
     assert set(second.by_sample) == set(ids[2:]) and list(requests_tasks._CAPTURED.values()) == [second]
     assert taken == [records[0].batch_id, records[1].batch_id]
+    requests_tasks.release_fingerprints(ws, records[1].batch_id)  # the receipt's scan has used them
+    assert requests_tasks._CAPTURED == {}
