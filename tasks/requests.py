@@ -270,7 +270,7 @@ def open_batch(ws: Workspace, plan: BatchPlan, quarantined: list[QuarantineNote]
 
 
 # The fingerprints of the batch this process works on: its receipt's scan uses those its ingest took,
-# instead of reading the deleted rows back from the DVC cache (0.07–0.13 s). In memory only, and
+# instead of reading the deleted rows back from the DVC cache (0.07–0.08 s). In memory only, and
 # released once the receipt's scan has used them (``release_fingerprints``).
 _CAPTURED: dict[tuple[Path, str], Fingerprints] = {}
 
