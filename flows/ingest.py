@@ -4,7 +4,7 @@
     ─▶ ledger append ─▶ DVC stages + commit (new data version) ─▶ optional purge ─▶ verify erasure
     ─▶ batch record complete, files to processed/
 
-Its two sub-flows, ``intake-requests`` and ``apply-deletions`` (``flows.intake``), are the first
+Its two stages, ``intake-requests`` and ``apply-deletions`` (``flows.intake``), are the first
 two of ``process-deletions`` too. Exactly once: batches run under a file lock; the journal is
 written before the ledger, the ledger skips requests it already holds, and files move only after
 the ledger is durable, so a re-run after a crash at any point first finishes the interrupted

@@ -10,6 +10,10 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
 
+Three stages are task runs with their steps nested under them; ``unlearn-and-register``, which runs
+flows of its own (training, audit references), is a sub-flow. (A sub-flow's creation and state
+changes are blocking calls to the Prefect server, ≈ 0.1 s each stage in a served batch.)
+
 Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
 quarantined — VFL parties hold features of every sample, not samples), DFL (certified DFU, its
 residual budget carried from version to version in the registry). One resume point
@@ -26,7 +30,8 @@ from enum import Enum
 from typing import Any, Iterator
 
 import torch
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
@@ -131,6 +136,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
             intra_op_threads(cfg.threads), parent_heartbeat():
         taken = intake_requests(root=str(ws.root), scenario=scenario, take_owed=True)
+        clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
@@ -145,26 +151,32 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                   else default_policy(cfg.setting, record.kind, first))
         with stage(record, "ingest (ledger, new data version, erasure check)"):
             record = apply_deletions(root=str(ws.root), batch_id=record.batch_id).record
+        clock.stage("apply-deletions")
         with stage(record, "unlearn and register"), gpu_slot(resolve_device(device or ws.params.device)):
             outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                            policy=policy, gates=gates, retrain_reference=retrain_reference,
                                            device=device)
+        clock.stage("unlearn-and-register")
         with stage(record, "alias and receipt"):
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                                 outcome=outcome)
             publish_receipt(receipt)
+        clock.stage("promote-and-receipt")
         announce_processed(receipt.request_ids, scenario, "forgotten", record.batch_id)
         debt = retrain_debt(ws, scenario)
         if debt.requests > ws.params.requests.max_retrain_debt:
             repay(ws, scenario, device)
             debt = retrain_debt(ws, scenario)
         publish_status(ws, scenario)
+        clock.stage("debt-and-status")
     print(receipt.markdown())
     timings = {**clock.split(), "warm_start": started_warm()}
     # In the flow run's log too: a served run (no CLI to print it) shows where its time went.
-    print(f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s, orchestration "
-          f"{timings['orchestration_seconds']:.1f} s ({timings['orchestration_share']:.0%})"
-          + ("; started warm (forked from the serving process's warm process)" if timings["warm_start"] else ""))
+    print(f"flow {timings['flow_seconds']:.2f} s: compute {timings['core_seconds']:.2f} s, orchestration "
+          f"{timings['orchestration_seconds']:.2f} s ({timings['orchestration_share']:.1%})"
+          + ("; started warm (forked from the serving process's warm process)" if timings["warm_start"] else "")
+          + "; orchestration by stage: " + ", ".join(f"{name} {seconds:.2f} s"
+                                                   for name, seconds in timings["orchestration_by_stage"].items()))
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
             "method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
@@ -449,7 +461,7 @@ def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredMo
 
 # --- promote and receipt ---------------------------------------------------------------------------
 
-@flow(name="promote-and-receipt")
+@task(name="promote-and-receipt", cache_policy=NO_CACHE)
 def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome) -> tuple[Receipt, Any]:
     """Alias ``current`` to the attempt that passed, the erasure scan of every store (now that the
     batch registered its versions and logged its runs), the receipt. With a default DVC remote the

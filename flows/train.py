@@ -82,12 +82,14 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
             **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
         ws.registry.log_data_version(run_id, scenario, data_version, DATA_CONTEXTS[role])
 
-        def report(step: TrainingRound) -> None:
-            test_acc = accuracy(federation.model_from(step.state), federation.test)
-            ws.registry.log_metrics(run_id, {"test_acc": test_acc, "train_loss": step.train_loss}, step.round)
-            print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} train_loss={step.train_loss:.4f}")
+        with ws.registry.step_metrics(run_id) as log_round:
+            def report(step: TrainingRound) -> None:
+                test_acc = accuracy(federation.model_from(step.state), federation.test)
+                log_round({"test_acc": test_acc, "train_loss": step.train_loss}, step.round)
+                print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
+                      f"train_loss={step.train_loss:.4f}")
 
-        trained = train(federation, on_round=report)
+            trained = train(federation, on_round=report)
         model = federation.model_from(trained.state)
         # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
         # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its

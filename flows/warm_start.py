@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import gc
 
+import tqdm
+
 import flows.serve  # noqa: F401 — every served flow, and through them the whole application
+import prefect.utilities.visualization  # noqa: F401 — imported by every (sub-)flow call: 0.04 s of a batch
 from flows.warm import share_tls_contexts
 from tasks import preload
 
 share_tls_contexts()
-preload.now(*preload.BATCH_LIBRARIES, preload.import_registry_stores, preload.import_dvc, preload.prepare_plotting)
+tqdm.tqdm.monitor_interval = 0  # DVC's progress bars would start tqdm's monitor thread here, one the forks lose
+preload.now(*preload.BATCH_LIBRARIES, preload.import_registry_stores, preload.prepare_dvc, preload.prepare_plotting)
 gc.freeze()

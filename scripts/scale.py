@@ -450,7 +450,7 @@ def stage_seconds(timeline: dict) -> dict:
     s = timeline.get("seconds", {})
     get = lambda *names: round(sum(s.get(n, 0.0) for n in names), 3)  # noqa: E731
     return {
-        "intake_seconds": get("flow:intake-requests"),          # ledger check, inbox read, GX, batch journal
+        "intake_seconds": get("intake-requests"),          # ledger check, inbox read, GX, batch journal
         "ledger_check_seconds": get("recover-interrupted-batches"),
         "inbox_read_seconds": get("collect-inbox"),
         "validate_seconds": get("validate-requests"),
@@ -459,12 +459,12 @@ def stage_seconds(timeline: dict) -> dict:
         "fingerprints_seconds": get("capture-fingerprints"),
         "new_version_seconds": get("reproduce-versions"),
         "erasure_seconds": get("verify-erasure"),
-        "apply_seconds": get("flow:apply-deletions"),
+        "apply_seconds": get("apply-deletions"),
         "unlearn_register_seconds": get("flow:unlearn-and-register"),
         "retrain_flow_seconds": get("flow:retrain-reference"),
-        "promote_seconds": get("flow:promote-and-receipt"),
+        "promote_seconds": get("promote-and-receipt"),
         # ledger/inbox: everything that reads, checks or writes the requests and the ledger
-        "ledger_inbox_seconds": get("flow:intake-requests", "append-ledger", "close-batch"),
+        "ledger_inbox_seconds": get("intake-requests", "append-ledger", "close-batch"),
     }
 
 

@@ -32,7 +32,8 @@ import yaml
 
 PROJECT = Path(__file__).resolve().parent.parent
 BIN = PROJECT / ".venv" / "bin"
-TIMING = re.compile(r"flow ([\d.]+) s: compute ([\d.]+) s, orchestration ([\d.]+) s \((\d+)%\)")
+TIMING = re.compile(r"flow ([\d.]+) s: compute ([\d.]+) s, orchestration ([\d.]+) s \(([\d.]+)%\)")
+STAGE = re.compile(r"([a-z-]+) ([\d.]+) s")
 
 
 def free_port() -> int:
@@ -151,9 +152,12 @@ def main() -> None:
               "from_last_submission_to_end_seconds": round((run.end_time - submitted_at).total_seconds(), 1),
               "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1)}
     if timing:
+        line = timing.string
+        by_stage = line.split("orchestration by stage: ", 1)[1] if "orchestration by stage: " in line else ""
         result.update(flow_seconds=float(timing[1]), core_seconds=float(timing[2]),
-                      orchestration_seconds=float(timing[3]), orchestration_share=int(timing[4]) / 100,
-                      warm_start=any("started warm" in m for m in messages))
+                      orchestration_seconds=float(timing[3]), orchestration_share=round(float(timing[4]) / 100, 4),
+                      warm_start="started warm" in line,
+                      orchestration_by_stage={name: float(seconds) for name, seconds in STAGE.findall(by_stage)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -72,13 +72,22 @@ def core_compute(function: F) -> F:
 
 class FlowClock:
     """Started at the top of a flow: ``split()`` gives its wall seconds so far, the core's share
-    and the rest (orchestration)."""
+    and the rest (orchestration); ``stage(name)`` ends a stage, whose orchestration seconds
+    ``split()`` lists by name (``orchestration_by_stage``, the time since the previous stage)."""
 
     def __init__(self) -> None:
         self.started, self.core_at_start = time.perf_counter(), CORE.seconds
+        self._stage_started = (self.started, self.core_at_start)
+        self.stages: dict[str, float] = {}
 
-    def split(self) -> dict[str, float]:
+    def stage(self, name: str) -> None:
+        now, core = time.perf_counter(), CORE.seconds
+        self.stages[name] = round((now - self._stage_started[0]) - (core - self._stage_started[1]), 3)
+        self._stage_started = (now, core)
+
+    def split(self) -> dict[str, Any]:
         wall, core = time.perf_counter() - self.started, CORE.seconds - self.core_at_start
         return {"flow_seconds": round(wall, 3), "core_seconds": round(core, 3),
                 "orchestration_seconds": round(wall - core, 3),
-                "orchestration_share": round((wall - core) / wall, 4) if wall > 0 else 0.0}
+                "orchestration_share": round((wall - core) / wall, 4) if wall > 0 else 0.0,
+                **({"orchestration_by_stage": dict(self.stages)} if self.stages else {})}

@@ -106,12 +106,17 @@ _IN_WORKSPACE = threading.Lock()
 
 
 def _commit_stages(root: Path, scenario: str) -> None:
-    """``dvc commit -f --with-deps partition@<scenario>`` through DVC's Python API, in this process:
-    0.1–0.25 s against 0.6–0.7 s for a ``dvc`` process (an interpreter start and DVC's imports; the
-    same dvc.lock bytes, tested). The working directory is the workspace for the call only."""
+    """``dvc commit -f --with-deps partition@<scenario>``."""
+    commit_stage(root, f"partition@{scenario}")
+
+
+def commit_stage(root: Path, stage: str) -> None:
+    """``dvc commit -f --with-deps <stage>`` through DVC's Python API, in this process: 0.1–0.25 s
+    against 0.6–0.7 s for a ``dvc`` process (an interpreter start and DVC's imports; the same
+    dvc.lock bytes, tested). The working directory is the repository for the call only."""
     from dvc.repo import Repo
 
-    args = ["commit", "-f", "--with-deps", f"partition@{scenario}"]
+    args = ["commit", "-f", "--with-deps", stage]
     dvc_logger = logging.getLogger("dvc")
     quiet = dvc_logger.level
     dvc_logger.setLevel(logging.ERROR)  # e.g. "the ledger is empty": expected before the first deletion

@@ -34,3 +34,24 @@ def test_model_logging_probes_in_two_threads_do_not_collide():
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_the_dvc_probe_commits_a_throwaway_repository_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """``prepare_dvc`` (the warm process's) runs a real commit — a failure would only log, so it is
+    called directly here — in a temporary directory, DVC's site cache included."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    site_cache = []
+    from dvc.repo import Repo
+
+    opened = Repo.__init__
+
+    def recording(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        site_cache.append(self.site_cache_dir)
+
+    monkeypatch.setattr(Repo, "__init__", recording)
+    preload.prepare_dvc()
+    assert site_cache and all(str(path).startswith(str(tmp_path)) for path in site_cache)
+    assert list(tmp_path.iterdir()) == []

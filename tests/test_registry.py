@@ -54,3 +54,31 @@ def test_a_version_loads_back_exactly_the_weights_it_was_registered_with(workspa
         passive = registry.load_party(scenario, ref.version, parties[0])
         assert sorted(active) == ["bottom", "top"] and sorted(passive) == ["bottom"]
         assert equal({f"bottom.{k}": v for k, v in passive["bottom"].items()}, trained.state[parties[0]])
+
+
+def test_step_metrics_are_written_in_batches_and_when_the_block_ends_however_it_ends(workspace, monkeypatch):
+    """A training's rounds are logged through ``step_metrics``: nothing per round but one write per
+    interval, every step with its own number and value in MLflow's history, the last ones written
+    even when training fails."""
+    registry = Registry(workspace)
+    run_id = registry.start_run("digits-hfl", "rounds", {}, {})
+    writes = []
+    log_batch = registry.client.log_batch
+    monkeypatch.setattr(registry.client, "log_batch", lambda *a, **k: writes.append(k) or log_batch(*a, **k))
+
+    with registry.step_metrics(run_id, interval_s=3600) as log_round:
+        for step in range(1, 21):
+            log_round({"test_acc": step / 100, "train_loss": None}, step)
+        assert writes == []  # within the interval: nothing written yet
+    assert len(writes) == 1
+    history = registry.client.get_metric_history(run_id, "test_acc")
+    assert sorted((m.step, m.value) for m in history) == [(s, s / 100) for s in range(1, 21)]
+    assert registry.client.get_metric_history(run_id, "train_loss") == []  # None is not logged
+
+    with pytest.raises(RuntimeError), registry.step_metrics(run_id, interval_s=0) as log_round:
+        log_round({"train_loss": 0.5}, 1)  # interval 0: written at once
+        assert len(writes) == 2
+        log_round({"train_loss": 0.25}, 2)
+        raise RuntimeError("training failed")
+    assert sorted((m.step, m.value) for m in registry.client.get_metric_history(run_id, "train_loss")) == [
+        (1, 0.5), (2, 0.25)]
