@@ -71,7 +71,7 @@ def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
     return Applied(record, fingerprints)
 
 
-@task(name="intake-requests", cache_policy=NO_CACHE)
+@task(name="intake-requests", task_run_name="intake-requests", cache_policy=NO_CACHE)
 def intake_requests(root: str, scenario: str, purge: bool = False, take_owed: bool = False) -> Intake:
     """The batch this run works on. ``take_owed`` (process-deletions): a batch of ``scenario`` an
     earlier run left unfinished comes first (``tasks.progress``), and the inbox waits."""
@@ -90,7 +90,7 @@ def intake_requests(root: str, scenario: str, purge: bool = False, take_owed: bo
     return Intake(batch, False, resumed, inbox, already_applied, quarantined)
 
 
-@task(name="apply-deletions", cache_policy=NO_CACHE)
+@task(name="apply-deletions", task_run_name="apply-deletions", cache_policy=NO_CACHE)
 def apply_deletions(root: str, batch_id: str) -> Applied:
     """The batch's ingest steps: ledger, new data version, (purge), erasure check, files filed."""
     ws = Workspace.open(root)

@@ -10,9 +10,9 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
 
-Three stages are task runs with their steps nested under them; ``unlearn-and-register``, which runs
-flows of its own (training, audit references), is a sub-flow. (A sub-flow's creation and state
-changes are blocking calls to the Prefect server, ≈ 0.1 s each stage in a served batch.)
+Each stage is a task run with its steps' task runs (and ``unlearn-and-register``'s flows: training,
+audit references) nested under it: as sub-flows, each stage's creation and state changes were
+blocking calls to the Prefect server, ≈ 0.1 s per stage in a served batch; a task run's are events.
 
 Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
 quarantined — VFL parties hold features of every sample, not samples), DFL (certified DFU, its
@@ -217,7 +217,7 @@ def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
     return federation
 
 
-@flow(name="unlearn-and-register")
+@task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
 def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
                          retrain_reference: bool = False, device: str | None = None) -> BatchOutcome:
     """The batch's attempts in order, each registered and gated, until one passes (the last, exact
@@ -461,7 +461,7 @@ def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredMo
 
 # --- promote and receipt ---------------------------------------------------------------------------
 
-@task(name="promote-and-receipt", cache_policy=NO_CACHE)
+@task(name="promote-and-receipt", task_run_name="promote-and-receipt", cache_policy=NO_CACHE)
 def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome) -> tuple[Receipt, Any]:
     """Alias ``current`` to the attempt that passed, the erasure scan of every store (now that the
     batch registered its versions and logged its runs), the receipt. With a default DVC remote the

@@ -460,7 +460,7 @@ def stage_seconds(timeline: dict) -> dict:
         "new_version_seconds": get("reproduce-versions"),
         "erasure_seconds": get("verify-erasure"),
         "apply_seconds": get("apply-deletions"),
-        "unlearn_register_seconds": get("flow:unlearn-and-register"),
+        "unlearn_register_seconds": get("unlearn-and-register"),
         "retrain_flow_seconds": get("flow:retrain-reference"),
         "promote_seconds": get("promote-and-receipt"),
         # ledger/inbox: everything that reads, checks or writes the requests and the ledger

@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 GROUPS = {"unlearning": ("unlearn-",), "evaluation": ("build-evaluator", "evaluate-", "audit-", "gates-")}
+# process-deletions' stages: task runs whose steps nest under them, counted there
+STAGES = {"intake-requests", "apply-deletions", "unlearn-and-register", "promote-and-receipt"}
 
 
 def seconds(start: str | None, end: str | None) -> float:
@@ -52,7 +54,7 @@ def main() -> None:
         ids = descendants(db, run_id)
         rows = db.execute("SELECT id, name, start_time, end_time FROM task_run WHERE flow_run_id IN "
                           f"({','.join('?' * len(ids))}) ORDER BY start_time", ids).fetchall()
-        # A sub-flow appears as a task run of its parent too (``unlearn-and-register``): its time is
+        # A sub-flow appears as a task run of its parent too (``train-federated``): its time is
         # that of the task runs inside it, counted there.
         wrappers = {row[0] for row in db.execute("SELECT parent_task_run_id FROM flow_run WHERE parent_task_run_id "
                                                  "IS NOT NULL")}
@@ -62,7 +64,7 @@ def main() -> None:
             wall = seconds(start, end)
             print(f"{wall:8.2f} s  {name}{'  (sub-flow)' if task_run_id in wrappers else ''}")
             for group, prefixes in GROUPS.items():
-                if task_run_id not in wrappers and name.startswith(prefixes):
+                if task_run_id not in wrappers and name not in STAGES and name.startswith(prefixes):
                     totals[group] += wall
         print(" ".join(f"{group} {totals[group]:.1f} s" for group in GROUPS)
               + f"; evaluation / unlearning = {totals['evaluation'] / max(totals['unlearning'], 1e-9):.2f}\n")
