@@ -36,7 +36,7 @@ def import_registry_stores() -> None:
 
 
 def prepare_dvc() -> None:
-    """DVC's Python API (``tasks.workspace`` commits data versions in process): 0.15 s, and 0.1 s
+    """DVC's Python API (``tasks.workspace`` commits data versions in process): 0.15 s, and 0.08 s
     more that a repository's first open and commit import lazily (440 modules: SCM, plots, stage
     cache, transfer), paid here on a throwaway repository whose caches stay in its directory."""
     from tasks.workspace import commit_stage

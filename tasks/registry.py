@@ -207,7 +207,7 @@ class Registry:
                                                                                        None]]:
         """A function that logs a step's metrics (a training round's), written at most every
         ``interval_s`` seconds (default 10) and when the block ends, however it ends: a retrain's 20
-        rounds were 20 MLflow transactions (0.1 s of a served deletion batch), and the MLflow UI still
+        rounds were 20 MLflow transactions (0.06 s of a served deletion batch, py-spy), and the MLflow UI still
         follows a long training."""
         pending: list[tuple[dict[str, float | None], int, int]] = []
         written = time.monotonic()
