@@ -68,11 +68,17 @@ def describe_batch(result: dict) -> str:
     where the flow's time went."""
     models = result["models"]
     chosen = models["unlearned"]
-    chain = " -> ".join(f"{a['method']} ({a['verdict'] or a['note'] or 'not gated'})" for a in result["attempts"])
+    chain = " -> ".join(f"{a['method']} ({a['verdict'] or a['note'] or 'not gated'}"
+                        + (", serves on the interim tier" if a.get("interim") and a is result["attempts"][-1] else "")
+                        + ")" for a in result["attempts"])
     reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
     timings = result["timings"]
+    tier = result.get("forgetting")
+    owed = (f"; exact forgetting due by {result['exact_due']} ({result['exact_run'] or 'not scheduled'})"
+            if tier == "interim" else "")
     return (f"attempts: {chain}\n"
             f"alias current -> v{chosen['version']} ({result['method']}, {result['certificate']}){reference}\n"
+            f"forgetting: {tier}{owed}\n"
             f"receipt: {result['receipt']}\n"
             f"{result['retrain_debt']}\n"
             f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "

@@ -30,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     process.add_argument("--retrain", action="store_true",
                          help="also retrain the reference on the new data version (the gates then compare with it)")
     process.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    process.add_argument("--forgetting-policy", choices=["interim", "strict"],
+                         help="override params.yaml's forgetting_policy: interim (an approximate version that fails no "
+                              "check serves now, an exact retrain is scheduled before the deadlines) or strict "
+                              "(escalate until a version passes every check, an exact retrain at worst)")
     process.set_defaults(handler=run_process)
 
     retrain = sub.add_parser("retrain", help="retrain the reference model on the current data version",
@@ -79,7 +83,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     preload.in_background(*preload.BATCH_LIBRARIES)  # while the ephemeral Prefect server starts
     result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
                                retrain_reference=args.retrain, method_options=args.method_options,
-                               device=args.device)
+                               device=args.device, forgetting_policy=args.forgetting_policy)
     print_summary(result)
     if "receipt" not in result:
         return 0

@@ -52,13 +52,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "verify the cache too")
     ingest.set_defaults(handler=run_ingest)
 
-    status = sub.add_parser("status", help="pending requests with their deadlines, the serving model, retrain debt",
+    status = sub.add_parser("status", help="every request as pending / interim / exact with its deadline, the "
+                                           "serving model, retrain debt",
                             description="Where the scenario's deletion requests stand: pending ones (inbox, or applied "
                                         "to the data by a batch not finished yet) with age and deadline, overdue ones "
-                                        "first; the serving version (alias current) and its certificate; the retrain "
-                                        "debt; the last batch and its verdict. Changes nothing. Exit status 9 when a "
-                                        "request is overdue, for monitors. Each batch also publishes it as the "
-                                        "Prefect artifact deletion-status-<scenario>.")
+                                        "first; interim ones (forgotten approximately, an exact retrain owed by their "
+                                        "deadline) and exact ones; the serving version (alias current), its "
+                                        "certificate and tier; the retrain debt; the last batch and its verdict. "
+                                        "Changes nothing. Exit status 9 when a request is not exactly forgotten by its "
+                                        "deadline (pending or interim past it), for monitors. Each batch also "
+                                        "publishes it as the Prefect artifact deletion-status-<scenario>.")
     status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
     status.set_defaults(handler=run_status)
 

@@ -19,9 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo", help=f"the whole story (default {DEFAULT_SCENARIO}): train, delete, unlearn, compare",
                           description="The quick start: train and register the original, submit two example "
-                                      "deletion requests, forget them in one batch (new data version, attempts gated "
-                                      "against a retrained reference, receipt) and print the registered versions "
-                                      "side by side. Any scenario: mnist5k-hfl (make demo), mnist5k-vfl, "
+                                      "deletion requests, forget them in one batch on the interim tier (new data "
+                                      "version, attempts gated, receipt with the exact-forgetting deadline), show "
+                                      "the status, repay the debt with an exact retrain and print the registered "
+                                      "versions side by side. Any scenario: mnist5k-hfl (make demo), mnist5k-vfl, "
                                       "mnist5k-dfl-ring, ...")
     demo.add_argument("--scenario", default=DEFAULT_SCENARIO, help="default %(default)s")
     demo.set_defaults(handler=run_demo)
@@ -67,12 +68,16 @@ def run_train(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_demo(args: argparse.Namespace, root: Path) -> int:
-    """The whole story on one scenario: train → deletion requests arrive → one batch forgets them
-    (new data version, attempts gated against the retrained reference, receipt) → the registry
-    side by side."""
+    """The whole story on one scenario: train → deletion requests arrive → one batch forgets them on
+    the interim tier (new data version, attempts gated, receipt with the exact deadline) → status
+    says when exact forgetting is due → the debt repaid by an exact retrain → the registry side by
+    side."""
     from cli.common import describe_batch
+    from fedunlearn.receipts import read_receipt
+    from flows.debt import repay_retrain_debt
     from flows.process import process_deletions
     from tasks.receipts import comparison
+    from tasks.status import deletion_status
     from tasks.workspace import Workspace
 
     trained = train(build_defaults(args.scenario), root)
@@ -82,11 +87,18 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
           f"on {trained['device']}")
     requests = submit_example_requests(root, scenario)
     print(f"\n== 2. deletion requests in data/deletion_requests/inbox/: {'; '.join(requests)}")
-    batch = process_deletions(scenario=scenario, root=str(root), retrain_reference=True)
+    batch = process_deletions(scenario=scenario, root=str(root))
     print(f"\n== 3. batch {batch['batch_id']}: data version {batch['data_version_before']} -> "
           f"{batch['data_version_after']}\n   {describe_batch(batch)}")
-    print(f"\n== 4. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
-    print(comparison(Workspace.open(root), scenario)[1])
+    ws = Workspace.open(root)
+    print(f"\n== 4. fedunlearn status --scenario {scenario}:\n\n{deletion_status(ws, scenario).markdown()}")
+    repaid = repay_retrain_debt(scenario=scenario, root=str(root))
+    receipt = read_receipt(ws.root, batch["batch_id"])
+    print(f"\n== 5. fedunlearn repay-debt --scenario {scenario}: "
+          + (f"exact retrain v{repaid['version']} serves (alias current)" if repaid["repaid"] else "nothing owed")
+          + f"\n   receipt {batch['receipt']}: {receipt.tier_line()}")
+    print(f"\n== 6. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
+    print(comparison(ws, scenario)[1])
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
     print(f"""
 Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions forgets new requests) and

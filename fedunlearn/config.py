@@ -4,6 +4,7 @@ pydantic models validate it and are what flows, the CLI and the Prefect UI forms
 from __future__ import annotations
 
 import copy
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Setting = Literal["hfl", "vfl", "dfl"]
+
+
+class ForgettingPolicy(str, Enum):
+    """``interim``: an approximate version that fails no check serves, exact forgetting is scheduled
+    before the deadlines; ``strict``: escalate until a version passes every check (an exact retrain
+    at worst). ``certify.tiers`` holds the contract."""
+
+    interim = "interim"
+    strict = "strict"
 
 
 class _Strict(BaseModel):
@@ -93,6 +103,11 @@ class RequestsConfig(_Strict):
                                   "starts a batch")
     max_retrain_debt: int = Field(50, ge=0, description="requests forgotten only approximately (no exact retrain "
                                   "since) above which a deletion batch repays the debt with an exact retrain")
+    exact_safety_factor: float = Field(2.0, ge=1, description="the exact retrain that repays interim forgetting is "
+                                       "scheduled this many times its last measured duration before the earliest "
+                                       "owed deadline")
+    exact_margin_hours: float = Field(6.0, ge=0, description="and this much earlier again: room for a failed run "
+                                      "to be retried before the deadline")
 
 
 # With fewer references a per-example variance is mostly noise (Carlini et al. 2022 pool it below 64).
@@ -135,6 +150,10 @@ class MlflowConfig(_Strict):
 class Params(_Strict):
     seed: int = 0
     device: str = "auto"
+    forgetting_policy: ForgettingPolicy = Field(
+        ForgettingPolicy.interim, description="interim: an approximate version that fails no check serves at once, "
+        "an exact retrain is scheduled before the earliest deadline; strict: escalate until a version passes every "
+        "check (an exact retrain at worst)")
     prepare: list[str] = Field(default_factory=list, description="datasets the prepare stage writes")
     datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     requests: RequestsConfig = Field(default_factory=RequestsConfig)

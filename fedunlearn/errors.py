@@ -11,7 +11,7 @@ The CLI prints ``error: <message>`` and exits with the class's ``exit_code``:
     6  ErasureNotVerified the deleted rows' bytes are still in a store that the scan covers
     7  NoSpace            no space left on device; free space and run the same command again to resume
     8  BenchmarkRegressed `benchmark --compare`: the run succeeded, but a method got worse than the baseline
-    9  RequestOverdue     `fedunlearn status`: a pending request is past its deadline (the status is printed)
+    9  RequestOverdue     `fedunlearn status`: a request is not exactly forgotten by its deadline (the status is printed)
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class BenchmarkRegressed(FedunlearnError):
 
 
 class RequestOverdue(FedunlearnError):
-    """A deletion request is still pending past its deadline: a monitor alerts on this status."""
+    """A deletion request is not exactly forgotten past its deadline (pending, or forgotten only on
+    the interim tier): a monitor alerts on this status."""
 
     exit_code = 9
 

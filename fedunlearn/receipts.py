@@ -97,6 +97,17 @@ class Receipt(BaseModel):
     erasure: dict[str, Any] | None = None
     exactly_forgotten: ExactForgetting | None = Field(None, description="set when an exact retrain repaid the batch's "
                                                                        "approximate forgetting")
+    forgetting: str | None = Field(None, description="the tier the promoted version forgets on: 'interim' "
+                                   "(approximate; an exact retrain is owed by exact_due), 'exact' or 'formal'")
+    policy: str | None = Field(None, description="the forgetting policy the batch ran under: 'interim' or 'strict'")
+    deadlines: dict[str, datetime] = Field(default_factory=dict, description="each request's deadline (UTC)")
+    exact_due: datetime | None = Field(None, description="interim: when exact forgetting is due (the earliest "
+                                                         "deadline; ISO 8601 UTC)")
+    exact_start_by: datetime | None = Field(None, description="interim: the latest safe time to start the exact "
+                                            "retrain that repays it (exact_due less the last retrain's duration × "
+                                            "requests.exact_safety_factor, less requests.exact_margin_hours)")
+    source_gates: GateOutcome | None = Field(None, description="the source model (no unlearning) judged by the same "
+                                             "checks, its audit included: what the batch's checks could measure")
     batch_record: str = Field(description="the ingest journal of this batch, relative to the workspace")
 
     def markdown(self) -> str:
@@ -124,9 +135,25 @@ class Receipt(BaseModel):
             f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; "
             + (f"gates ({self.gates.policy}) **{self.gates.verdict}**" if self.gates else "not gated")
             + f": {promotion}.",
-            self.chain(),
+            *filter(None, [self.chain(), self.tier_line()]),
             markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
             markdown_table(checks, ("gate", "value", "interval", "n", "limit", "result")), self.erasure_line()])
+
+    def tier_line(self) -> str:
+        """The tier of forgetting in one line: interim (what was not measurable, when exact is due) or exact."""
+        if not self.forgetting:
+            return ""
+        if self.exactly_forgotten is not None:
+            done = self.exactly_forgotten
+            exact = f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
+            return f"Forgetting: **{self.forgetting}**, then {exact}" + (
+                f"; due {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "") + "."
+        if self.forgetting != "interim":
+            return f"Forgetting: **{self.forgetting}** (nothing owed)."
+        unmeasured = "; ".join((self.gates.unmeasured if self.gates else []) or ["every check measured"])
+        when = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
+        return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}. "
+                f"Not measurable: {unmeasured}.")
 
     def chain(self) -> str:
         """The escalation in one line: every attempt and how its gates ended."""
@@ -160,7 +187,8 @@ EXACT_GUARANTEES = (EXACT_RETRAIN, FORMAL)  # what needs no exact retrain later
 def owes_retrain(receipt: Receipt) -> bool:
     """Whether the batch was forgotten only approximately and no exact retrain has repaid it yet."""
     guarantee = (receipt.certificate or {}).get("guarantee")
-    return receipt.outcome == UNLEARNED and guarantee not in EXACT_GUARANTEES and receipt.exactly_forgotten is None
+    approximate = receipt.forgetting == "interim" if receipt.forgetting else guarantee not in EXACT_GUARANTEES
+    return receipt.outcome == UNLEARNED and approximate and receipt.exactly_forgotten is None
 
 
 def read_receipts(root: Path, scenario: str) -> list[Receipt]:

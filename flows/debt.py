@@ -4,8 +4,10 @@
     ─▶ retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
     record when their requests were forgotten exactly
 
-Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); ``process-deletions`` runs it
-when the debt passes ``requests.max_retrain_debt`` (params.yaml).
+Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); each interim batch schedules a
+run of it at the latest safe time before its requests' deadlines (``tasks.debt.schedule_repayment``);
+``process-deletions`` runs it when the debt passes ``requests.max_retrain_debt`` (params.yaml) or
+that time has come.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from prefect import flow
 
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
-from tasks.debt import mark_repaid, retrain_debt
+from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
 from tasks.workspace import Workspace
 
 
@@ -33,14 +35,15 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
 
 
 def repay(ws: Workspace, scenario: str, device: str | None) -> dict:
-    """The repayment itself, for a caller that holds the batch lock (``process-deletions``)."""
+    """The repayment itself, for a caller that holds the batch lock (``process-deletions``). Batches
+    applied without unlearning are closed by the same retrain (``close_by_retrain``)."""
     debt = retrain_debt(ws, scenario)
-    if not debt.receipts:
+    if not debt.receipts and not open_batches(ws, scenario):
         print("no retrain debt")
         return {"scenario": scenario, "repaid": []}
-    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device)
-    ws.registry.set_alias(scenario, "current", reference["model_version"])
-    repaid = mark_repaid(ws, scenario, reference["model_version"], "repay-retrain-debt")
+    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device, close_open=False)
+    closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
+    repaid = closed + mark_repaid(ws, scenario, reference["model_version"], "repay-retrain-debt")
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference['model_version']} "
           f"(alias current)")
     return {"scenario": scenario, "repaid": repaid, "version": reference["model_version"]}

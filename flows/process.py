@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
+from datetime import timedelta
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator
@@ -35,7 +36,9 @@ from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
-from fedunlearn.certify.gates import PromotionGates
+from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
+from fedunlearn.certify.tiers import Tier, exact_due, latest_safe_time, repay_now, serves, tier_of
+from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
@@ -48,7 +51,7 @@ from fedunlearn.federation.protocol import Federation
 from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchRecord, load_records, record_path
 from fedunlearn.requests.folders import RequestFolders
-from fedunlearn.requests.model import DeletionRequestModel
+from fedunlearn.requests.model import DeletionRequestModel, utc_now
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.base import Outcome
 from fedunlearn.unlearning.escalation import (EXACT_RETRAIN_METHOD, Attempt, checked_policy, default_method,
@@ -62,9 +65,10 @@ from flows.reference import retrain_reference as retrain_reference_flow
 from flows.train import train_federated
 from flows.warm import started_warm
 from tasks import preload
-from tasks.audit import audit, load_references, log_audit
+from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data
-from tasks.debt import mark_repaid, retrain_debt
+from tasks.debt import (FORGETTING_TAG, Debt, last_exact_seconds, mark_repaid, repayment_time, retrain_debt,
+                        schedule_repayment)
 from tasks.durable import sync_state
 from tasks.events import announce_processed
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
@@ -120,15 +124,20 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
 def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: MethodChoice = MethodChoice.auto,
                       requests: list[DeletionRequestModel] | None = None, retrain_reference: bool = False,
                       gates: PromotionGates | None = None, method_options: dict[str, Any] | None = None,
-                      escalation: list[Attempt] | None = None, device: str | None = None) -> dict:
+                      escalation: list[Attempt] | None = None, device: str | None = None,
+                      forgetting_policy: ForgettingPolicy | None = None) -> dict:
     """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
     the Prefect UI) are written to the inbox first. ``method`` ``auto`` picks the setting's default;
     ``escalation`` the attempts in order (default: the method, the method stronger, another method,
     exact retrain); ``retrain_reference`` also retrains the gold standard on the new data version
-    first, which the gates then compare with. With nothing pending the run changes nothing."""
+    first, which the gates then compare with. ``forgetting_policy`` (default: params.yaml's):
+    ``interim`` serves the first attempt that fails no check and keeps utility, and schedules the
+    exact retrain before the requests' deadlines; ``strict`` escalates until an attempt passes every
+    check. With nothing pending the run changes nothing."""
     clock = FlowClock()
     ws = Workspace.open(root)
     cfg = ws.scenario(scenario)
+    tier_policy = ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy)
     first = Attempt(method=choose_method(method, cfg.setting), options=method_options or {})
     gates = gates or PromotionGates()
     if requests:
@@ -155,18 +164,15 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         with stage(record, "unlearn and register"), gpu_slot(resolve_device(device or ws.params.device)):
             outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                            policy=policy, gates=gates, retrain_reference=retrain_reference,
-                                           device=device)
+                                           device=device, forgetting=tier_policy)
         clock.stage("unlearn-and-register")
         with stage(record, "alias and receipt"):
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
-                                                outcome=outcome)
+                                                outcome=outcome, policy=tier_policy)
             publish_receipt(receipt)
         clock.stage("promote-and-receipt")
         announce_processed(receipt.request_ids, scenario, "forgotten", record.batch_id)
-        debt = retrain_debt(ws, scenario)
-        if debt.requests > ws.params.requests.max_retrain_debt:
-            repay(ws, scenario, device)
-            debt = retrain_debt(ws, scenario)
+        debt, exact_run = settle_debt(ws, scenario, device)
         publish_status(ws, scenario)
         clock.stage("debt-and-status")
     print(receipt.markdown())
@@ -181,10 +187,33 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                         taken.already_applied),
             "method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
             "attempts": [a.model_dump(mode="json", include={"attempt", "method", "note"}) | {
-                "verdict": a.gates.verdict if a.gates else None} for a in receipt.attempts],
+                "verdict": a.gates.verdict if a.gates else None, "interim": a.gates.interim if a.gates else None}
+                for a in receipt.attempts],
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
             "receipt": ws.relative(path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
-            "timings": timings}
+            "forgetting": receipt.forgetting, "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None,
+            "exact_run": exact_run, "timings": timings}
+
+
+def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt, str | None]:
+    """After a batch: repay the retrain debt now when it passed ``requests.max_retrain_debt`` or its
+    latest safe time has come; otherwise have Prefect start the repaying run at that time (a
+    scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left
+    and what was done about it."""
+    debt = retrain_debt(ws, scenario)
+    start_by = repayment_time(ws, scenario, debt)
+    if debt.requests > ws.params.requests.max_retrain_debt or repay_now(start_by, utc_now()):
+        repay(ws, scenario, device)
+        return retrain_debt(ws, scenario), "repaid in this run"
+    if start_by is None:
+        return debt, None
+    scheduled = schedule_repayment(ws, scenario, start_by)
+    if scheduled is None:
+        print(f"exact forgetting due by {debt.due:%Y-%m-%d %H:%M}Z: no repay-retrain-debt deployment is served, so "
+              f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z (make serve "
+              "schedules it)")
+        return debt, f"due: start by {start_by.isoformat()}"
+    return debt, f"scheduled flow run {scheduled} at {start_by.isoformat()}"
 
 
 # --- unlearn and register ------------------------------------------------------------------------
@@ -201,6 +230,7 @@ class BatchOutcome:
     forgotten_per_client: dict[str, int]
     reference: ModelRef | None = None
     reference_metrics: VersionMetrics | None = None
+    source_gates: GateOutcome | None = None
     evaluations: dict[str, Evaluation] = field(default_factory=dict, repr=False)
 
     @property
@@ -219,9 +249,11 @@ def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
 
 @task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
 def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
-                         retrain_reference: bool = False, device: str | None = None) -> BatchOutcome:
-    """The batch's attempts in order, each registered and gated, until one passes (the last, exact
-    retrain, needs no gate). Attempts registered by an earlier run are read back, not redone."""
+                         retrain_reference: bool = False, device: str | None = None,
+                         forgetting: ForgettingPolicy = ForgettingPolicy.interim) -> BatchOutcome:
+    """The batch's attempts in order, each registered and gated, until one may serve under the
+    ``forgetting`` policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts
+    registered by an earlier run are read back, not redone."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
     dev = resolve_device(device or ws.params.device)
@@ -264,6 +296,9 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     reference_eval = None
     if reference is not None:
         reference_eval = evaluate(evaluator, "retrained", federation.model_from(reference.state))
+    source_gates = judge_source(source_eval, reference=reference_eval, gates=gates,
+                                source_audit=source_audit.as_check())
+    log_source_audit(ws, source.ref.run_id, batch_id, source_audit, source_gates)
 
     attempts, certificate, cost = [], {}, CostRecord()
     for number, attempt in enumerate(policy):
@@ -308,10 +343,11 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
                                       certificate=attempt_certificate.guarantee, gates=gate,
                                       metrics=_metrics(evaluation, outcome.cost)))
         certificate, cost = json.loads(attempt_certificate.to_json()), outcome.cost
-        if gate.passed:
+        if serves(gate.passed, gate.interim, forgetting):
             break
-        get_run_logger().warning("attempt %d (%s) did not pass its gates (%s): escalating", number + 1,
-                                 attempt.method, gate.verdict)
+        get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
+                                 attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)
+                                 if forgetting is ForgettingPolicy.interim else "")
     reference_metrics = None
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
@@ -320,7 +356,7 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         reference_metrics = VersionMetrics.of(reference_eval, registered_cost(reference))
     return BatchOutcome(source.ref, VersionMetrics.of(source_eval, None), attempts, certificate, cost,
                         {str(c): len(ids) for c, ids in batch.forget_ids.items()},
-                        reference.ref if reference else None, reference_metrics)
+                        reference.ref if reference else None, reference_metrics, source_gates)
 
 
 def _metrics(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[str, float | None]:
@@ -461,17 +497,36 @@ def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredMo
 
 # --- promote and receipt ---------------------------------------------------------------------------
 
+def tier_fields(ws: Workspace, record: BatchRecord, certificate: str | None, policy: ForgettingPolicy) -> dict:
+    """The receipt's tier fields: the tier the chosen version forgets on, each request's deadline and,
+    on the interim tier, when exact forgetting is due and the latest safe time to start it."""
+    deadlines = record.deadlines(ws.params.requests.deadline_days)
+    tier = tier_of(certificate)
+    fields = {"forgetting": tier.value, "policy": policy.value, "deadlines": deadlines}
+    if tier is Tier.interim:
+        due = exact_due(deadlines.values())
+        requests = ws.params.requests
+        fields.update(exact_due=due, exact_start_by=latest_safe_time(
+            due, last_exact_seconds(ws, record.scenario), requests.exact_safety_factor,
+            timedelta(hours=requests.exact_margin_hours)))
+    return fields
+
+
 @task(name="promote-and-receipt", task_run_name="promote-and-receipt", cache_policy=NO_CACHE)
-def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome) -> tuple[Receipt, Any]:
-    """Alias ``current`` to the attempt that passed, the erasure scan of every store (now that the
-    batch registered its versions and logged its runs), the receipt. With a default DVC remote the
-    data versions and the state are on it before the alias moves, and again with the receipt."""
+def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome,
+                        policy: ForgettingPolicy = ForgettingPolicy.interim) -> tuple[Receipt, Any]:
+    """Alias ``current`` to the attempt chosen (its version tagged with its tier, ``forgetting``), the
+    erasure scan of every store (now that the batch registered its versions and logged its runs),
+    the receipt. With a default DVC remote the data versions and the state are on it before the
+    alias moves, and again with the receipt."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
     chosen = outcome.chosen
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
     # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.
     sync_state(ws.root, f"batch {batch_id}: before alias current moves")
+    tier = tier_fields(ws, record, chosen.certificate, policy)
+    ws.registry.set_version_tag(scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
     ws.registry.set_alias(scenario, "current", chosen.version.version)
     failpoint("after-alias-move")
     erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
@@ -498,7 +553,7 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
                                                                                        "comm_bytes")}}
                   if outcome.reference_metrics else {}),
                "speedup_vs_retrain": None if speedup is None or math.isnan(speedup) else speedup},
-        erasure=erasure.model_dump(mode="json"),
+        erasure=erasure.model_dump(mode="json"), source_gates=outcome.source_gates, **tier,
         batch_record=ws.relative(record_path(RequestFolders(ws.root), batch_id)))
     path = write_receipt(ws, receipt)
     if chosen.method == "retrain":  # an exact retrain serves: it repays what earlier batches forgot approximately

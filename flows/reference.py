@@ -16,15 +16,22 @@ from prefect import flow
 from flows.heartbeat import parent_heartbeat
 from flows.train import train_federated
 from tasks.data import reproduce_data
+from tasks.debt import close_by_retrain, open_batches
 from tasks.workspace import Workspace
+
+
+# Closing batches waits for a deletion batch that holds the workspace's lock, as batches wait for each other.
+LOCK_TIMEOUT_S = 1800.0
 
 
 @flow(name="retrain-reference", log_prints=True)
 def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None,
-                      batch_id: str | None = None) -> dict:
+                      batch_id: str | None = None, close_open: bool = True) -> dict:
     """Retrain ``scenario`` from scratch on its current data version and register the result with
     alias ``retrained``; a data version that already has its reference keeps it (retraining is
-    deterministic for a seed, so a second one would be the same model)."""
+    deterministic for a seed, so a second one would be the same model). Batches applied without
+    unlearning (``fedunlearn ingest``) leave ``current`` on a model of their deleted samples: with
+    ``close_open`` (and outside a batch) the retrain serves instead and each gets its receipt."""
     ws = Workspace.open(root)
     data_version = reproduce_data(ws, scenario)
     existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)
@@ -32,8 +39,16 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
         version = str(existing[-1].version)
         ws.registry.set_alias(scenario, "retrained", version)
         print(f"data version {data_version} already has its reference: {scenario} v{version}")
-        return {"scenario": scenario, "data_version": data_version, "model_version": version, "reused": True}
-    with parent_heartbeat():
-        result = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
-                                 batch_id=batch_id)
-    return {**result, "reused": False}
+        result = {"scenario": scenario, "data_version": data_version, "model_version": version, "reused": True}
+    else:
+        with parent_heartbeat():
+            result = {**train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
+                                        batch_id=batch_id), "reused": False}
+    if close_open and batch_id is None and open_batches(ws, scenario):
+        with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
+            if ws.data_version(scenario) == result["data_version"]:  # no batch moved the data meanwhile
+                result["closed"] = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
+                                                    "retrain-reference")
+                print(f"alias current -> {scenario} v{result['model_version']}: it closes the batch(es) applied "
+                      f"without unlearning {', '.join(result['closed'])} (receipts written)")
+    return result

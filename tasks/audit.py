@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
+from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.evaluation.audit import (AuditResult, ReferenceSet, audit_forgetting, plot_audit, restore_references,
                                          train_references)
 from fedunlearn.federation.local import Tensors
@@ -113,3 +114,10 @@ def log_audit(ws: Workspace, run_id: str, result: AuditResult) -> None:
     ws.registry.log_text(run_id, result.to_json(), "audit/audit.json")
     with tempfile.TemporaryDirectory(dir=ws.temporary_dir) as tmp:
         ws.registry.log_artifact(run_id, plot_audit(result, Path(tmp) / "audit.png"), "audit")
+
+
+def log_source_audit(ws: Workspace, run_id: str, batch_id: str, result: AuditResult, gates: GateOutcome) -> None:
+    """The source model's audit and checks for a batch, in the source version's run beside the
+    candidates' (one file per batch: a source serves many batches)."""
+    document = {"batch_id": batch_id, "audit": json.loads(result.to_json()), "gates": gates.model_dump(mode="json")}
+    ws.registry.log_text(run_id, json.dumps(document, indent=2), f"batches/{batch_id}/source_audit.json")

@@ -1,17 +1,32 @@
-"""Retrain debt: requests forgotten only approximately (a certificate other than ``exact retrain``
-or ``formal (ε,δ)``) are a stop-gap until an exact retrain on a data version without them serves.
-The receipts are the ledger of the debt; repaying it marks them (``exactly_forgotten``)."""
+"""Retrain debt: requests forgotten only on the interim tier (a certificate other than ``exact
+retrain`` or ``formal (ε,δ)``) are a stop-gap until an exact retrain on a data version without
+them serves, before their deadlines (``certify.tiers``). The receipts are the ledger of the debt;
+repaying it marks them (``exactly_forgotten``). ``schedule_repayment`` asks Prefect to start the
+``repay-retrain-debt`` deployment at the latest safe time: a scheduled flow run, no loop of ours."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.states import Scheduled
 
-from fedunlearn.receipts import ExactForgetting, Receipt, owes_retrain, read_receipts, write_receipt
+from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.certify.tiers import exact_due, latest_safe_time
+from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrain, read_receipt, read_receipts,
+                                 write_receipt)
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
+from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
 from tasks.workspace import Workspace
+
+REPAY_DEPLOYMENT = "repay-retrain-debt/weekly"
+FORGETTING_TAG = "forgetting"  # MLflow version tag: interim | exact | formal
 
 
 @dataclass
@@ -26,24 +41,106 @@ class Debt:
     def samples(self) -> int:
         return sum(r.deleted_samples for r in self.receipts)
 
+    @property
+    def due(self) -> datetime | None:
+        """When exact forgetting is due: the earliest deadline of an owed request."""
+        return exact_due(d for r in self.receipts for d in ([r.exact_due] if r.exact_due else r.deadlines.values()))
+
     def line(self, threshold: int) -> str:
         if not self.receipts:
             return "retrain debt: none (every request so far forgotten exactly or with a formal guarantee)"
+        due = f"exact forgetting due by {self.due:%Y-%m-%d %H:%M}Z; " if self.due else ""
         return (f"retrain debt: {self.requests} request(s), {self.samples} sample(s) in {len(self.receipts)} batch(es) "
-                f"forgotten only approximately since {self.receipts[0].created_at:%Y-%m-%d %H:%M}Z (an exact retrain "
-                f"repays it: weekly, or past {threshold} requests)")
+                f"forgotten only approximately since {self.receipts[0].created_at:%Y-%m-%d %H:%M}Z ({due}an exact "
+                f"retrain repays it: before that deadline, weekly, or past {threshold} requests)")
 
 
 def retrain_debt(ws: Workspace, scenario: str) -> Debt:
     return Debt([r for r in read_receipts(ws.root, scenario) if owes_retrain(r)])
 
 
+def last_exact_seconds(ws: Workspace, scenario: str) -> float:
+    """The measured duration of the scenario's last training from scratch (an exact retrain, or the
+    original when none has run yet); 0 when none logged one."""
+    trained = [v for role in ("retrained", "original") for v in ws.registry.versions(scenario, role=role)]
+    for version in sorted(trained, key=lambda v: int(v.version), reverse=True):
+        seconds = ws.registry.metrics(version.run_id).get("wall_seconds")
+        if seconds is not None and math.isfinite(seconds):
+            return float(seconds)
+    return 0.0
+
+
+def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
+    """The latest safe time to start the exact retrain that repays ``debt`` (``tiers.latest_safe_time``);
+    None when nothing is owed."""
+    if debt.due is None:
+        return None
+    requests = ws.params.requests
+    return latest_safe_time(debt.due, last_exact_seconds(ws, scenario), requests.exact_safety_factor,
+                            timedelta(hours=requests.exact_margin_hours))
+
+
+@task(name="schedule-exact-retrain", cache_policy=NO_CACHE)
+def schedule_repayment(ws: Workspace, scenario: str, start_at: datetime) -> str | None:
+    """A scheduled flow run of the ``repay-retrain-debt`` deployment at ``start_at`` (one per time:
+    the idempotency key); None when that deployment is not served (the CLI's ephemeral server). A
+    run that finds the debt already repaid does nothing."""
+    with get_client(sync_client=True) as client:
+        try:
+            deployment = client.read_deployment_by_name(REPAY_DEPLOYMENT)
+        except ObjectNotFound:
+            return None
+        run = client.create_flow_run_from_deployment(
+            deployment.id, parameters={"scenario": scenario, "root": str(ws.root)},
+            state=Scheduled(scheduled_time=start_at), tags=["exact-due"],
+            idempotency_key=f"exact-due:{ws.root}:{scenario}:{start_at.isoformat()}")
+    return str(run.id)
+
+
 @task(name="repay-debt-receipts", cache_policy=NO_CACHE)
 def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[str]:
     """The receipts the exact retrain ``version`` (now ``current``) repays say so; returns their batches."""
     repaid = []
+    ws.registry.set_version_tag(scenario, version, FORGETTING_TAG, "exact")
     for receipt in retrain_debt(ws, scenario).receipts:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=version, by=by)
         write_receipt(ws.root, receipt)
         repaid.append(receipt.batch_id)
     return repaid
+
+
+def open_batches(ws: Workspace, scenario: str) -> list[BatchRecord]:
+    """Batches applied to the data (``fedunlearn ingest``) that no receipt closes yet: the model
+    serving may still hold their samples."""
+    return [r for r in load_records(ws.folders) if r.scenario == scenario and r.status is BatchStatus.COMPLETE
+            and read_receipt(ws.root, r.batch_id) is None]
+
+
+@task(name="close-batches-by-retrain", cache_policy=NO_CACHE)
+def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -> list[str]:
+    """The exact retrain ``version`` (trained on the current data version, which every applied batch
+    is out of) serves: alias ``current`` moves to it, tagged exact, and each open batch gets its
+    receipt — forgotten exactly, erasure scanned. For a caller that holds the batch lock."""
+    closed = []
+    ws.registry.set_version_tag(scenario, version.version, FORGETTING_TAG, "exact")
+    ws.registry.set_alias(scenario, "current", version.version)
+    for record in open_batches(ws, scenario):
+        erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
+        release_fingerprints(ws, record.batch_id)
+        now = utc_now()
+        per_client = {c: len(ids) for e in record.requests for c, ids in e.clients.items()}
+        write_receipt(ws.root, Receipt(
+            batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
+            deleted_samples=len(record.deleted_ids()), forgotten_per_client=per_client,
+            data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+            method="retrain", models={"original": ws.registry.alias_ref(scenario, "original"), "source": None,
+                                      "unlearned": version, "retrained": version, "current": version},
+            certificate={"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
+                         "notes": [f"applied without unlearning; retrained from scratch on data version "
+                                   f"{version.data_version} ({by})"]},
+            promoted=True, metrics={}, costs={}, erasure=erasure.model_dump(mode="json"),
+            exactly_forgotten=ExactForgetting(at=now, version=version.version, by=by), forgetting="exact",
+            deadlines=record.deadlines(ws.params.requests.deadline_days),
+            batch_record=ws.relative(record_path(ws.folders, record.batch_id))))
+        closed.append(record.batch_id)
+    return closed

@@ -125,6 +125,10 @@ def batch_description(record: BatchRecord, number: int, steps: int, method: str,
     if gate is not None:
         checks = " · ".join(f"{c.name} {c.verdict}" for c in gate.checks)
         gates, verdict = f"**{gate.verdict}** ({gate.policy}){': ' + checks if checks else ''}", f"**{gate.verdict}**"
+        if gate.interim is not None:
+            interim = ("may serve (" + ("; ".join(gate.unmeasured) or "every check measured") + ")" if gate.interim
+                       else "held back (" + "; ".join(gate.held_back) + ")")
+            gates, verdict = gates + f"; interim tier: {interim}", verdict + (", interim ok" if gate.interim else "")
     else:
         gates = note or "pending"
         verdict = gates.split(" (")[0]

@@ -9,8 +9,9 @@ weights, not a new draw), the next attempt runs, the receipt is written.
 
 A batch applied without unlearning (``fedunlearn ingest``) is owed too — unless a model was
 registered on its data version since by something else than the batch (``fedunlearn retrain``):
-then nothing is owed. It can be
-unlearned only from a version on the data before it, while the DVC cache still holds that data.
+then that model serves (alias ``current``) and the batch gets its receipt (``close_by_retrain``).
+Otherwise it can be unlearned only from a version on the data before it, while the DVC cache still
+holds that data.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
+from tasks.debt import close_by_retrain
 from tasks.models import SOURCE_ALIASES
 from tasks.workspace import Workspace, cached
 
@@ -51,8 +53,10 @@ def owed_batch(ws: Workspace, scenario: str) -> BatchRecord | None:
         return last  # killed after registering a version for it: the resumed batch goes on to its receipt
     registered = {alias: v for alias in SOURCE_ALIASES if (v := ws.registry.by_alias(scenario, alias)) is not None}
     on = {alias: v.tags.get("data_version") for alias, v in registered.items()}
-    if current in on.values():
-        return None  # a model was registered on the current data (e.g. `fedunlearn retrain`): nothing owed
+    if current in on.values():  # a model was registered on the current data (e.g. `fedunlearn retrain`): it serves
+        alias = next(a for a, d in on.items() if d == current)
+        close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, alias), "process-deletions")
+        return None
     if last.data_version_before in on.values() and cached(ws.root, last.data_version_before):
         return last
     listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())

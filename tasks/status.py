@@ -1,11 +1,14 @@
 """Where a scenario's deletion requests stand (``fedunlearn status``; the Prefect artifact
-``deletion-status-<scenario>`` each batch refreshes, '_' written '-'): pending requests with their
-age and deadline, overdue ones first; the serving version and its certificate; the retrain debt;
-the last batch and its verdict.
+``deletion-status-<scenario>`` each batch refreshes, '_' written '-'): every request as pending,
+interim or exact with its deadline, overdue ones first; the serving version, its certificate and
+tier; the retrain debt; the last batch and its verdict.
 
-A request is pending until a batch's receipt says it was forgotten: in the inbox, or applied to
-the data by a batch that has not finished unlearning yet. Its deadline is the one it names, else
-``requests.deadline_days`` (params.yaml, one month: GDPR Art. 12(3)) after ``submitted_at``.
+A request is *pending* until a batch's receipt says it was forgotten: in the inbox, or applied to
+the data by a batch that has not finished unlearning yet. It is *interim* while an approximate
+version forgot it and no exact retrain has repaid that yet, *exact* once an exact retrain (or a
+``formal (ε,δ)`` version) did. Its deadline is the one it names, else ``requests.deadline_days``
+(params.yaml, one month: GDPR Art. 12(3)) after ``submitted_at``; a pending or interim request past
+it is overdue — exact forgetting is what the deadline asks for.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from datetime import datetime, timedelta
 
 from prefect.artifacts import create_markdown_artifact
 
-from fedunlearn.receipts import Receipt, read_receipt, read_receipts
+from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.model import utc_now
 from tasks.debt import retrain_debt
 from tasks.requests import read_inbox
 from tasks.workspace import Workspace
+
+
+PENDING, INTERIM, EXACT = "pending", "interim", "exact"
 
 
 @dataclass(frozen=True)
@@ -30,13 +36,19 @@ class PendingRequest:
     kind: str
     submitted_at: datetime
     deadline: datetime
-    where: str  # "inbox", or the batch that applied it to the data and has not unlearned it yet
+    where: str  # "inbox", the batch that applied it and has not unlearned it yet, or the batch that forgot it
+    state: str = PENDING  # pending | interim | exact
+    exact_at: datetime | None = None  # when it was forgotten exactly
 
     def age(self, now: datetime) -> timedelta:
         return now - self.submitted_at
 
     def overdue(self, now: datetime) -> bool:
-        return now > self.deadline
+        """Not forgotten exactly by its deadline (still owed, or repaid too late)."""
+        return (self.exact_at or now) > self.deadline
+
+    def owed(self) -> bool:
+        return self.state != EXACT
 
 
 @dataclass
@@ -49,14 +61,22 @@ class DeletionStatus:
     last_batch: Receipt | None
     unreadable: list[str] = field(default_factory=list)  # inbox files the next batch will quarantine
 
+    forgotten: list[PendingRequest] = field(default_factory=list)  # interim and exact
+
     @property
     def overdue(self) -> list[PendingRequest]:
-        return [p for p in self.pending if p.overdue(self.now)]
+        """Requests still owed (pending or interim) past their deadline: what a monitor alerts on."""
+        return [p for p in self.pending + self.forgotten if p.owed() and p.overdue(self.now)]
+
+    @property
+    def late(self) -> list[PendingRequest]:
+        """Requests forgotten exactly, but after their deadline."""
+        return [p for p in self.forgotten if not p.owed() and p.overdue(self.now)]
 
     def markdown(self) -> str:
         lines = [f"## Deletion status of {self.scenario} at {self.now:%Y-%m-%d %H:%M}Z", ""]
         if self.pending:
-            overdue = len(self.overdue)
+            overdue = sum(p.overdue(self.now) for p in self.pending)
             lines += [f"**{len(self.pending)} pending request(s)**" + (f", **{overdue} OVERDUE**" if overdue else ""),
                       "", "| request | kind | submitted | age | deadline | due in | where |", "|---|---|---|---|---|---|---|"]
             lines += [f"| {p.request_id} | {p.kind} | {p.submitted_at:%Y-%m-%d %H:%M}Z | {_span(p.age(self.now))} | "
@@ -65,12 +85,13 @@ class DeletionStatus:
                       f" | {p.where} |" for p in self.pending]
         else:
             lines.append("no pending requests")
+        lines += self._forgotten_lines()
         if self.unreadable:
             lines += ["", f"{len(self.unreadable)} inbox file(s) the next batch quarantines: "
                           f"{', '.join(self.unreadable)}"]
         serving = self.serving
         lines += ["", f"serving: v{serving['version']} ({serving['method']}, certificate {serving['certificate']}, "
-                      f"data version {serving['data_version'][:10]})" if serving else "serving: no version has alias "
+                      f"forgetting {serving['forgetting']}, data version {serving['data_version'][:10]})" if serving else "serving: no version has alias "
                                                                                      "`current`",
                   self.debt]
         batch = self.last_batch
@@ -82,8 +103,28 @@ class DeletionStatus:
             chain = " → ".join(a.method for a in batch.attempts)
             lines.append(f"last batch: {batch.batch_id} at {batch.created_at:%Y-%m-%d %H:%M}Z, "
                          f"{len(batch.request_ids)} request(s), {chain or batch.outcome}: {verdict}, "
-                         f"{'promoted' if batch.promoted else 'not promoted'}")
+                         f"{'promoted' if batch.promoted else 'not promoted'}"
+                         + (f", forgetting {batch.forgetting}" if batch.forgetting else ""))
         return "\n".join(lines)
+
+
+    def _forgotten_lines(self) -> list[str]:
+        interim = [p for p in self.forgotten if p.owed()]
+        exact = [p for p in self.forgotten if not p.owed()]
+        lines = ["", f"**{len(interim)} interim** (forgotten approximately, exact forgetting owed), "
+                     f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
+                                                 else "")]
+        if not self.forgotten:
+            return lines
+        lines += ["", "| request | state | deadline | exact forgetting | batch |", "|---|---|---|---|---|"]
+        for p in sorted(self.forgotten, key=lambda p: (not p.owed(), p.deadline)):
+            if p.owed():
+                due = (f"OVERDUE by {_span(self.now - p.deadline)}" if p.overdue(self.now)
+                       else f"due in {_span(p.deadline - self.now)}")
+            else:
+                due = f"at {p.exact_at:%Y-%m-%d %H:%M}Z" + (" (LATE)" if p.overdue(self.now) else "")
+            lines.append(f"| {p.request_id} | {p.state} | {p.deadline:%Y-%m-%d %H:%M}Z | {due} | {p.where} |")
+        return lines
 
 
 def _span(delta: timedelta) -> str:
@@ -98,22 +139,42 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
     triage = read_inbox(ws, scenario)
     pending = [PendingRequest(p.request.request_id, p.request.kind.value, p.request.submitted_at,
                               p.request.due(days), "inbox") for p in triage.pending]
+    receipts = read_receipts(ws.root, scenario)
+    by_batch = {r.batch_id: r for r in receipts}
+    forgotten = []
     for record in load_records(ws.folders):
-        if record.scenario != scenario or read_receipt(ws.root, record.batch_id) is not None:
+        if record.scenario != scenario:
             continue
-        pending += [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
-                                   (e.submitted_at or record.created_at) + timedelta(days=days),
-                                   f"batch {record.batch_id} (data deleted, model not yet unlearned)")
-                    for e in record.requests]
+        receipt = by_batch.get(record.batch_id)
+        if receipt is None:
+            pending += [PendingRequest(e.request_id, e.kind.value if e.kind else "sample",
+                                       e.submitted_at or record.created_at, e.due(days, record.created_at),
+                                       f"batch {record.batch_id} (data deleted, model not yet unlearned)")
+                        for e in record.requests]
+        else:
+            forgotten += forgotten_requests(record, receipt, days)
     pending.sort(key=lambda p: (not p.overdue(now), p.deadline))
     current = ws.registry.by_alias(scenario, "current")
     serving = None if current is None else {
         "version": str(current.version), "method": current.tags.get("method", current.tags.get("role", "?")),
-        "certificate": current.tags.get("certificate", "?"), "data_version": current.tags.get("data_version", "?")}
-    receipts = read_receipts(ws.root, scenario)
+        "certificate": current.tags.get("certificate", "?"), "data_version": current.tags.get("data_version", "?"),
+        "forgetting": current.tags.get("forgetting", "?")}
     return DeletionStatus(scenario, now, pending, serving, retrain_debt(ws, scenario).line(
         ws.params.requests.max_retrain_debt), receipts[-1] if receipts else None,
-        [item.name for rejection in triage.rejected for item in rejection.items])
+        [item.name for rejection in triage.rejected for item in rejection.items], forgotten)
+
+
+def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingRequest]:
+    """A receipted batch's requests: interim while the receipt owes an exact retrain, else exact
+    (at the repayment, or at the batch for an exact or formal version)."""
+    owed = owes_retrain(receipt)
+    exact_at = None if owed else (receipt.exactly_forgotten.at if receipt.exactly_forgotten else receipt.created_at)
+    return [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
+                           receipt.deadlines.get(e.request_id) or e.due(days, record.created_at),
+                           f"batch {record.batch_id}" + (f" ({receipt.outcome})" if receipt.outcome != "unlearned"
+                                                         else ""),
+                           INTERIM if owed else EXACT, exact_at)
+            for e in record.requests]
 
 
 def status_artifact_key(scenario: str) -> str:

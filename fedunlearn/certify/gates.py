@@ -35,10 +35,18 @@ each is judged at α/3 (Bonferroni): choosing the worst does not raise the false
 A limit set to None switches its check off; a metric nobody measured is ``inconclusive``.
 
 Power. Without a reference, checks that the source model would pass as well cannot show that
-anything was forgotten (a model that generalises to the forget set, measured in
-docs/BENCHMARKS.md: a no-op passed for two of five whole clients). ``judge`` therefore judges the
-source as a no-op candidate too and turns such a pass into ``inconclusive`` — escalation then
-goes on, to exact retrain at worst.
+anything was forgotten (a model that generalises to the forget set: docs/BENCHMARKS.md). ``judge``
+therefore judges the source as a no-op candidate too and turns such a pass into ``inconclusive``.
+
+Two tiers (``certify.tiers``). The verdict above is the *strict* one: only ``pass`` promotes, so
+on a model that does not memorise every batch escalates to an exact retrain. The *interim* tier
+asks less and says what it could not measure: a version may serve at once when no check fails,
+utility holds (the test-accuracy check passes: it has power on any model), its certificate is not
+``not certified``, and every inconclusive check is one the source model does not fail either (no
+membership signal to remove, nothing measurable). A check the source model *fails* has power —
+the signal is measurable — so there the candidate must not be inconclusive: a no-op or a too-weak
+method is held back. ``GateOutcome.interim`` records that judgement; exact forgetting is owed
+before the requests' deadlines.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from enum import Enum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
+from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
 from fedunlearn.evaluation.records import Evaluation
 from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, Check, check_auc,
                                                check_auc_gap, check_paired_proportion_gap, check_proportion,
@@ -86,6 +94,10 @@ class GateOutcome(BaseModel):
     policy: str = Field(description=f"{WITH_REFERENCE!r} or {WITHOUT_REFERENCE!r}")
     checks: list[GateCheck]
     verdict: str = PASS
+    interim: bool | None = Field(None, description="may serve on the interim tier (module docstring); None: "
+                                                   "not judged")
+    unmeasured: list[str] = Field(default_factory=list, description="what could not be measured, and why")
+    held_back: list[str] = Field(default_factory=list, description="why the interim tier refused the version")
 
     @classmethod
     def of(cls, policy: str, checks: list[GateCheck], proven: bool = False) -> "GateOutcome":
@@ -233,15 +245,52 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     checks to tell forgetting from none: the source model itself — no unlearning at all, its own
     audit ``source_audit`` — is judged the same way, and if it passes too, the candidate's pass
     shows nothing (the model generalises to the forget set, or the sample is too small to see a
-    difference): ``inconclusive``, check ``power_vs_no_op``."""
+    difference): ``inconclusive``, check ``power_vs_no_op``. The interim judgement
+    (``interim_judgement``) is recorded beside the strict verdict."""
     outcome = _judged(candidate, certificate, source, reference, gates, audit)
-    if reference is None and outcome.verdict == PASS and not _proven(certificate, gates):
-        no_op = _judged(source, certificate, source, None, gates, source_audit)
-        if no_op.verdict == PASS:
-            powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
-                                  limit=None, passed=False, verdict=INCONCLUSIVE)
-            outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
-    return outcome
+    no_op = _judged(source, certificate, source, reference, gates, source_audit)
+    if reference is None and outcome.verdict == PASS and not _proven(certificate, gates) and no_op.verdict == PASS:
+        powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
+                              limit=None, passed=False, verdict=INCONCLUSIVE)
+        outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
+    return interim_judgement(outcome, certificate, no_op)
+
+
+def judge_source(source: Evaluation, *, reference: Evaluation | None, gates: PromotionGates,
+                 source_audit: Check | None = None) -> GateOutcome:
+    """The source model (no unlearning) judged by the checks a candidate meets: what the batch's
+    checks can measure. A check it fails has power; one it passes cannot tell forgetting from none."""
+    return _judged(source, EMPIRICAL_ONLY, source, reference, gates, source_audit)
+
+
+UTILITY_CHECKS = ("test_acc_drop_vs_source", "remaining_classes_test_acc_drop_vs_source", "abs_gap_test_acc",
+                  "abs_gap_remaining_classes_test_acc")
+
+
+def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome) -> GateOutcome:
+    """``outcome`` with its interim judgement (module docstring): what holds the version back on
+    the interim tier, and what could not be measured. ``no_op``: the source model judged by the
+    same checks — a check it fails has power, so the candidate must not be inconclusive there."""
+    source_verdicts = {c.name: c.verdict for c in no_op.checks}
+    held_back, unmeasured = [], []
+    if certificate == NOT_CERTIFIED:
+        held_back.append("certificate 'not certified': an assumption of its claim failed")
+    utility = [c for c in outcome.checks if c.name in UTILITY_CHECKS]
+    if any(c.verdict != PASS for c in utility):
+        held_back.append("utility not shown: " + ", ".join(f"{c.name} {c.verdict}" for c in utility))
+    for check in outcome.checks:
+        if check.verdict == FAIL:
+            held_back.append(f"{check.name} fails")
+        elif check.verdict == INCONCLUSIVE and check.name not in UTILITY_CHECKS:
+            if source_verdicts.get(check.name) == FAIL:
+                held_back.append(f"{check.name} inconclusive where the source model fails it (a measurable "
+                                 "signal not shown gone)")
+            elif check.name == NO_OP_CHECK:
+                unmeasured.append("no measurable membership signal: the source model passes the same checks")
+            else:
+                unmeasured.append(f"{check.name} inconclusive; the source model does not fail it either (nothing "
+                                  "measurable to remove)")
+    return outcome.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured})
 
 
 def _proven(certificate: str, gates: PromotionGates) -> bool:
@@ -262,4 +311,5 @@ def _judged(candidate: Evaluation, certificate: str, source: Evaluation, referen
                           proven=_proven(certificate, gates))
 
 
-__all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge"]
+__all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge",
+           "judge_source", "interim_judgement"]

@@ -124,7 +124,7 @@ def plan_batch(batch_id: str, pending: list[PendingRequest], catalog: Catalog) -
         covered |= fresh
         plan.entries.append(LedgerEntry(
             request_id=request.request_id, batch_id=batch_id, scenario=catalog.scenario, kind=request.kind,
-            subject=request.subject, submitted_at=request.submitted_at,
+            subject=request.subject, submitted_at=request.submitted_at, deadline=request.deadline,
             sample_ids=[i for i in resolution.sample_ids if i in fresh],
             clients={str(c): kept for c, ids in sorted(resolution.clients.items())
                      if (kept := [i for i in ids if i in fresh])},
@@ -190,6 +190,10 @@ class BatchRecord(BaseModel):
 
     def deleted_ids(self) -> set[str]:
         return {i for entry in self.requests for i in entry.sample_ids}
+
+    def deadlines(self, deadline_days: float) -> dict[str, datetime]:
+        """Each request's deadline (``LedgerEntry.due``)."""
+        return {e.request_id: e.due(deadline_days, self.created_at) for e in self.requests}
 
     @property
     def kind(self) -> str:

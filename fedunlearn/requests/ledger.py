@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class LedgerEntry(BaseModel):
     held_out: list[str] = Field(default_factory=list, description="IDs of the held-out test split")
     merged_ids: list[str] = Field(default_factory=list)
     submitted_at: datetime | None = None
+    deadline: datetime | None = Field(None, description="the deadline the request named (None: deadline_days after "
+                                                        "submitted_at)")
     applied_at: datetime | None = None
     prev_hash: str | None = Field(None, description="checksum of the entry before this one (GENESIS for the first)")
     checksum: str | None = Field(None, description="SHA-256 of this entry's canonical JSON, prev_hash included")
@@ -56,6 +58,11 @@ class LedgerEntry(BaseModel):
     def matches(self, request: DeletionRequestModel) -> bool:
         """The same request (kind, scenario, subject), e.g. its file seen again after a crash."""
         return (self.kind, self.scenario, self.subject) == (request.kind, request.scenario, request.subject)
+
+    def due(self, deadline_days: float, submitted_fallback: datetime) -> datetime:
+        """When the request must be forgotten (exactly) by: the deadline it named, else ``deadline_days``
+        after its submission (``submitted_fallback`` for entries written without one)."""
+        return self.deadline or (self.submitted_at or submitted_fallback) + timedelta(days=deadline_days)
 
     def chained(self, prev_hash: str, applied_at: datetime) -> "LedgerEntry":
         """This entry as it is appended after ``prev_hash``: stamped, linked and checksummed."""

@@ -13,6 +13,7 @@ look like::
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from datetime import datetime, timedelta, timezone
@@ -50,7 +51,20 @@ class RequestKind(str, Enum):
 SUBJECT_FIELDS = {RequestKind.SAMPLE: "sample_ids", RequestKind.CLASS: "label", RequestKind.CLIENT: "client"}
 
 
+# An injected clock for simulations and tests (scripts/month_of_traffic.py replays a month in minutes):
+# ISO 8601 UTC. Request times, deadlines, receipts and `status` read it; Prefect and MLflow keep real time.
+CLOCK_VARIABLE = "FEDUNLEARN_NOW"
+
+
 def utc_now() -> datetime:
+    """Now, in UTC — or the time in ``$FEDUNLEARN_NOW`` when a simulation sets one."""
+    injected = os.environ.get(CLOCK_VARIABLE)
+    if injected:
+        try:
+            return datetime.fromisoformat(injected).astimezone(timezone.utc)
+        except ValueError as err:
+            raise ValueError(f"{CLOCK_VARIABLE}={injected!r} is not an ISO 8601 time; unset it to use the real "
+                             "clock") from err
     return datetime.now(timezone.utc)
 
 
