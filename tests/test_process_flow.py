@@ -140,7 +140,7 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     assert table[-1].startswith("retrain debt: none")
 
     # Retrain debt: a batch forgotten only approximately (its receipt says so) until an exact retrain serves.
-    approximate = receipt.model_copy(update={"batch_id": "batch-approximate", "certificate": {
+    approximate = receipt.model_copy(update={"batch_id": "batch-approximate", "forgetting": "interim", "certificate": {
         "method": "puf-special", "guarantee": "empirical only"}})
     write_receipt(workspace, approximate)
     assert cli("compare", "--scenario", SCENARIO).splitlines()[-1].startswith(

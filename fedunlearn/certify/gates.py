@@ -248,7 +248,8 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     difference): ``inconclusive``, check ``power_vs_no_op``. The interim judgement
     (``interim_judgement``) is recorded beside the strict verdict."""
     outcome = _judged(candidate, certificate, source, reference, gates, audit)
-    no_op = _judged(source, certificate, source, reference, gates, source_audit)
+    no_op = _judged(source, certificate, source, reference if _paired(source, reference) else None, gates,
+                    source_audit)
     if reference is None and outcome.verdict == PASS and not _proven(certificate, gates) and no_op.verdict == PASS:
         powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
                               limit=None, passed=False, verdict=INCONCLUSIVE)
@@ -260,7 +261,16 @@ def judge_source(source: Evaluation, *, reference: Evaluation | None, gates: Pro
                  source_audit: Check | None = None) -> GateOutcome:
     """The source model (no unlearning) judged by the checks a candidate meets: what the batch's
     checks can measure. A check it fails has power; one it passes cannot tell forgetting from none."""
-    return _judged(source, EMPIRICAL_ONLY, source, reference, gates, source_audit)
+    return _judged(source, EMPIRICAL_ONLY, source, reference if _paired(source, reference) else None, gates,
+                   source_audit)
+
+
+def _paired(source: Evaluation, reference: Evaluation | None) -> bool:
+    """Whether the source and the reference were evaluated on the same samples (the batch's sets)."""
+    if reference is None:
+        return False
+    mine, theirs = source.evidence.correct, reference.evidence.correct
+    return all(len(mine.get(key, [])) == len(theirs.get(key, [])) for key in set(mine) | set(theirs))
 
 
 UTILITY_CHECKS = ("test_acc_drop_vs_source", "remaining_classes_test_acc_drop_vs_source", "abs_gap_test_acc",

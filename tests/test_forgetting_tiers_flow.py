@@ -1,0 +1,144 @@
+"""The two-tier contract through the CLI, a temporary Prefect server, a real DVC repository and a
+real sqlite MLflow registry, with an injected clock (``FEDUNLEARN_NOW``): an interim batch serves
+an approximate version at once and Prefect holds a scheduled run of ``repay-retrain-debt`` at the
+latest safe time; ``status`` exits 9 for a request left interim past its deadline; the repayment
+(as that run would start it) forgets exactly before the deadline; a batch that finds the safe time
+passed repays at once; ``strict`` escalates as before. Then a batch applied without unlearning and
+closed by ``fedunlearn retrain``."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+from prefect.runner import Runner
+
+from cli import main
+from fedunlearn.receipts import read_receipt, read_receipts
+from fedunlearn.requests.model import CLOCK_VARIABLE
+from flows.debt import repay_retrain_debt
+from tasks.registry import Registry
+from tasks.workspace import data_version
+
+SCENARIO = "digits-hfl"
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def run(workspace, capsys, monkeypatch):
+    """The CLI at a simulated time: ``run(*args, at=..., status=0)`` returns what it printed."""
+    def invoke(*args: str, at: datetime = T0, status: int = 0) -> str:
+        monkeypatch.setenv(CLOCK_VARIABLE, at.isoformat())
+        assert main(["--root", str(workspace), *args]) == status, capsys.readouterr()
+        return capsys.readouterr().out
+    return invoke
+
+
+@pytest.fixture
+def trained(workspace, prefect_server, run):
+    run("train", "--scenario", SCENARIO, "--inline")
+    return workspace
+
+
+def request(run, client: int, deadline: datetime | None = None, at: datetime = T0) -> list[str]:
+    ids = run("ids", "--scenario", SCENARIO, "--client", str(client), "--limit", "12", at=at).split()
+    extra = ["--deadline", deadline.isoformat()] if deadline else []
+    return [run("request", "samples", "--scenario", SCENARIO, "--ids", *ids, *extra, at=at).strip()]
+
+
+def current(workspace):
+    return Registry(workspace).by_alias(SCENARIO, "current")
+
+
+def serve_repayment_deployment(workspace) -> str:
+    """What `make serve` registers: the repay-retrain-debt deployment (its runner is not started)."""
+    deployment_id = Runner().add_flow(repay_retrain_debt, name="weekly",
+                                      parameters={"root": str(workspace), "scenario": SCENARIO})
+    return str(deployment_id)
+
+
+def scheduled_repayments(deployment_id: str) -> list:
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    return [r for r in runs if r.state and r.state.is_scheduled()]
+
+
+def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadline(trained, run):
+    workspace = trained
+    deployment_id = serve_repayment_deployment(workspace)
+    deadline = T0 + timedelta(days=2)
+    [first] = request(run, client=1, deadline=deadline)
+
+    out = run("process", "--scenario", SCENARIO)
+
+    [receipt] = read_receipts(workspace, SCENARIO)
+    serving = current(workspace)
+    assert receipt.forgetting == "interim" and receipt.policy == "interim" and receipt.exact_due == deadline
+    assert receipt.deadlines == {first: deadline} and receipt.exact_start_by < deadline
+    assert serving.tags["forgetting"] == "interim" and serving.tags["role"] == "unlearned"
+    assert serving.tags["data_version"] == receipt.data_version_after != receipt.data_version_before
+    assert [a.method for a in receipt.attempts] == ["puf-special"] and receipt.attempts[0].gates.interim
+    assert not Registry(workspace).versions(SCENARIO, role="retrained")  # no exact retrain in the batch
+    assert receipt.source_gates is not None and "forgetting: interim; exact forgetting due by" in out
+    assert "Forgetting: **interim**" in receipt.markdown()
+    [scheduled] = scheduled_repayments(deployment_id)
+    assert scheduled.expected_start_time == receipt.exact_start_by
+    assert scheduled.parameters["scenario"] == SCENARIO
+
+    interim = run("status", "--scenario", SCENARIO, at=T0 + timedelta(days=1))
+    assert f"| {first} | interim |" in interim
+    run("status", "--scenario", SCENARIO, at=deadline + timedelta(hours=1), status=9)
+
+    run("repay-debt", "--scenario", SCENARIO, at=receipt.exact_start_by)  # what the scheduled run starts
+
+    repaid = read_receipt(workspace, receipt.batch_id).exactly_forgotten
+    assert repaid.at == receipt.exact_start_by < deadline
+    assert current(workspace).tags["forgetting"] == "exact" and current(workspace).tags["role"] == "retrained"
+    assert f"| {first} | exact |" in run("status", "--scenario", SCENARIO, at=deadline + timedelta(hours=1))
+
+
+def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(trained, run):
+    workspace = trained
+    later = T0 + timedelta(days=3)
+    [urgent] = request(run, client=2, deadline=later + timedelta(hours=1), at=later)
+
+    result = run("process", "--scenario", SCENARIO, at=later)
+
+    [receipt] = read_receipts(workspace, SCENARIO)
+    assert receipt.forgetting == "interim" and receipt.exactly_forgotten is not None
+    assert receipt.exactly_forgotten.at == later < receipt.exact_due
+    assert current(workspace).tags["forgetting"] == "exact" and "repaid in this run" in result
+    assert f"| {urgent} | exact |" in run("status", "--scenario", SCENARIO, at=later + timedelta(hours=2))
+
+
+def test_strict_escalates_until_a_version_passes_every_check(trained, run):
+    workspace = trained
+    request(run, client=1)
+
+    run("process", "--scenario", SCENARIO, "--forgetting-policy", "strict")
+
+    [receipt] = read_receipts(workspace, SCENARIO)
+    chosen = receipt.attempts[-1]
+    assert receipt.policy == "strict"
+    assert all(not a.gates.passed for a in receipt.attempts[:-1])
+    assert chosen.method == "retrain" or chosen.gates.passed
+    assert receipt.forgetting == ("exact" if chosen.method == "retrain" else "interim")
+    assert current(workspace).tags["forgetting"] == receipt.forgetting
+
+
+def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(trained, run):
+    workspace = trained
+    [ingested] = request(run, client=0)
+    run("ingest", "--scenario", SCENARIO)
+    assert f"| {ingested} | sample |" in run("status", "--scenario", SCENARIO)  # data deleted, model not yet
+
+    run("retrain", "--scenario", SCENARIO)
+
+    [receipt] = read_receipts(workspace, SCENARIO)
+    serving = current(workspace)
+    assert receipt.request_ids == [ingested] and receipt.forgetting == "exact" and receipt.method == "retrain"
+    assert serving.tags["role"] == "retrained" and serving.tags["data_version"] == data_version(workspace, SCENARIO)
+    assert receipt.models["current"].version == str(serving.version) and receipt.erasure["verified"]
+    status = run("status", "--scenario", SCENARIO)
+    assert "no pending requests" in status and f"| {ingested} | exact |" in status
+    assert "no pending requests" in run("process", "--scenario", SCENARIO)
