@@ -4,6 +4,7 @@ a batch's outcome is printed."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 DEFAULT_SCENARIO = "mnist5k-hfl"
 
@@ -74,8 +75,10 @@ def describe_batch(result: dict) -> str:
     reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
     timings = result["timings"]
     tier = result.get("forgetting")
-    owed = (f"; exact forgetting due by {result['exact_due']} ({result['exact_run'] or 'not scheduled'})"
-            if tier == "interim" else "")
+    owed = ""
+    if tier == "interim" and result.get("exact_due"):
+        owed = (f"; exact forgetting due by {datetime.fromisoformat(result['exact_due']):%Y-%m-%d %H:%M}Z; "
+                f"exact retrain {result['exact_run'] or 'not scheduled'}")
     return (f"attempts: {chain}\n"
             f"alias current -> v{chosen['version']} ({result['method']}, {result['certificate']}){reference}\n"
             f"forgetting: {tier}{owed}\n"

@@ -67,7 +67,7 @@ from flows.warm import started_warm
 from tasks import preload
 from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data
-from tasks.debt import (FORGETTING_TAG, Debt, last_exact_seconds, mark_repaid, repayment_time, retrain_debt,
+from tasks.debt import (FORGETTING_TAG, REPAY_DEPLOYMENT, Debt, last_exact_seconds, mark_repaid, repayment_time, retrain_debt,
                         schedule_repayment)
 from tasks.durable import sync_state
 from tasks.events import announce_processed
@@ -212,8 +212,9 @@ def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt,
         print(f"exact forgetting due by {debt.due:%Y-%m-%d %H:%M}Z: no repay-retrain-debt deployment is served, so "
               f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z (make serve "
               "schedules it)")
-        return debt, f"due: start by {start_by.isoformat()}"
-    return debt, f"scheduled flow run {scheduled} at {start_by.isoformat()}"
+        return debt, (f"not scheduled (no repay-retrain-debt deployment is served): run `fedunlearn repay-debt "
+                      f"--scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z")
+    return debt, f"scheduled: flow run {scheduled} of {REPAY_DEPLOYMENT} at {start_by:%Y-%m-%d %H:%M}Z"
 
 
 # --- unlearn and register ------------------------------------------------------------------------
