@@ -6,13 +6,14 @@ runs (Prefect, MLflow and torch take seconds to import), so ``--help`` and ``req
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
+import shlex
 import sys
+import tempfile
 from pathlib import Path
 
-from fedunlearn.errors import FedunlearnError, NoSpace
+from fedunlearn.errors import FedunlearnError, as_no_space, watch_filesystems
 
 COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable")
 
@@ -53,17 +54,27 @@ def main(argv: list[str] | None = None) -> int:
               "or run from the project root or pass --root", file=sys.stderr)
         return 2
     configure_environment(root)
+    # A full disk that does not say so (torch's writer, SQLite, the Prefect server's HTTP 500) is
+    # confirmed against the filesystems this command writes to.
+    watch_filesystems(root, os.environ.get("PREFECT_HOME"), tempfile.gettempdir())
     try:
         return int(args.handler(args, root) or 0)
-    except FedunlearnError as err:  # each meaning its exit status (fedunlearn.errors)
+    except Exception as err:
+        return report_error(err, "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`", root)
+
+
+def report_error(err: Exception, command: str, root: Path) -> int:
+    """``error: <message>`` and the exit status of its meaning (``fedunlearn.errors``). A full disk
+    anywhere in the error's chain — a flow's wrapped error, the Prefect server's HTTP 500 — is
+    ``NoSpace``, whatever else it was wrapped in."""
+    full = as_no_space(err, command, root)
+    if full is not None:
+        print(f"error: {full}", file=sys.stderr)
+        return full.exit_code
+    if isinstance(err, FedunlearnError):  # each meaning its exit status
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
-        print(f"error: no space left on device ({err.filename or root}); free space on that filesystem and run the "
-              f"same command again: a deletion batch resumes where it stopped", file=sys.stderr)
-        return NoSpace.exit_code
-    except (ValueError, FileNotFoundError) as err:
+    if isinstance(err, (ValueError, FileNotFoundError)):
         print(f"error: {err}", file=sys.stderr)
         return 2
+    raise err

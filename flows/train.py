@@ -21,6 +21,8 @@ from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.federation.local import map_inline
+from fedunlearn.federation.protocol import Federation
+from fedunlearn.receipts import ModelRef
 from fedunlearn.training import TrainingRound, train
 from tasks.data import load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
@@ -80,33 +82,42 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
             "seed": ws.params.seed, "device": str(dev), "data_version": data_version,
             **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
             **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
-        ws.registry.log_data_version(run_id, scenario, data_version, DATA_CONTEXTS[role])
-
-        with ws.registry.step_metrics(run_id) as log_round:
-            def report(step: TrainingRound) -> None:
-                test_acc = accuracy(federation.model_from(step.state), federation.test)
-                log_round({"test_acc": test_acc, "train_loss": step.train_loss}, step.round)
-                print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
-                      f"train_loss={step.train_loss:.4f}")
-
-            trained = train(federation, on_round=report)
-        model = federation.model_from(trained.state)
-        # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
-        # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its
-        # retrained reference.
-        metrics = VersionMetrics.of(None, trained.cost)
-        metrics.test_acc = accuracy(model, federation.test)
-        metrics.retain_acc = accuracy(model, concat(federation.clients))
-        metrics.forget_acc = metrics.mia_auc = math.nan
-        if poisoned:
-            metrics.bd_asr = attack_success_rate(model, federation.test)
-        ref = register_version(ws, scenario, ModelWeights(trained.state, trained.node_states), model,
-                               tuple(federation.test.x.shape[1:]), tags, {}, metrics,
-                               {BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned else {},
-                               alias=role, run_id=run_id,
-                               description=training_description(scenario, cfg, data_version, role, batch_id,
-                                                                len(poisoned)))
+        # Training takes minutes: a failure in it (or a full disk at registration) ends the run as FAILED.
+        with ws.registry.failed_on_error(run_id):
+            ws.registry.log_data_version(run_id, scenario, data_version, DATA_CONTEXTS[role])
+            ref, metrics = train_and_register(ws, scenario, federation, tags, run_id, poisoned, training_description(
+                scenario, cfg, data_version, role, batch_id, len(poisoned)))
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)
     return {"scenario": scenario, "data_version": data_version, "test_acc": metrics.test_acc,
             "model_version": ref.version, "run_id": run_id, "device": str(dev),
             "wall_seconds": time.perf_counter() - started, "backdoor_samples": len(poisoned)}
+
+
+def train_and_register(ws: Workspace, scenario: str, federation: Federation, tags: dict[str, str], run_id: str,
+                       poisoned: list[str], description: str) -> tuple[ModelRef, VersionMetrics]:
+    """Train from scratch, each round's metrics on ``run_id``, and register the result with alias
+    ``tags["role"]``."""
+    cfg = ws.scenario(scenario)
+    with ws.registry.step_metrics(run_id) as log_round:
+        def report(step: TrainingRound) -> None:
+            test_acc = accuracy(federation.model_from(step.state), federation.test)
+            log_round({"test_acc": test_acc, "train_loss": step.train_loss}, step.round)
+            print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
+                  f"train_loss={step.train_loss:.4f}")
+
+        trained = train(federation, on_round=report)
+    model = federation.model_from(trained.state)
+    # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
+    # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its
+    # retrained reference.
+    metrics = VersionMetrics.of(None, trained.cost)
+    metrics.test_acc = accuracy(model, federation.test)
+    metrics.retain_acc = accuracy(model, concat(federation.clients))
+    metrics.forget_acc = metrics.mia_auc = math.nan
+    if poisoned:
+        metrics.bd_asr = attack_success_rate(model, federation.test)
+    ref = register_version(ws, scenario, ModelWeights(trained.state, trained.node_states), model,
+                           tuple(federation.test.x.shape[1:]), tags, {}, metrics,
+                           {BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned else {},
+                           alias=tags["role"], run_id=run_id, description=description)
+    return ref, metrics

@@ -50,22 +50,20 @@ def register_references(ws: Workspace, scenario: str, references: ReferenceSet, 
     """One version of ``<scenario>-audit``: every reference's weights and the IDs it was built from
     (held-out sample IDs: identifiers, never rows)."""
     registry = ws.registry
-    run_id = registry.start_run(f"{scenario}-audit", "audit references", ws.params.audit.model_dump(),
-                                {"role": ROLE, "scenario": scenario})
-    registry.log_metrics(run_id, {"training_seconds": references.seconds, "references": len(references)})
-    description = {"train_ids": [ids.tolist() for ids in references.train_ids],
-                   "pool_a_ids": references.pool_a_ids.tolist(), "pool_ids": references.pool.sample_ids.tolist()}
-    with tempfile.TemporaryDirectory(dir=ws.temporary_dir) as tmp:
-        for k, model in enumerate(references.models):
-            state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
-            torch.save(state, Path(tmp) / f"reference_{k}.pt")
-        (Path(tmp) / DESCRIPTION).write_text(json.dumps(description))
-        registry.client.log_artifacts(run_id, tmp, "references")
-    version = registry.create_version(audit_model(scenario), run_id, "references",
-                                      {"role": ROLE, "scenario": scenario, "data_version": data_version,
-                                       "references": str(len(references))})
-    registry.end_run(run_id)
-    return version
+    with registry.run(f"{scenario}-audit", "audit references", ws.params.audit.model_dump(),
+                      {"role": ROLE, "scenario": scenario}) as run_id:
+        registry.log_metrics(run_id, {"training_seconds": references.seconds, "references": len(references)})
+        description = {"train_ids": [ids.tolist() for ids in references.train_ids],
+                       "pool_a_ids": references.pool_a_ids.tolist(), "pool_ids": references.pool.sample_ids.tolist()}
+        with tempfile.TemporaryDirectory(dir=ws.temporary_dir) as tmp:
+            for k, model in enumerate(references.models):
+                state = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+                torch.save(state, Path(tmp) / f"reference_{k}.pt")
+            (Path(tmp) / DESCRIPTION).write_text(json.dumps(description))
+            registry.client.log_artifacts(run_id, tmp, "references")
+        return registry.create_version(audit_model(scenario), run_id, "references",
+                                       {"role": ROLE, "scenario": scenario, "data_version": data_version,
+                                        "references": str(len(references))})
 
 
 @task(name="load-audit-references", cache_policy=NO_CACHE)

@@ -53,18 +53,16 @@ def log_benchmark(ws: Workspace, scenario: str, rows: list[dict], files: list[Pa
     """One parent run with the report files; one child run per row, with the same metric keys on
     every row so MLflow's compare view lines them up."""
     experiment, registry = f"benchmark-{scenario}", ws.registry
-    parent = registry.start_run(experiment, f"benchmark {header['request']}", dict(header),
-                                {"role": "benchmark", "scenario": scenario})
-    for path in files:
-        registry.log_artifact(parent, path, "certificates" if path.parent.name == "certificates" else None)
-    for row in rows:
-        child = registry.start_run(experiment, row["method"],
-                                   {"method": row["method"], "scenario": scenario, "request": row["request"],
-                                    "notes": json.dumps(row.get("notes", {}), default=str)[:500]},
-                                   {"mlflow.parentRunId": parent, "method": row["method"],
-                                    "certificate": row["certificate"], "role": "benchmark-row"})
-        registry.log_metrics(child, {k: v for k, v in row.items()
-                                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        registry.end_run(child)
-    registry.end_run(parent)
+    with registry.run(experiment, f"benchmark {header['request']}", dict(header),
+                      {"role": "benchmark", "scenario": scenario}) as parent:
+        for path in files:
+            registry.log_artifact(parent, path, "certificates" if path.parent.name == "certificates" else None)
+        for row in rows:
+            with registry.run(experiment, row["method"],
+                              {"method": row["method"], "scenario": scenario, "request": row["request"],
+                               "notes": json.dumps(row.get("notes", {}), default=str)[:500]},
+                              {"mlflow.parentRunId": parent, "method": row["method"],
+                               "certificate": row["certificate"], "role": "benchmark-row"}) as child:
+                registry.log_metrics(child, {k: v for k, v in row.items()
+                                             if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return parent

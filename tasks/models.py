@@ -72,16 +72,20 @@ def register_version(ws: Workspace, scenario: str, weights: ModelWeights, model:
     its data version ``tags["data_version"]`` as a dataset input if None), then a new registered
     version with ``tags`` and ``description`` (and ``alias``); the run ends."""
     registry = ws.registry
-    if run_id is None:
+    started = run_id is None
+    if started:
         run_id = registry.start_run(scenario, f"{tags['role']}-{tags.get('batch_id', tags['data_version'][:10])}",
                                     params, tags)
-        registry.log_data_version(run_id, scenario, tags["data_version"], DATA_CONTEXTS.get(tags["role"], tags["role"]))
-    logged = registry.metrics(run_id)  # a training run's per-round test_acc stays its history
-    registry.log_metrics(run_id, {k: v for k, v in metrics.to_dict().items() if k not in logged})
-    for name, text in texts.items():
-        registry.log_text(run_id, text, name)
-    ref = registry.register(run_id, scenario, ws.scenario(scenario).setting, weights, model, input_shape, tags, alias,
-                            description)
+    with registry.failed_on_error(run_id):  # a failed registration (a full disk) leaves no run RUNNING
+        if started:
+            registry.log_data_version(run_id, scenario, tags["data_version"],
+                                      DATA_CONTEXTS.get(tags["role"], tags["role"]))
+        logged = registry.metrics(run_id)  # a training run's per-round test_acc stays its history
+        registry.log_metrics(run_id, {k: v for k, v in metrics.to_dict().items() if k not in logged})
+        for name, text in texts.items():
+            registry.log_text(run_id, text, name)
+        ref = registry.register(run_id, scenario, ws.scenario(scenario).setting, weights, model, input_shape, tags,
+                                alias, description)
     registry.end_run(run_id)
     return ref
 

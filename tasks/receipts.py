@@ -53,9 +53,8 @@ def comparison(ws: Workspace, scenario: str) -> tuple[list[dict[str, Any]], str]
     keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure") if any(row.get(k) for row in rows))
     table = markdown_table(rows, keys)
     registry = ws.registry
-    run_id = registry.start_run(f"{scenario}-comparisons", f"compare {scenario}", {"versions": len(rows)},
-                                {"role": "comparison", "scenario": scenario})
-    registry.log_text(run_id, table, "comparison.md")
-    registry.log_text(run_id, json.dumps(rows, indent=2, default=str), "comparison.json")
-    registry.end_run(run_id)
+    with registry.run(f"{scenario}-comparisons", f"compare {scenario}", {"versions": len(rows)},
+                      {"role": "comparison", "scenario": scenario}) as run_id:
+        registry.log_text(run_id, table, "comparison.md")
+        registry.log_text(run_id, json.dumps(rows, indent=2, default=str), "comparison.json")
     return rows, table

@@ -33,6 +33,7 @@ input example of zeros — never user data, which would outlive its deletion in 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -188,6 +189,37 @@ class Registry:
         # One transaction for all of them rather than a sqlite write per parameter.
         self.client.log_batch(run.info.run_id, params=[Param(key, str(value)[:6000]) for key, value in params.items()])
         return run.info.run_id
+
+    @contextmanager
+    def run(self, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> Iterator[str]:
+        """A new run (``start_run``) for the block: ended FINISHED when the block ends, FAILED when it raises
+        (``failed_on_error``)."""
+        run_id = self.start_run(experiment, run_name, params, tags)
+        with self.failed_on_error(run_id):
+            yield run_id
+        self.end_run(run_id)
+
+    @contextmanager
+    def failed_on_error(self, run_id: str) -> Iterator[None]:
+        """Ends ``run_id`` as FAILED if the block raises (the block's error propagates unchanged): a run
+        started with ``start_run`` would otherwise stay RUNNING in the MLflow UI for ever. Ending it may
+        fail too (a full disk under the tracking database): that is logged, the block's error raised."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.end_run(run_id, "FAILED")
+            except Exception as err:
+                logging.getLogger(__name__).warning("could not end MLflow run %s as FAILED: %s", run_id, err)
+            raise
+
+    def open_runs(self, experiment: str) -> list[str]:
+        """The IDs of the experiment's runs still RUNNING."""
+        experiment_id = self.client.get_experiment_by_name(experiment)
+        if experiment_id is None:
+            return []
+        return [run.info.run_id for run in self.client.search_runs([experiment_id.experiment_id],
+                                                                   "attributes.status = 'RUNNING'")]
 
     def log_metrics(self, run_id: str, metrics: dict[str, float | None], step: int | None = None) -> None:
         self.log_steps(run_id, [(metrics, step or 0, int(time.time() * 1000))])

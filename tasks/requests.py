@@ -289,6 +289,8 @@ def capture_fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
     if key not in _CAPTURED:
         _CAPTURED.clear()
         _CAPTURED[key] = _fingerprints(ws, record)
+        # What later batches' scans look for instead of the rows: keyed one-way digests (``ErasedRows``).
+        erasure.remember_erased(ws.root, record.batch_id, _CAPTURED[key])
     return _CAPTURED[key]
 
 
@@ -358,13 +360,15 @@ _FOUND_CLEAN: dict[bytes, set[tuple]] = {}
 
 
 def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
-    """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged."""
-    key = fingerprints.digest()
+    """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged. The
+    rows earlier batches deleted are looked for too, by their keyed fingerprints (``ErasedRows``)."""
+    erased = erasure.ErasedRows.load(ws.root, erasure.fingerprint_key(ws.root), without=fingerprints.sample_ids())
+    key = fingerprints.digest() + erased.digest()
     if key not in _FOUND_CLEAN:
         _FOUND_CLEAN.clear()  # another batch's rows: what was clean for those says nothing of these
         _FOUND_CLEAN[key] = set()
     report = erasure.verify_erasure(fingerprints, stores.erasure_stores(ws.root, purged), ws.root,
-                                    clean=_FOUND_CLEAN[key])
+                                    clean=_FOUND_CLEAN[key], erased=erased)
     report.scope = f"{report.scope}. {ERASURE_LIMITS}"
     if report.found:
         held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())

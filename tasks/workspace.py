@@ -26,7 +26,7 @@ import yaml
 from fedunlearn import lifeline
 from fedunlearn.config import Params, ScenarioConfig, load_params
 from fedunlearn.data.store import PARTITIONS_DIR, RAW_DIR, partition_scenario, prepare_dataset
-from fedunlearn.errors import NoSpace, StateDamaged
+from fedunlearn.errors import LOW_SPACE_BYTES, NoSpace, StateDamaged, watch_filesystems
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, read_deleted_ids
 from tasks.registry import Registry
@@ -78,9 +78,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-# Below this much free space a failing DVC command is reported as a full disk: DVC's own message for
-# ENOSPC is often nothing at all.
-LOW_SPACE_BYTES = 16 * 2**20
+# Below this much free space (``LOW_SPACE_BYTES``) a failing DVC command is reported as a full disk: DVC's
+# own message for ENOSPC is often nothing at all.
 
 
 def _dvc_failed(root: Path, args: list[str], output: str, status: str) -> Exception:
@@ -243,6 +242,7 @@ class Workspace:
     def open(cls, root: str | Path) -> "Workspace":
         """``root`` made a workspace if it is not one yet (``init_workspace``), its params loaded."""
         root = init_workspace(Path(root))
+        watch_filesystems(root)  # a full disk that does not say so is confirmed against the workspace's filesystem
         return cls(root, load_params(root / "params.yaml"))
 
     def scenario(self, name: str) -> ScenarioConfig:

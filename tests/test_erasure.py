@@ -4,6 +4,7 @@ versions — after which no file of any store holds them. Rows written as number
 (an MLflow input example) are found too, and a purge rewrites the examples of versions registered
 before they were zeros."""
 
+import json
 import os
 from pathlib import Path
 
@@ -187,3 +188,76 @@ def test_a_batch_captures_its_fingerprints_once_per_process(workspace, monkeypat
     assert taken == [records[0].batch_id, records[1].batch_id]
     requests_tasks.release_fingerprints(ws, records[1].batch_id)  # the receipt's scan has used them
     assert requests_tasks._CAPTURED == {}
+
+
+def image_rows(seed: int, n: int = 6) -> np.ndarray:
+    """MNIST-like rows as the project stores them: 8-bit pixels over 255, float32."""
+    rng = np.random.default_rng(seed)
+    pixels = (rng.random((n, 64)) < 0.4) * rng.integers(1, 256, (n, 64))
+    return (pixels / 255.0).astype(np.float32)
+
+
+def test_a_deleted_row_is_found_in_float64_and_as_8_bit_pixels_not_only_as_stored(tmp_path):
+    from fedunlearn.requests.erasure import RowSource, take_fingerprints
+
+    rows = image_rows(3)
+    ids = np.array([f"s{k}" for k in range(len(rows))])
+    fingerprints = take_fingerprints([RowSource.from_arrays("raw", ids, rows)], {"s0", "s1", "s2"})
+    store = tmp_path / "store"
+    store.mkdir()
+    np.save(store / "copy64.npy", rows[[0, 3]].astype(np.float64))  # a float64 copy of s0 (and a retained row)
+    np.save(store / "pixels.npy", np.round(rows[[1]] * 255).astype(np.uint8))  # s1 as the source's pixels
+    np.save(store / "retained.npy", rows[3:].astype(np.float64))
+    assert rows[0].tobytes() not in (store / "copy64.npy").read_bytes()  # not as stored ...
+    report = scan(fingerprints, [Store("s", [store])], tmp_path)
+    assert report.found == {"s0": ["store/copy64.npy"], "s1": ["store/pixels.npy"]}  # ... but found
+    assert not report.verified and report.checked_samples == 3
+
+
+def deletion_batch(ws: Workspace, sample_ids: list[str]):
+    request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=sample_ids)
+    plan = validate_requests.fn(ws, "digits-hfl",
+                                [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
+    return open_batch.fn(ws, plan, [], False)
+
+
+def test_a_row_an_earlier_batch_deleted_is_found_when_it_comes_back_by_keyed_fingerprint_only(workspace):
+    """Batch 1's rows are gone from memory and disk; its keyed fingerprints (no row bytes: not as bytes,
+    not as numbers, not as hex) let batch 2's scan find one of its rows saved again as float64 — and the
+    fingerprint file itself holds nothing the scan finds. Without the key they match nothing."""
+    from fedunlearn.requests.erasure import ERASED_ROWS_PATH, FINGERPRINT_KEY_PATH, ErasedRows, fingerprint_key
+    from tasks import stores
+    from tasks.requests import release_fingerprints, scan_stores
+
+    reproduce(workspace, "digits-hfl")
+    ws = Workspace.open(workspace)
+    client = load_horizontal("digits-hfl", workspace).clients[0]
+    first = deletion_batch(ws, client.sample_ids[:3].tolist())
+    fingerprints = capture_fingerprints.fn(ws, first)
+    gone = client.sample_ids[0]
+    rows = {r for found in fingerprints.by_sample.values() for r in found}
+    verify_erasure.fn(ws, reproduce_versions.fn(ws, append_ledger.fn(ws, first)), fingerprints)
+    release_fingerprints(ws, first.batch_id)
+
+    kept = (workspace / ERASED_ROWS_PATH).read_bytes()
+    assert kept.count(b"\n") == 1 and len(json.loads(kept)["rows"]) == len(fingerprints.by_sample)
+    assert not any(row in kept or row.hex().encode() in kept for row in rows)
+    assert not RowMatcher(rows).rows_in(text_numbers(kept, "<f4"))
+    key = workspace / FINGERPRINT_KEY_PATH
+    assert not any(key.is_relative_to(path) for store in stores.erasure_stores(workspace, True)
+                   for path in store.paths)
+
+    (workspace / "data" / "exports").mkdir()
+    np.save(workspace / "data" / "exports" / "copy.npy", client.features[:1].astype(np.float64))  # batch 1's row
+    second = deletion_batch(ws, client.sample_ids[3:5].tolist())
+    fingerprints = capture_fingerprints.fn(ws, second)
+    report = verify_erasure.fn(ws, reproduce_versions.fn(ws, append_ledger.fn(ws, second)), fingerprints).erasure
+    assert report.found == {gone: ["data/exports/copy.npy"]} and report.earlier_rows_checked >= 1
+    assert [s.name for s in report.holding_stores()] == ["data"]  # not the fingerprint file, not the key
+    assert (workspace / ERASED_ROWS_PATH).read_bytes().count(b"\n") == 2  # batch 2's, appended
+
+    key.unlink()  # a new key: the old fingerprints can no longer be checked, and say so
+    erased = ErasedRows.load(workspace, fingerprint_key(workspace))
+    kept_rows = sum(len(json.loads(line)["rows"]) for line in (workspace / ERASED_ROWS_PATH).read_text().splitlines())
+    assert erased.owners == {} and erased.other_key == kept_rows >= 4
+    assert scan_stores(ws, False, fingerprints).found == {}  # the copy is there, but nothing can tell

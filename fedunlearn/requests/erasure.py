@@ -16,6 +16,16 @@ purge, by design); stores out of scope are listed with the reason and not scanne
 is ``verified`` only when at least one sample could be checked and no store in scope holds a
 deleted row; otherwise it names the store and file that do.
 
+A row is searched for in the dtypes a copy of it is likely written in, not only as stored: the
+project writes float32 features, and a copy saved as float64 (``np.save`` of ``astype(float64)``),
+or an image row as its 8-bit pixels (and those over 255 in float64, as a loader computes them),
+has other bytes (``row_variants``).
+
+Rows deleted by *earlier* batches are checked too, though their bytes are gone: each batch keeps,
+instead of a row, its keyed fingerprint (``ErasedRows``) — HMAC-SHA256 of the row's float32 bytes
+under a secret key of the workspace — and every later scan hashes each row of every array file
+(``.npy``, ``.npz``) of the stores in scope once and looks it up in the set of all of them.
+
 A fingerprint that would prove nothing is not used, and its sample is reported as "not
 verifiable" rather than claimed: a row with too little content (mostly zero bytes, e.g. an
 empty image band) or a row identical to a retained sample's row (its bytes legitimately stay).
@@ -24,8 +34,12 @@ empty image band) or a row identical to a retained sample's row (its bytes legit
 from __future__ import annotations
 
 import hashlib
+import hmac
+import io
+import json
 import os
 import re
+import secrets
 import stat
 import time
 from dataclasses import dataclass, field
@@ -85,9 +99,10 @@ def stored_row_sources(root: Path, dataset: str, scenarios: list[str]) -> list[R
 class Fingerprints:
     """The deleted samples' row bytes (memory only) and the samples that cannot be checked."""
 
-    by_sample: dict[str, set[bytes]]
+    by_sample: dict[str, set[bytes]]  # each row as stored and in the dtypes a copy is likely written in
     not_verifiable: dict[str, str]
     dtypes: set[str] = field(default_factory=set)  # how the rows are stored: text numbers are decoded to these
+    stored: dict[str, set[bytes]] = field(default_factory=dict)  # each row as little-endian float32: keyed later
 
     def sample_ids(self) -> set[str]:
         return set(self.by_sample) | set(self.not_verifiable)
@@ -106,24 +121,43 @@ def _digest(row: bytes) -> bytes:
     return hashlib.blake2b(row, digest_size=16).digest()
 
 
+def row_variants(row: np.ndarray) -> set[bytes]:
+    """The bytes of ``row`` as stored and as a copy of it would likely be written: float32 (what the
+    project writes) and float64; an image row on the 8-bit grid (values k/255) also as its uint8 pixels
+    and as those over 255 in float64; a row of small integers as uint8. Variants too short or too empty
+    to recognise are left out."""
+    values = row.astype("<f8")
+    variants = {row.tobytes(), row.astype("<f4").tobytes(), values.tobytes()}
+    pixels = np.round(values * 255.0)
+    if values.min() >= 0.0 and values.max() <= 1.0 and np.allclose(values * 255.0, pixels, rtol=0, atol=1e-3):
+        variants |= {pixels.astype(np.uint8).tobytes(), (pixels / 255.0).tobytes()}
+    if values.min() >= 0.0 and values.max() <= 255.0 and np.array_equal(values, np.round(values)):
+        variants.add(values.astype(np.uint8).tobytes())
+    return {v for v in variants if len(v) >= RowMatcher.ANCHOR_BYTES and _distinctive(v)}
+
+
+def _distinctive(row: bytes) -> bool:
+    return np.count_nonzero(np.frombuffer(row, dtype=np.uint8)) >= MIN_CONTENT_BYTES
+
+
 def take_fingerprints(sources: list[RowSource], deleted: set[str]) -> Fingerprints:
-    rows: dict[str, set[bytes]] = {sample_id: set() for sample_id in deleted}
+    rows: dict[str, dict[bytes, np.ndarray]] = {sample_id: {} for sample_id in deleted}
     retained: set[bytes] = set()  # digests, not rows: a large dataset stays cheap to hold
     dtypes = {source.dtype.str for source in sources if source.sample_ids}
     for source in sources:
         for index, sample_id in enumerate(source.sample_ids):
             row = source.rows[index].tobytes()
             if sample_id in rows:
-                rows[sample_id].add(row)
+                rows[sample_id][row] = source.rows[index]
             else:
                 retained.add(_digest(row))
     fingerprints = Fingerprints({}, {}, dtypes)
     for sample_id in sorted(rows):
-        distinctive = {r for r in rows[sample_id]
-                       if np.count_nonzero(np.frombuffer(r, dtype=np.uint8)) >= MIN_CONTENT_BYTES}
-        unique = {r for r in distinctive if _digest(r) not in retained}
+        distinctive = {r: v for r, v in rows[sample_id].items() if _distinctive(r)}
+        unique = [v for r, v in distinctive.items() if _digest(r) not in retained]
         if unique:
-            fingerprints.by_sample[sample_id] = unique
+            fingerprints.by_sample[sample_id] = set().union(*(row_variants(v) for v in unique))
+            fingerprints.stored[sample_id] = {v.astype("<f4").tobytes() for v in unique}
         elif distinctive:
             fingerprints.not_verifiable[sample_id] = "its row is identical to a retained sample's row"
         elif rows[sample_id]:
@@ -131,6 +165,131 @@ def take_fingerprints(sources: list[RowSource], deleted: set[str]) -> Fingerprin
         else:
             fingerprints.not_verifiable[sample_id] = "its row was not found in the data before deletion"
     return fingerprints
+
+
+# The keyed fingerprints of deleted rows, append-only next to the ledger (no DVC stage depends on it),
+# and the key, in the workspace but outside every store the scan reads or a push sends.
+ERASED_ROWS_PATH = Path("data/ledger/erased-rows.jsonl")
+FINGERPRINT_KEY_PATH = Path(".fedunlearn/fingerprint.key")
+ARRAY_SUFFIXES = (".npy", ".npz")
+
+
+def fingerprint_key(root: Path) -> bytes:
+    """The workspace's secret fingerprint key, created (random, 32 bytes, owner-only) on first use."""
+    path = Path(root) / FINGERPRINT_KEY_PATH
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process created it first: use theirs
+            return path.read_bytes()
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(secrets.token_bytes(32))
+            out.flush()
+            os.fsync(out.fileno())
+    return path.read_bytes()
+
+
+def key_id(key: bytes) -> str:
+    """Names a key without revealing it: which fingerprints it can check."""
+    return hashlib.sha256(b"fedunlearn fingerprint key id\0" + key).hexdigest()[:16]
+
+
+def keyed_digest(key: bytes, row: bytes) -> bytes:
+    return hmac.new(key, row, hashlib.sha256).digest()
+
+
+@dataclass
+class ErasedRows:
+    """Keyed fingerprints of the rows earlier batches deleted, so that a later scan can tell whether
+    one is back in a store — without keeping the row, which would defeat its deletion.
+
+    What is kept, per deleted row: its sample ID, its length (number of values) and
+    HMAC-SHA256(key, the row's float32 bytes), in ``data/ledger/erased-rows.jsonl``. It is not the data:
+    a keyed one-way digest cannot be inverted, and without the key (``.fedunlearn/fingerprint.key``,
+    never scanned, pushed nor snapshotted) it cannot even be tested against a guessed row; deleting the
+    key makes every fingerprint useless. A workspace restored elsewhere has another key: the
+    fingerprints made under the old one are counted as not checkable (``other_key``), not trusted."""
+
+    key: bytes
+    owners: dict[bytes, str] = field(default_factory=dict)  # keyed digest -> sample ID
+    lengths: set[int] = field(default_factory=set)  # row lengths (values) to hash: other arrays are skipped
+    other_key: int = 0  # fingerprints made under a key this workspace does not hold
+
+    @classmethod
+    def load(cls, root: Path, key: bytes, without: set[str] = frozenset()) -> "ErasedRows":
+        """Every batch's fingerprints in the workspace, but those of the samples ``without``."""
+        erased, ours = cls(key), key_id(key)
+        for entry in _erased_entries(Path(root) / ERASED_ROWS_PATH):
+            rows = [r for r in entry.get("rows", []) if r[0] not in without]
+            if entry.get("key") != ours:
+                erased.other_key += len(rows)
+                continue
+            for sample_id, length, digest in rows:
+                erased.owners[bytes.fromhex(digest)] = sample_id
+                erased.lengths.add(int(length))
+        return erased
+
+    def digest(self) -> bytes:
+        return hashlib.blake2b(b"".join(sorted(self.owners)), digest_size=16).digest()
+
+    def samples_in(self, path: Path, data: bytes) -> set[str]:
+        """The samples whose row is a row of an array file (``.npy``/``.npz``): each row hashed once."""
+        if not self.owners or not path.name.endswith(ARRAY_SUFFIXES):
+            return set()
+        try:
+            loaded = np.load(io.BytesIO(data), allow_pickle=False)
+            arrays = [loaded[name] for name in loaded.files] if hasattr(loaded, "files") else [loaded]
+        except (ValueError, OSError, EOFError):  # not an array file after all
+            return set()
+        found: set[str] = set()
+        for array in arrays:
+            for rows in _as_float32_rows(array, self.lengths):
+                for row in rows:
+                    owner = self.owners.get(keyed_digest(self.key, row.tobytes()))
+                    if owner is not None:
+                        found.add(owner)
+        return found
+
+
+def _as_float32_rows(array: np.ndarray, lengths: set[int]) -> list[np.ndarray]:
+    """The array's rows as little-endian float32 — as the project stores them — if their length is one
+    a fingerprint has: a float64 copy narrowed back, an 8-bit image both as values and over 255."""
+    if array.dtype.kind not in "fiu" or array.size == 0:
+        return []
+    rows = array.reshape(len(array), -1) if array.ndim > 1 else array.reshape(1, -1)
+    if rows.shape[1] not in lengths:
+        return []
+    forms = [rows.astype("<f4")]
+    if array.dtype.kind in "iu":
+        forms.append((rows.astype(np.float64) / 255.0).astype("<f4"))
+    return forms
+
+
+def _erased_entries(path: Path) -> Iterator[dict]:
+    for line in path.read_bytes().splitlines() if path.is_file() else []:
+        try:
+            yield json.loads(line)
+        except ValueError:  # a torn last append: its batch appends it again when it resumes
+            continue
+
+
+def remember_erased(root: Path, batch_id: str, fingerprints: Fingerprints) -> None:
+    """Append the batch's keyed fingerprints (``ErasedRows``), once per batch, fsynced."""
+    path = Path(root) / ERASED_ROWS_PATH
+    if any(entry.get("batch_id") == batch_id for entry in _erased_entries(path)):
+        return
+    key = fingerprint_key(root)
+    rows = sorted([sample_id, len(row) // 4, keyed_digest(key, row).hex()]
+                  for sample_id, stored in fingerprints.stored.items() for row in stored)
+    line = json.dumps({"batch_id": batch_id, "key": key_id(key), "rows": rows}, separators=(",", ":")).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as out:
+        size = out.seek(0, os.SEEK_END)
+        torn = size > 0 and out.seek(size - 1) >= 0 and out.read(1) != b"\n"
+        out.write((b"\n" if torn else b"") + line + b"\n")  # after a torn append, a line of its own
+        out.flush()
+        os.fsync(out.fileno())
 
 
 @dataclass
@@ -168,6 +327,10 @@ class ErasureReport(BaseModel):
     bytes_scanned: int
     scope: str
     stores: list[StoreScan] = []
+    # Rows deleted by earlier batches, looked for by keyed fingerprint in every array file of the stores in
+    # scope (``ErasedRows``); those under a key this workspace does not hold cannot be checked.
+    earlier_rows_checked: int = 0
+    earlier_rows_not_checkable: int = 0
 
     def holding_stores(self) -> list[StoreScan]:
         return [store for store in self.stores if store.found]
@@ -272,19 +435,43 @@ def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
     return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
 
 
+@dataclass
+class _Search:
+    """What one scan looks for: this batch's rows (bytes, and numbers in text) and earlier batches'
+    keyed fingerprints; what it found, sample ID -> files."""
+
+    fingerprints: Fingerprints
+    erased: ErasedRows | None
+    owners: dict[bytes, list[str]] = field(default_factory=dict)
+    found: dict[str, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for sample_id, rows in self.fingerprints.by_sample.items():
+            for row in rows:
+                self.owners.setdefault(row, []).append(sample_id)
+        self.matcher = RowMatcher(set(self.owners))
+        # Numbers in text are read back as float32 as well: a float64 copy printed as text rounds to the row.
+        self.float_dtypes = sorted({d for d in self.fingerprints.dtypes if np.dtype(d).kind == "f"} | {"<f4"})
+
+    def samples_in(self, path: Path, data: bytes) -> set[str]:
+        hits = self.matcher.rows_in(data)
+        if self.owners and _looks_textual(path, data):
+            for dtype in self.float_dtypes:
+                hits |= self.matcher.rows_in(text_numbers(data, dtype))
+        samples = {sample_id for row in hits for sample_id in self.owners[row]}
+        if self.erased is not None:
+            samples |= self.erased.samples_in(path, data)
+        return samples
+
+
 def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
-                   clean: set[tuple] | None = None) -> ErasureReport:
-    """Read every file of every store in scope once and search it for every fingerprint. ``clean``:
+                   clean: set[tuple] | None = None, erased: ErasedRows | None = None) -> ErasureReport:
+    """Read every file of every store in scope once and search it for every fingerprint, and — with
+    ``erased`` — every row of its arrays for the keyed fingerprints of earlier batches' rows. ``clean``:
     files an earlier scan for the same fingerprints read and found clean, by path and identity (inode,
     size, modification and change times): those still identical are not read again; files found clean
     here are added (a deletion batch scans its stores twice, the second time mostly unchanged files)."""
-    owners: dict[bytes, list[str]] = {}
-    for sample_id, rows in fingerprints.by_sample.items():
-        for row in rows:
-            owners.setdefault(row, []).append(sample_id)
-    matcher = RowMatcher(set(owners))
-    float_dtypes = sorted(d for d in fingerprints.dtypes if np.dtype(d).kind == "f")
-    found: dict[str, set[str]] = {}
+    search = _Search(fingerprints, erased)
     scans = []
     for store in stores:
         scan = StoreScan(name=store.name, paths=[_relative(p, base) for p in store.paths], in_scope=store.in_scope,
@@ -300,20 +487,21 @@ def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
                 continue
             data = path.read_bytes()
             scan.files, scan.bytes = scan.files + 1, scan.bytes + len(data)
-            hits = matcher.rows_in(data)
-            if owners and _looks_textual(path, data):
-                for dtype in float_dtypes:
-                    hits |= matcher.rows_in(text_numbers(data, dtype))
+            samples = search.samples_in(path, data)
             after = path.stat()
-            if (clean is not None and not hits and _identity(after) == _identity(before)
+            if (clean is not None and not samples and _identity(after) == _identity(before)
                     and time.time() - after.st_ctime_ns / 1e9 > SETTLED_SECONDS):
                 clean.add((str(path), *_identity(after)))
-            for row in hits:
-                name = _relative(path, base)
-                holding.add(name)
-                for sample_id in owners[row]:
-                    found.setdefault(sample_id, set()).add(name)
+            if samples:
+                holding.add(_relative(path, base))
+            for sample_id in samples:
+                search.found.setdefault(sample_id, set()).add(_relative(path, base))
         scan.found = sorted(holding)
+    return _report(fingerprints, erased, search.found, scans)
+
+
+def _report(fingerprints: Fingerprints, erased: ErasedRows | None, found: dict[str, set[str]],
+            scans: list[StoreScan]) -> ErasureReport:
     in_scope = [scan for scan in scans if scan.in_scope]
     return ErasureReport(verified=bool(fingerprints.by_sample) and not found,
                          deleted_samples=len(fingerprints.sample_ids()),
@@ -325,4 +513,6 @@ def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
                          bytes_scanned=sum(scan.bytes for scan in in_scope),
                          scope="; ".join(f"{scan.name}: {'scanned' if scan.in_scope else 'not scanned'}"
                                          f"{' — ' + scan.note if scan.note else ''}" for scan in scans),
-                         stores=scans)
+                         stores=scans,
+                         earlier_rows_checked=len(erased.owners) if erased else 0,
+                         earlier_rows_not_checkable=erased.other_key if erased else 0)
