@@ -42,7 +42,7 @@ from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.device import intra_op_threads, resolve_device
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
-                               is_no_space)
+                               is_no_space, no_space_path)
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.evaluation.evaluator import evaluation_sets
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
@@ -113,7 +113,7 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
         raise meaning(f"{where}: {err}") from err
     except Exception as err:
         if is_no_space(err):
-            path = getattr(err, "filename", None) or record.scenario
+            path = no_space_path(err) or record.scenario
             raise NoSpace(f"{where}: no space left on device ({path}); free space on that filesystem and run {rerun} "
                           "again: the batch resumes where it stopped") from err
         raise BatchFailed(f"{where}: {err}; re-run {rerun} to resume — the ledger is exactly-once and the batch "
