@@ -49,6 +49,9 @@ class PartitionConfig(_Strict):
     features: str = Field("raw", pattern=r"^(raw|pca[1-9][0-9]*)$",
                           description="raw, or pca<k>: the first k principal components (fit on the held-out split)")
     unit_norm: bool = Field(False, description="scale every sample to unit L2 norm (bounded features, R = 1)")
+    canary_fraction: float = Field(0.0, ge=0, lt=0.5, description="share of training samples that become "
+                                   "mislabelled canaries (a wrong label drawn per ID; their IDs are listed in the "
+                                   "partition manifest): a membership signal an audit can measure. HFL/DFL only")
 
 
 class TopologyConfig(_Strict):
@@ -79,6 +82,8 @@ class ScenarioConfig(_Strict):
                              "(VFL uses 'vertical'; HFL/DFL use 'iid' or 'dirichlet')")
         if self.setting == "vfl" and (self.partition.features != "raw" or self.partition.unit_norm):
             raise ValueError("feature transforms (features, unit_norm) apply to HFL/DFL partitions only")
+        if self.setting == "vfl" and self.partition.canary_fraction > 0:
+            raise ValueError("canaries (canary_fraction > 0) apply to HFL/DFL partitions only")
         if self.setting == "dfl" and self.topology is None:
             self.topology = TopologyConfig()
         if self.setting != "dfl" and self.topology is not None:

@@ -16,6 +16,20 @@ reference" policy).
 
 (``--threads 1`` on a shared 2-core machine: two intra-op threads under load slowed training >5×.)
 
+A scenario with mislabelled canaries (``partition.canary_fraction``, e.g. ``digits-canary-hfl``)
+takes batch kinds ``canaries<N>``: N of its canaries (the manifest's IDs), a seeded draw per seed;
+the audit then compares them with pool B relabelled by the canaries' rule. ``--weak-epochs E``
+also judges a too-weak unlearning, emulated: the source model fine-tuned for E epochs on the
+retained data only (central SGD at the scenario's learning rate and batch size, no ascent on the
+forget set), audited and gated like a candidate.
+
+    .venv/bin/fedunlearn init /tmp/apc && .venv/bin/fedunlearn --root /tmp/apc prepare --scenario digits-canary-hfl
+    .venv/bin/python scripts/audit_power.py --root /tmp/apc --scenario digits-canary-hfl --kinds canaries40 \
+        --seeds 80 --seed-per-draw --weak-epochs 1 --threads 1 --out /tmp/audit_power_canaries
+
+``--seed-per-draw`` partitions and trains everything again per draw with the draw's seed as the
+global seed, so that the draws — and the Clopper–Pearson intervals over them — are independent.
+
 Writes ``<out>.json`` (every draw) and ``<out>.md`` (the tables, Clopper-Pearson 95% intervals).
 """
 
@@ -27,8 +41,10 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +56,10 @@ from fedunlearn.certify.certificate import EMPIRICAL_ONLY
 from fedunlearn.certify.gates import PromotionGates, judge
 from fedunlearn.config import load_params
 from fedunlearn.device import resolve_device
+from fedunlearn.data.store import RAW_DIR, canary_ids, partition_scenario, read_manifest
 from fedunlearn.evaluation.audit import (
     AuditResult,
+    CanaryRule,
     ReferenceSet,
     audit_forgetting,
     matched_nonmember_rows,
@@ -54,9 +72,11 @@ from fedunlearn.evaluation.evaluator import (
 )
 from fedunlearn.evaluation.mia import logit_scaled_confidence
 from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.local import Tensors, sgd_epochs
 from fedunlearn.training import load_federation, train
 
 CLIENT = "client"
+CANARIES = "canaries"
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -69,11 +89,16 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return (low, high)
 
 
-def draw_batch(kind: str, seed: int, clients: list, client_order: np.ndarray) -> DeletionBatch:
-    """``kind``: a number of samples drawn uniformly from all clients' training samples, or
-    ``client`` (the seed-th client of a seeded order: a different client per seed)."""
+def draw_batch(kind: str, seed: int, clients: list, client_order: np.ndarray,
+               canaries: list[str] | None = None) -> DeletionBatch:
+    """``kind``: a number of samples drawn uniformly from all clients' training samples,
+    ``client`` (the seed-th client of a seeded order: a different client per seed) or
+    ``canaries<N>`` (N drawn uniformly from the partition's ``canaries``)."""
     if kind == CLIENT:
         return DeletionBatch.for_clients([int(client_order[seed % len(client_order)])], clients)
+    if kind.startswith(CANARIES):
+        chosen = np.random.default_rng([seed, 0xCA4A]).choice(canaries, size=int(kind[len(CANARIES):]), replace=False)
+        return DeletionBatch.for_sample_ids(chosen, clients)
     ids = np.concatenate([c.sample_ids for c in clients])
     chosen = np.random.default_rng([seed, int(kind), 0xA0D17]).choice(ids, size=int(kind), replace=False)
     return DeletionBatch.for_sample_ids(chosen, clients)
@@ -103,6 +128,28 @@ def label_diagnostics(target, forget, references: ReferenceSet, seed: int) -> di
                      for label in np.unique(forget_y)) / len(forget_y)
     return {"label_tv_distance": float(0.5 * np.abs(share(forget_y) - share(pool_y[rows])).sum()),
             "stratified_auc": float(stratified)}
+
+
+def canary_setup(params, scenario: str, root: Path) -> tuple[CanaryRule | None, list[str]]:
+    """The scenario's canary rule and canary IDs (None and [] without canaries)."""
+    fraction = params.scenario(scenario).partition.canary_fraction
+    if fraction <= 0:
+        return None, []
+    manifest = read_manifest(scenario, root)
+    return CanaryRule(params.seed, fraction, int(manifest["num_classes"])), canary_ids(manifest)
+
+
+def weak_unlearning(federation, state: dict, batch: DeletionBatch, epochs: int, seed: int):
+    """A too-weak method: the source model fine-tuned for ``epochs`` epochs on the retained data only,
+    centrally (SGD at the scenario's lr, momentum and batch size): it keeps most of what it memorised."""
+    model = federation.model_from(state)
+    retained = federation.retained_clients(batch)
+    data = Tensors(torch.cat([c.x for c in retained]), torch.cat([c.y for c in retained]),
+                   np.concatenate([c.sample_ids for c in retained]))
+    config = federation.train_config
+    sgd_epochs(model, data, epochs=epochs, lr=config.lr, batch_size=config.batch_size, momentum=config.momentum,
+               generator=torch.Generator().manual_seed(seed))
+    return model
 
 
 def audit_record(result: AuditResult, diagnostics: dict[str, float]) -> dict[str, Any]:
@@ -138,6 +185,8 @@ def max_of(rows: list[dict[str, Any]], key: str, field: str) -> str:
 
 def tables(draws: list[dict[str, Any]], kinds: list[str], with_reference: bool) -> str:
     def label(kind: str) -> str:
+        if kind.startswith(CANARIES):
+            return f"{kind[len(CANARIES):]} canaries"
         return "one client" if kind == CLIENT else f"{kind} samples"
 
     groups = [(label(kind), [d for d in draws if d["kind"] == kind]) for kind in kinds]
@@ -168,6 +217,10 @@ def tables(draws: list[dict[str, Any]], kinds: list[str], with_reference: bool) 
     if with_reference:
         policies.append(("gates_retrain_vs_reference", "vs a second retrain (other seed), audit included"))
     policies.append(("gates_original", "the original model as the candidate (without reference)"))
+    if any("gates_weak" in d for d in draws):
+        lines += weak_table(groups)
+        policies.append(("gates_weak", "a too-weak method (fine-tuned on retained data only) as the candidate "
+                                       "(without reference)"))
     for key, title in policies:
         lines += ["", f"Gates, {title}; candidate certificate `empirical only`:", "",
                   "| batch | fail | inconclusive | pass | checks that failed (count) | checks inconclusive (count) |",
@@ -187,112 +240,183 @@ def tables(draws: list[dict[str, Any]], kinds: list[str], with_reference: bool) 
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default="/tmp/ap", help="a workspace with the scenario's data prepared")
-    parser.add_argument("--scenario", default="mnist5k-hfl")
-    parser.add_argument("--kinds", default="8,40,200,client", help="comma-separated sample counts and/or 'client'")
-    parser.add_argument("--seeds", type=int, default=5, help="draws per batch kind (≥ 5)")
-    parser.add_argument("--rounds", type=int, default=None, help="override the scenario's training rounds "
-                        "(original and retrains alike)")
-    parser.add_argument("--reference-retrain", action="store_true",
-                        help="also judge each retrain against a second retrain with another seed (2× the retrains)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--out", default="/tmp/audit_power", help="writes <out>.json and <out>.md")
-    args = parser.parse_args()
-    kinds = [k.strip() for k in args.kinds.split(",")]
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    started = time.perf_counter()
-    root = Path(args.root)
-    params = load_params(root / "params.yaml")
-    device = resolve_device(args.device)
+def weak_table(groups: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """The audit's verdicts on the too-weak method (``--weak-epochs``)."""
+    lines = ["", "Audit of a too-weak method (the source model fine-tuned on retained data only):", "",
+             "| batch | weak: `not forgotten` (detection) | weak: inconclusive | weak: `forgotten` | AUC weak (mean) | "
+             "forget accuracy original / weak / retrain (mean) |", "|---|---|---|---|---|---|"]
+    for name, rows in groups:
+        rows = [d for d in rows if "audit_weak" in d]
+        if not rows:
+            continue
+        n, weak = len(rows), Counter(d["audit_weak"]["verdict"] for d in rows)
+        accuracy = " / ".join(f"{np.mean([d[key]['forget_acc'] for d in rows]):.3f}"
+                              for key in ("eval_original", "eval_weak", "eval_retrain"))
+        lines.append(f"| {name} | {fmt_rate(weak['not forgotten'], n)} | {weak['inconclusive']}/{n} | "
+                     f"{fmt_rate(weak['forgotten'], n)} | {np.mean([d['audit_weak']['auc'] for d in rows]):.3f} | "
+                     f"{accuracy} |")
+    return lines
+
+
+@dataclass
+class Setup:
+    """What every draw of one data version shares: the original, the references, the shadow model."""
+
+    params: Any
+    federation: Any
+    original: Any
+    references: ReferenceSet
+    shadow: Any
+    canaries: list[str]
+    client_order: np.ndarray
+    timings: dict[str, Any]
+
+
+def build_setup(args: argparse.Namespace, params, root: Path, device) -> Setup:
+    """Train the original, the audit's references and the shadow model on ``root``'s partition."""
     federation = load_federation(args.scenario, params, root, device)
     if federation.setting == "vfl":
         sys.exit("the script rebuilds the clients' data sets: HFL/DFL scenarios only")
     if args.rounds is not None:
         federation = dataclasses.replace(federation, train_config=federation.train_config.model_copy(
             update={"rounds": args.rounds}))
-    timings: dict[str, Any] = {}
-
     t = time.perf_counter()
     original = train(federation)
-    timings["original_seconds"] = time.perf_counter() - t
-    original_model = federation.model_from(original.state)
-    print(f"original: {timings['original_seconds']:.1f} s", flush=True)
-
+    timings: dict[str, Any] = {"original_seconds": time.perf_counter() - t}
     references = train_references(federation.test,
                                   lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
+    references.canaries, canaries = canary_setup(params, args.scenario, root)
     timings["references"] = {"K": len(references), "seconds": references.seconds, "epochs": params.audit.epochs}
-    print(f"references: K={len(references)} in {references.seconds:.1f} s", flush=True)
-
     t = time.perf_counter()
     any_batch = DeletionBatch.for_clients([0], federation.clients)
     shadow = train_shadow_model(federation, evaluation_sets(federation, any_batch).shadow_in)
     timings["shadow_seconds"] = time.perf_counter() - t
-
-    gates = PromotionGates()
     client_order = np.random.default_rng([params.seed, 0xC11E]).permutation(
         [i for i, c in enumerate(federation.clients) if len(c)])
-    draws: list[dict[str, Any]] = []
-    out = Path(args.out)
-    meta = {"scenario": args.scenario, "kinds": kinds, "seeds": args.seeds, "rounds": federation.train_config.rounds,
+    print(f"seed {params.seed}: original {timings['original_seconds']:.1f} s, references K={len(references)} in "
+          f"{references.seconds:.1f} s", flush=True)
+    return Setup(params, federation, original, references, shadow, canaries, client_order, timings)
+
+
+def seeded_partition(args: argparse.Namespace, params, root: Path, seed: int, scratch: Path):
+    """The scenario partitioned again with global seed ``seed`` (held-out split, clients, canaries,
+    pools: all redrawn) into ``scratch``, from ``root``'s prepared data."""
+    params = params.model_copy(update={"seed": seed})
+    if not (scratch / RAW_DIR).exists():
+        (scratch / RAW_DIR).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / RAW_DIR).symlink_to((root / RAW_DIR).resolve())
+    partition_scenario(args.scenario, params, scratch)
+    return params
+
+
+def run_draw(setup: Setup, kind: str, seed: int, args: argparse.Namespace, gates: PromotionGates) -> dict[str, Any]:
+    """One draw: a forget set, its exact retrain, the audits and the gates of the original, the
+    retrain and (``--weak-epochs``) a too-weak method."""
+    federation, references, params = setup.federation, setup.references, setup.params
+    original_model = federation.model_from(setup.original.state)
+    t0 = time.perf_counter()
+    batch = draw_batch(kind, seed, federation.clients, setup.client_order, setup.canaries)
+    sets = evaluation_sets(federation, batch)
+    evaluator = Evaluator(federation, batch, sets=sets, shadow_model=setup.shadow)
+    source_eval = evaluator.evaluate(original_model)
+    t = time.perf_counter()
+    retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(batch), state={}))
+    retrain_seconds = time.perf_counter() - t
+    retrain_model = federation.model_from(retrained.state)
+    retrain_eval = evaluator.evaluate(retrain_model)
+    audit_original = audit_forgetting(original_model, sets.forget, references, seed=params.seed)
+    audit_retrain = audit_forgetting(retrain_model, sets.forget, references, seed=params.seed)
+    # Matched-subset diagnostics compare with correctly labelled pool-B rows: meaningless for canaries.
+    diagnose = (lambda model: {}) if kind.startswith(CANARIES) else (
+        lambda model: label_diagnostics(model, sets.forget, references, params.seed))
+
+    def gated(evaluation, audit: AuditResult, reference=None) -> dict[str, Any]:
+        return gate_record(judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=reference, gates=gates,
+                                 audit=audit.as_check(), source_audit=audit_original.as_check()))
+
+    record = {"kind": kind, "seed": seed, "partition_seed": params.seed, "n_forget": batch.num_forget,
+              "clients": batch.clients or sorted(batch.forget_ids), "retrain_seconds": retrain_seconds,
+              "eval_original": evaluation_record(source_eval), "eval_retrain": evaluation_record(retrain_eval),
+              "audit_original": audit_record(audit_original, diagnose(original_model)),
+              "audit_retrain": audit_record(audit_retrain, diagnose(retrain_model)),
+              "gates_retrain": gated(retrain_eval, audit_retrain), "gates_original": gated(source_eval, audit_original)}
+    if args.weak_epochs:
+        weak = weak_unlearning(federation, setup.original.state, batch, args.weak_epochs, seed)
+        weak_eval = evaluator.evaluate(weak)
+        audit_weak = audit_forgetting(weak, sets.forget, references, seed=params.seed)
+        record.update(eval_weak=evaluation_record(weak_eval), audit_weak=audit_record(audit_weak, {}),
+                      gates_weak=gated(weak_eval, audit_weak))
+    if args.reference_retrain:
+        other = train(dataclasses.replace(federation, clients=federation.retained_clients(batch), state={},
+                                          seed=params.seed + 1000 + seed))
+        record["gates_retrain_vs_reference"] = gated(retrain_eval, audit_retrain,
+                                                     evaluator.evaluate(federation.model_from(other.state)))
+    record["seconds"] = time.perf_counter() - t0
+    print(f"{kind:>6} seed {seed}: n={batch.num_forget:4d}  audit original {audit_original.verdict:13s} "
+          f"(AUC {audit_original.auc:.3f})  retrain {audit_retrain.verdict:13s} (AUC {audit_retrain.auc:.3f})"
+          f"  gates(retrain) {record['gates_retrain']['verdict']:12s}"
+          + (f"  weak {record['audit_weak']['verdict']} (AUC {record['audit_weak']['auc']:.3f})" if args.weak_epochs
+             else "") + f"  retrain {retrain_seconds:.1f} s, draw {record['seconds']:.1f} s", flush=True)
+    return record
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="/tmp/ap", help="a workspace with the scenario's data prepared")
+    parser.add_argument("--scenario", default="mnist5k-hfl")
+    parser.add_argument("--kinds", default="8,40,200,client",
+                        help="comma-separated sample counts, 'client' and/or 'canaries<N>'")
+    parser.add_argument("--seeds", type=int, default=5, help="draws per batch kind (≥ 5)")
+    parser.add_argument("--seed-per-draw", action="store_true",
+                        help="partition and train everything again for every draw with global seed = the draw's "
+                        "seed (independent draws: held-out split, canaries, original, references all redrawn)")
+    parser.add_argument("--rounds", type=int, default=None, help="override the scenario's training rounds "
+                        "(original and retrains alike)")
+    parser.add_argument("--reference-retrain", action="store_true",
+                        help="also judge each retrain against a second retrain with another seed (2× the retrains)")
+    parser.add_argument("--weak-epochs", type=int, default=0, help="also judge a too-weak method: the source model "
+                        "fine-tuned this many epochs on the retained data only (0: not)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--out", default="/tmp/audit_power", help="writes <out>.json and <out>.md")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    root, out, gates = Path(args.root), Path(args.out), PromotionGates()
+    params, device = load_params(root / "params.yaml"), resolve_device(args.device)
+    setup = None if args.seed_per_draw else build_setup(args, params, root, device)
+    meta = {"scenario": args.scenario, "kinds": kinds, "seeds": args.seeds, "seed_per_draw": args.seed_per_draw,
+            "rounds": args.rounds or params.scenario(args.scenario).train.rounds,
             "audit_config": params.audit.model_dump(), "gates": gates.model_dump(mode="json"),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, device {device}",
             "command": " ".join(sys.argv), "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
-    for kind in kinds:
-        for seed in range(args.seeds):
-            t0 = time.perf_counter()
-            batch = draw_batch(kind, seed, federation.clients, client_order)
-            sets = evaluation_sets(federation, batch)
-            evaluator = Evaluator(federation, batch, sets=sets, shadow_model=shadow)
-            source_eval = evaluator.evaluate(original_model)
-            t = time.perf_counter()
-            retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(batch), state={}))
-            retrain_seconds = time.perf_counter() - t
-            retrain_model = federation.model_from(retrained.state)
-            retrain_eval = evaluator.evaluate(retrain_model)
-            audit_original = audit_forgetting(original_model, sets.forget, references, seed=params.seed)
-            audit_retrain = audit_forgetting(retrain_model, sets.forget, references, seed=params.seed)
-            record = {"kind": kind, "seed": seed, "n_forget": batch.num_forget,
-                      "clients": batch.clients or sorted(batch.forget_ids), "retrain_seconds": retrain_seconds,
-                      "eval_original": evaluation_record(source_eval), "eval_retrain": evaluation_record(retrain_eval),
-                      "audit_original": audit_record(audit_original, label_diagnostics(original_model, sets.forget,
-                                                                                       references, params.seed)),
-                      "audit_retrain": audit_record(audit_retrain, label_diagnostics(retrain_model, sets.forget,
-                                                                                     references, params.seed)),
-                      "gates_retrain": gate_record(judge(retrain_eval, EMPIRICAL_ONLY, source=source_eval,
-                                                         reference=None, gates=gates,
-                                                         audit=audit_retrain.as_check())),
-                      "gates_original": gate_record(judge(source_eval, EMPIRICAL_ONLY, source=source_eval,
-                                                          reference=None, gates=gates,
-                                                          audit=audit_original.as_check()))}
-            if args.reference_retrain:
-                other = train(dataclasses.replace(federation, clients=federation.retained_clients(batch), state={},
-                                                  seed=params.seed + 1000 + seed))
-                reference_eval = evaluator.evaluate(federation.model_from(other.state))
-                record["gates_retrain_vs_reference"] = gate_record(
-                    judge(retrain_eval, EMPIRICAL_ONLY, source=source_eval, reference=reference_eval, gates=gates,
-                          audit=audit_retrain.as_check()))
-            record["seconds"] = time.perf_counter() - t0
-            draws.append(record)
-            print(f"{kind:>6} seed {seed}: n={batch.num_forget:4d}  audit original {audit_original.verdict:13s} "
-                  f"(AUC {audit_original.auc:.3f})  retrain {audit_retrain.verdict:13s} (AUC {audit_retrain.auc:.3f})"
-                  f"  gates(retrain) {record['gates_retrain']['verdict']:12s}"
-                  + (f" vs-ref {record['gates_retrain_vs_reference']['verdict']:12s}" if args.reference_retrain
-                     else "") + f"  retrain {retrain_seconds:.1f} s, draw {record['seconds']:.1f} s", flush=True)
-            timings["total_seconds"] = time.perf_counter() - started
-            out.with_suffix(".json").write_text(json.dumps({"meta": meta, "timings": timings, "draws": draws},
-                                                           indent=1, default=float))
-    timings["total_seconds"] = time.perf_counter() - started
+    draws: list[dict[str, Any]] = []
+    setups: list[dict[str, Any]] = [] if setup is None else [setup.timings]
+    with tempfile.TemporaryDirectory(prefix="audit-power-") as scratch:
+        for kind in kinds:
+            for seed in range(args.seeds):
+                if args.seed_per_draw:
+                    setup = build_setup(args, seeded_partition(args, params, root, seed, Path(scratch)),
+                                        Path(scratch), device)
+                    setups.append(setup.timings)
+                draws.append(run_draw(setup, kind, seed, args, gates))
+                timings = {"setups": setups, "total_seconds": time.perf_counter() - started}
+                out.with_suffix(".json").write_text(json.dumps({"meta": meta, "timings": timings, "draws": draws},
+                                                               indent=1, default=float))
     timings["load_average_at_end"] = os.getloadavg()
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "timings": timings, "draws": draws}, indent=1,
                                                    default=float))
     text = tables(draws, kinds, args.reference_retrain)
-    text += (f"\nOriginal training {timings['original_seconds']:.0f} s; references K = {len(references)} "
-             f"({params.audit.epochs} epochs) {references.seconds:.1f} s; retrain mean "
+    text += (f"\nOriginal training {np.mean([t['original_seconds'] for t in setups]):.0f} s (mean of {len(setups)}); "
+             f"references K = {params.audit.num_references} ({params.audit.epochs} epochs) "
+             f"{np.mean([t['references']['seconds'] for t in setups]):.1f} s; retrain mean "
              f"{np.mean([d['retrain_seconds'] for d in draws]):.1f} s; total {timings['total_seconds']:.0f} s.\n")
     out.with_suffix(".md").write_text(text)
     print(text)

@@ -1,7 +1,9 @@
 """Per-example forgetting audit on digits: references trained once on the held-out split find a
 memorised forget set, never call a model that did not train on it "not forgotten", and an exact
-retrain is called "not forgotten" at most α of the time."""
+retrain is called "not forgotten" at most α of the time. The forget set is compared label by label
+with every pool-B sample of its labels; mislabelled canaries with pool B relabelled alike."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 
 from fedunlearn.data.datasets import load_source
 from fedunlearn.evaluation.backdoor import triggered
-from fedunlearn.evaluation.audit import (FORGOTTEN, INCONCLUSIVE, NOT_FORGOTTEN, AuditConfig, AuditResult,
+from fedunlearn.evaluation.audit import (FORGOTTEN, INCONCLUSIVE, NOT_FORGOTTEN, AuditConfig, AuditResult, CanaryRule,
                                          audit_forgetting, matched_nonmember_rows, plot_audit, train_references)
 from fedunlearn.federation.local import Tensors, sgd_epochs
 from models import build_model
@@ -24,6 +26,11 @@ FORGET, RETAINED = TRAIN[:20], TRAIN[20:]
 # Memorisation that generalisation cannot explain: the forget samples carry a wrong label.
 FLIPPED = (DIGITS.labels[FORGET] + np.random.default_rng(1).integers(1, 10, len(FORGET))) % 10
 CONFIG = AuditConfig(num_references=4, epochs=30)
+# Canaries as a partition makes them (data.partition.canary_mask / canary_labels): a tenth of the
+# training rows after FORGET, each with a wrong label drawn from a hash of its ID.
+CANARY_RULE = CanaryRule(seed=0, fraction=0.1, num_classes=10)
+CANARIES = RETAINED[CANARY_RULE.of(DIGITS.sample_ids[RETAINED])]
+CLEAN = RETAINED[~CANARY_RULE.of(DIGITS.sample_ids[RETAINED])]
 
 
 def rows(index: np.ndarray, labels: np.ndarray | None = None) -> Tensors:
@@ -160,3 +167,54 @@ def test_a_backdoored_forget_set_is_judged_against_equally_triggered_non_members
     assert {row["label"] for row in result.samples} == set(clean_labels.tolist())
     # Against clean non-members the same model is far from 0.5 (measured 0.06): not a valid comparison.
     assert abs(audit_forgetting(retrain, forget, references).auc - 0.5) > 0.3
+
+
+def test_the_audit_compares_each_label_with_every_pool_b_sample_of_that_label(targets, references):
+    """No matched subset: every pool-B sample of the forget set's labels is a non-member, so two
+    batches of the same labels meet the same non-members and a whole client keeps its label mix."""
+    forget = rows(UNSEEN[np.isin(DIGITS.labels[UNSEEN], [1, 7])])     # a "client" of two labels
+    result = audit_forgetting(targets[1], forget, references)
+    pool_labels = references.pool.y.numpy()
+    assert result.n_nonmembers == int(np.isin(pool_labels, [1, 7]).sum()) == len(result.nonmember_z)
+    assert result.method == "stratified-delong-logit" and result.n_compared == len(forget)
+    assert result.as_check().method == "stratified-delong-logit"
+    # Members from pool B's own distribution (never seen by the model): the AUC sits near 0.5.
+    everything = audit_forgetting(targets[1], rows(UNSEEN), references)
+    assert abs(everything.auc - 0.5) < 0.08 and everything.verdict != NOT_FORGOTTEN, everything.interval
+    assert everything.n_nonmembers == len(references.pool)
+
+
+@pytest.fixture(scope="module")
+def canary_targets():
+    """A model that trained on the canaries (wrong labels) and its exact retrain without them."""
+    canaries = CANARY_RULE.relabel(rows(CANARIES))
+    return train_target(concat(rows(CLEAN), canaries)), train_target(rows(CLEAN))
+
+
+def test_memorised_canaries_are_not_forgotten_and_their_retrain_meets_relabelled_non_members(canary_targets,
+                                                                                              references):
+    forget = CANARY_RULE.relabel(rows(CANARIES))
+    assert len(forget) >= 40 and (forget.y.numpy() != DIGITS.labels[CANARIES]).all()
+    memorised = audit_forgetting(canary_targets[0], forget, references, canaries=CANARY_RULE)
+    assert memorised.verdict == NOT_FORGOTTEN and memorised.canaries == len(forget), memorised.interval
+    retrained = audit_forgetting(canary_targets[1], forget, references, canaries=CANARY_RULE)
+    # Canaries and relabelled pool-B samples are both never seen by the retrain: exchangeable.
+    assert retrained.verdict != NOT_FORGOTTEN and abs(retrained.auc - 0.5) < 0.12, retrained.interval
+    assert retrained.n_nonmembers == len(references.pool)     # every pool-B sample, relabelled
+    # The rule travels with the references (as tasks.audit.load_references sets it).
+    attached = dataclasses.replace(references, canaries=CANARY_RULE)
+    assert audit_forgetting(canary_targets[1], forget, attached).auc == retrained.auc
+    # Against correctly labelled non-members the comparison is about labels, not membership.
+    naive = audit_forgetting(canary_targets[1], forget, references)
+    assert naive.canaries == 0 and abs(naive.auc - 0.5) > 0.3, naive.auc
+
+
+def test_a_forget_set_of_canaries_and_other_samples_is_judged_stratum_by_stratum(canary_targets, references):
+    forget = concat(CANARY_RULE.relabel(rows(CANARIES[:20])), rows(CLEAN[:20]))
+    result = audit_forgetting(canary_targets[1], forget, references, canaries=CANARY_RULE)
+    # Clean samples meet pool B of their labels, canaries pool B relabelled, of their (wrong) labels.
+    clean_pool, relabelled_pool = references.pool.y.numpy(), CANARY_RULE.relabel(references.pool).y.numpy()
+    expected = (np.isin(clean_pool, DIGITS.labels[CLEAN[:20]]).sum()
+                + np.isin(relabelled_pool, forget.y.numpy()[:20]).sum())
+    assert result.canaries == 20 and result.n_nonmembers == expected
+    assert result.verdict != NOT_FORGOTTEN

@@ -11,9 +11,10 @@ from sklearn.metrics import roc_auc_score
 from fedunlearn.evaluation.uncertainty import (FAIL, INCONCLUSIVE, PASS, Check, auc, auc_difference_interval,
                                                auc_interval, check_auc, check_auc_gap,
                                                check_paired_proportion_gap, check_proportion,
-                                               check_proportion_gap, judge_at_most,
+                                               check_proportion_gap, check_stratified_auc, judge_at_most,
                                                paired_proportion_difference_interval,
-                                               proportion_difference_interval, proportion_interval)
+                                               proportion_difference_interval, proportion_interval, stratified_auc,
+                                               stratified_auc_interval, stratified_counts)
 
 ALPHA = 0.05
 DRAWS = 2000
@@ -193,3 +194,64 @@ def test_invalid_inputs_are_refused():
         auc_difference_interval(np.ones(3), np.zeros(3), np.ones(4), np.zeros(3), paired=True)
     with pytest.raises(ValueError, match="unknown proportion interval"):
         proportion_interval(3, 10, method="wald")
+
+
+# --- the label-stratified AUC -------------------------------------------------------------------
+
+def labelled_scores(rng, member_labels: np.ndarray, nonmember_labels: np.ndarray, true_auc: float):
+    """Scores with a strong label effect (+1.5 per label) and, within every label, population AUC
+    ``true_auc`` of members over non-members."""
+    members, nonmembers = shifted_normal_scores(rng, len(member_labels), len(nonmember_labels), true_auc)
+    return members + 1.5 * member_labels, nonmembers + 1.5 * nonmember_labels
+
+
+def test_stratified_auc_ignores_a_label_mix_that_alone_separates_the_populations():
+    rng = np.random.default_rng(0)
+    member_labels = rng.choice([3, 4], 200)            # a client holding two labels
+    nonmember_labels = rng.integers(0, 5, 1000)        # the pool, every label
+    members, nonmembers = labelled_scores(rng, member_labels, nonmember_labels, 0.5)
+    assert auc(members, nonmembers) > 0.75             # the label mix alone separates them
+    check = check_stratified_auc("audit", members, member_labels, nonmembers, nonmember_labels, 0.55)
+    assert abs(check.estimate - 0.5) < 0.05 and check.verdict == PASS, check
+    assert check.n == 200 + int(np.isin(nonmember_labels, [3, 4]).sum()) and check.method == "stratified-delong-logit"
+    # With one stratum it is the plain AUC.
+    one = np.zeros(len(members), dtype=int), np.zeros(len(nonmembers), dtype=int)
+    assert stratified_auc(members, one[0], nonmembers, one[1]) == pytest.approx(auc(members, nonmembers))
+
+
+def test_stratified_auc_weights_strata_by_their_members_and_leaves_out_strata_without_non_members():
+    members, member_strata = np.array([1.0, 1.0, 1.0, 0.0, 9.0]), np.array([0, 0, 0, 1, 2])
+    nonmembers, nonmember_strata = np.array([0.5, 0.5, 2.0]), np.array([0, 0, 1])
+    # Stratum 0: AUC 1 (3 members), stratum 1: AUC 0 (1 member), stratum 2: no non-member, left out.
+    assert stratified_auc(members, member_strata, nonmembers, nonmember_strata) == pytest.approx(0.75)
+    assert stratified_counts(member_strata, nonmember_strata) == (4, 3)
+    with pytest.raises(ValueError, match="at least one member and one non-member"):
+        stratified_auc(members, np.full(5, 7), nonmembers, nonmember_strata)
+
+
+@pytest.mark.parametrize("members", [12, 60])
+def test_a_stratified_auc_at_the_limit_is_failed_at_most_alpha_of_the_time(members):
+    """Members spread unevenly over 6 labels, 20 non-members per label, AUC 0.5 within each label."""
+    rng = np.random.default_rng(members)
+    nonmember_labels = np.repeat(np.arange(6), 20)
+    draws, failed = 600, 0
+    for _ in range(draws):
+        member_labels = rng.choice(6, members, p=[0.4, 0.3, 0.1, 0.1, 0.05, 0.05])
+        scores = labelled_scores(rng, member_labels, nonmember_labels, 0.5)
+        failed += check_stratified_auc("audit", scores[0], member_labels, scores[1], nonmember_labels,
+                                       0.5).verdict == FAIL
+    # Binomial standard error over 600 draws at 0.05: 0.009; allow 2.5 of them.
+    assert failed / draws <= ALPHA + 0.022
+
+
+def test_a_perfectly_separated_forget_set_gets_a_lower_bound_that_rises_with_the_estimate():
+    """At the estimate, a Hanley–McNeil floor on the logit scale pushed the lower bound of an AUC
+    near 1 down as the AUC rose; the score-type floor does not."""
+    labels = np.repeat(np.arange(10), 2)
+    nonmember_labels = np.repeat(np.arange(10), 30)
+    nonmembers = np.tile(np.linspace(0.0, 1.0, 30), 10)
+    lows = []
+    for top in (0.9, 0.99, 2.0):     # the members' scores: a few below the top non-members, then none
+        members = np.where(np.arange(20) % 7 == 0, top, 5.0)
+        lows.append(stratified_auc_interval(members, labels, nonmembers, nonmember_labels, confidence=0.9)[0])
+    assert lows == sorted(lows) and lows[-1] > 0.9, lows

@@ -10,6 +10,11 @@ ledger promises ("current training data = partition minus ledger").
 * Dirichlet(α) label skew: per class c, proportions p_c ~ Dir(α·1_N) drawn from the seed; a
   sample of class c goes to the client whose slice of the cumulative p_c contains u.
   In distribution this is the usual Dirichlet partition (Hsu et al. 2019).
+* Canaries (privacy audits; Carlini et al. 2019, "The secret sharer"; Jagielski et al. 2020,
+  "Auditing differentially private machine learning"): a training sample is a mislabelled canary
+  iff its hash-uniform number is below the canary fraction, and its label is replaced by one drawn
+  uniformly from the other classes by a second hash of its ID. Only memorisation explains a model
+  that predicts such a label, so a deletion request for canaries has a measurable membership signal.
 * Vertical (VFL): every party holds all aligned samples and a disjoint slice of the features:
   contiguous column groups for tabular data, horizontal bands of rows for images.
 """
@@ -64,6 +69,25 @@ def assign_dirichlet(sample_ids: np.ndarray, labels: np.ndarray, num_clients: in
         rows = labels == c
         clients[rows] = np.searchsorted(cumulative[c], u[rows], side="right")
     return np.minimum(clients, num_clients - 1)
+
+
+def canary_mask(sample_ids: np.ndarray, seed: int, fraction: float) -> np.ndarray:
+    """True for the samples that become mislabelled canaries: a function of the seed and the ID only
+    (a count-based choice would promote a new canary when one is deleted, changing retained data)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"canary fraction must be in [0, 1), got {fraction}")
+    return hash_uniform(sample_ids, seed, "canary") < fraction
+
+
+def canary_labels(sample_ids: np.ndarray, labels: np.ndarray, seed: int, num_classes: int) -> np.ndarray:
+    """A wrong label per sample, uniform over the other classes and independent of the true label,
+    from a hash of the ID. Applied to samples a model never saw, it draws non-members from the
+    canaries' own distribution (the audit's comparison for a canary forget set)."""
+    if num_classes < 2:
+        raise ValueError(f"a wrong label needs at least 2 classes, got {num_classes}")
+    shift = 1 + np.minimum((hash_uniform(sample_ids, seed, "canary-label") * (num_classes - 1)).astype(np.int64),
+                           num_classes - 2)
+    return (np.asarray(labels, dtype=np.int64) + shift) % num_classes
 
 
 def vertical_slices(input_shape: tuple[int, ...], kind: str, num_parties: int) -> list[dict]:

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from fedunlearn.config import Params
+from fedunlearn.config import Params, PartitionConfig
 from fedunlearn.data.datasets import Dataset, load_source
-from fedunlearn.data.partition import (assign_dirichlet, assign_iid, holdout_mask, slice_features,
-                                       vertical_slices)
+from fedunlearn.data.partition import (assign_dirichlet, assign_iid, canary_labels, canary_mask, holdout_mask,
+                                       slice_features, vertical_slices)
 
 RAW_DIR = Path("data/raw")
+# How a canary's label was drawn (``partition.canary_labels``), recorded in the manifest.
+CANARY_RULE = "label + 1 + floor(v * (C - 1)) mod C, v = hash_uniform(ID, seed, 'canary-label')"
 PARTITIONS_DIR = Path("data/partitions")
 
 
@@ -153,20 +155,38 @@ def partition_scenario(name: str, params: Params, root: Path) -> Path:
                                         "slice": spec, "num_samples": int(len(train_ids))})
         manifest["train"] = _summary(train_labels, data.num_classes)
     else:
-        if part.scheme == "iid":
-            clients = assign_iid(train_ids, part.num_clients, params.seed)
-        else:
-            clients = assign_dirichlet(train_ids, train_labels, part.num_clients, part.alpha, params.seed,
-                                       data.num_classes)
-        manifest["alpha"] = part.alpha if part.scheme == "dirichlet" else None
-        manifest["clients"] = []
-        for c in range(part.num_clients):
-            rows = clients == c
-            _save_arrays(out / f"client_{c:03d}", features=train_x[rows], labels=train_labels[rows],
-                         sample_ids=train_ids[rows])
-            manifest["clients"].append({"client": c, **_summary(train_labels[rows], data.num_classes)})
+        manifest.update(_write_clients(out, part, params.seed, data.num_classes, train_x, train_labels, train_ids))
     write_json(out / "manifest.json", manifest)
     return out
+
+
+def _write_clients(out: Path, part: PartitionConfig, seed: int, num_classes: int, train_x: np.ndarray,
+                   train_labels: np.ndarray, train_ids: np.ndarray) -> dict[str, Any]:
+    """HFL/DFL: each client's arrays, and the manifest's entries about them. Clients are assigned by
+    the true labels, so canaries (``canary_fraction``) change labels and nothing else: a scenario with
+    canaries has the clients of the same scenario without them."""
+    if part.scheme == "iid":
+        clients = assign_iid(train_ids, part.num_clients, seed)
+    else:
+        clients = assign_dirichlet(train_ids, train_labels, part.num_clients, part.alpha, seed, num_classes)
+    record: dict[str, Any] = {"alpha": part.alpha if part.scheme == "dirichlet" else None, "clients": []}
+    if part.canary_fraction > 0:
+        is_canary = canary_mask(train_ids, seed, part.canary_fraction)
+        train_labels = train_labels.copy()
+        train_labels[is_canary] = canary_labels(train_ids[is_canary], train_labels[is_canary], seed, num_classes)
+        record["canaries"] = {"fraction": part.canary_fraction, "rule": CANARY_RULE,
+                              "ids": sorted(train_ids[is_canary].tolist())}
+    for c in range(part.num_clients):
+        rows = clients == c
+        _save_arrays(out / f"client_{c:03d}", features=train_x[rows], labels=train_labels[rows],
+                     sample_ids=train_ids[rows])
+        record["clients"].append({"client": c, **_summary(train_labels[rows], num_classes)})
+    return record
+
+
+def canary_ids(manifest: dict[str, Any]) -> list[str]:
+    """The IDs of a partition's mislabelled canaries still in its training data (none without canaries)."""
+    return list(manifest.get("canaries", {}).get("ids", []))
 
 
 def _summary(labels: np.ndarray, num_classes: int) -> dict[str, Any]:

@@ -25,20 +25,30 @@ standard deviation pooled over pool B (``fixed_variance``, the default below 64 
 per example. With the pooled σ, z orders samples exactly like Watson et al.'s difficulty-calibrated
 score φ_target − μ_out, so the AUC is the same; z only puts it on a readable scale.
 
-Verdict. The forget set's z against label-matched non-members' z from pool B (labels matched
-because a label mix alone separates populations, DESIGN.md §4): the AUC with the DeLong-logit
-interval of ``uncertainty.check_auc`` and the rule "AUC ≤ 0.5 + tolerance" at level α:
-``not forgotten`` iff the one-sided (1 − α) lower bound exceeds 0.5 + tolerance, ``forgotten``
-iff the one-sided upper bound is within it, else ``inconclusive``. For an exact retrain the forget
-samples are, like pool B, samples the model never saw, so (forget samples and held-out samples
-being drawn from one distribution) their z are exchangeable with the non-members' and the true
-AUC is 0.5 whatever the references are: an exact retrain is called ``not forgotten`` with
-probability ≤ α (far less for a tolerance > 0). The references decide only the audit's power.
-An AUC well *below* 0.5 (forget samples scored lower than never-seen ones: over-unlearning,
-which can also reveal the forget set) is reported by the AUC but is not what this verdict tests.
+Verdict. The forget set's z against pool B's, label by label (a label mix alone separates
+populations, DESIGN.md §4): each forget sample is compared with *every* pool-B sample of its label
+and the within-label AUCs are pooled with the forget set's label shares as weights
+(``uncertainty.stratified_auc``, van Elteren's stratified form; a stratified DeLong-logit interval),
+so a whole client keeps its label mix and no two batches share one matched subset. The rule is
+"AUC ≤ 0.5 + tolerance" at level α: ``not forgotten`` iff the one-sided (1 − α) lower bound
+exceeds 0.5 + tolerance, ``forgotten`` iff the one-sided upper bound is within it, else
+``inconclusive``. For an exact retrain the forget samples are, like pool B, samples the model never
+saw, so (forget samples and held-out samples being drawn from one distribution) within a label
+their z are exchangeable with the non-members' and the true AUC is 0.5 whatever the references are:
+an exact retrain is called ``not forgotten`` with probability ≤ α (far less for a tolerance > 0).
+The references decide only the audit's power. An AUC well *below* 0.5 (forget samples scored lower
+than never-seen ones: over-unlearning, which can also reveal the forget set) is reported by the AUC
+but is not what this verdict tests.
 
-Per-sample p-values are conformal: p = (1 + #{pool-B samples of the same label with z ≥ z_i}) /
-(1 + #{pool-B samples of that label}), valid (P(p ≤ t) ≤ t for a never-seen sample) without
+Marked samples need non-members marked alike, or exchangeability fails: a backdoored forget set
+(``clean_forget_labels``) is compared with pool B triggered the same way, by its clean labels; a
+mislabelled canary (``CanaryRule``, the partition's ``canary_fraction``) with pool-B samples
+relabelled by the canaries' own rule, label by (wrong) label — against correctly labelled samples a
+model that never saw the canaries can score them higher or lower than non-members, either way a
+verdict about the labels, not about membership.
+
+Per-sample p-values are conformal: p = (1 + #{pool-B samples of the same stratum with z ≥ z_i}) /
+(1 + #{pool-B samples of that stratum}) (stratum: the label, and whether the sample is a canary), valid (P(p ≤ t) ≤ t for a never-seen sample) without
 assuming the references match the target's training, which a Gaussian p-value would need; they
 are per sample and not corrected for multiplicity.
 """
@@ -57,9 +67,11 @@ import torch
 from torch import nn
 
 from fedunlearn.config import PER_EXAMPLE_VARIANCE_MIN_REFERENCES, AuditConfig
+from fedunlearn.data.partition import canary_labels, canary_mask
 from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_scaled_confidence
-from fedunlearn.evaluation.uncertainty import AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, Check, check_auc
+from fedunlearn.evaluation.uncertainty import (AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, STRATIFIED_AUC_METHOD,
+                                               Check, check_stratified_auc)
 from fedunlearn.federation.local import Tensors, sgd_epochs
 
 # INCONCLUSIVE is shared with the gate checks; the other two verdicts are the audit's words for pass/fail.
@@ -68,6 +80,28 @@ _AUDIT_VERDICT = {PASS: FORGOTTEN, FAIL: NOT_FORGOTTEN, INCONCLUSIVE: INCONCLUSI
 _CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
 # Carlini et al.: below about 64 reference models a per-example variance is mostly noise.
 CHECK_NAME = "forget_audit_auc"
+# Added to a canary's label to make its stratum: canaries meet only relabelled non-members.
+CANARY_STRATUM = 1 << 20
+
+
+@dataclass(frozen=True)
+class CanaryRule:
+    """How a partition mislabelled its canaries (``data.partition.canary_mask`` and
+    ``canary_labels`` with the params' seed, the scenario's ``canary_fraction`` and its number of
+    classes): which forget samples are canaries, and how to relabel pool B alike."""
+
+    seed: int
+    fraction: float
+    num_classes: int
+
+    def of(self, sample_ids: np.ndarray) -> np.ndarray:
+        """True for the samples that are canaries (when they are training samples)."""
+        return canary_mask(np.asarray(sample_ids), self.seed, self.fraction)
+
+    def relabel(self, data: Tensors) -> Tensors:
+        """``data`` with the wrong labels the rule gives its samples."""
+        labels = canary_labels(data.sample_ids, data.y.cpu().numpy(), self.seed, self.num_classes)
+        return Tensors(data.x, torch.as_tensor(labels, dtype=torch.long, device=data.y.device), data.sample_ids)
 
 
 @dataclass(eq=False)
@@ -75,7 +109,8 @@ class ReferenceSet:
     """K reference models and their non-member pool. ``train_ids[k]``: the sample IDs reference
     k trained on (all in pool A, ``pool_a_ids``); ``pool``: pool B; ``pool_phi``: (K, |pool|)
     the references' φ on pool B, kept so that an audit scores only the forget set under them;
-    ``seconds``: wall time of the training."""
+    ``seconds``: wall time of the training; ``canaries``: the partition's canary rule, if it has
+    canaries (set by whoever knows the scenario; the audit then relabels pool B for them)."""
 
     models: list[nn.Module]
     train_ids: list[np.ndarray]
@@ -84,6 +119,7 @@ class ReferenceSet:
     pool_phi: np.ndarray
     config: AuditConfig
     seconds: float
+    canaries: CanaryRule | None = None
 
     def __len__(self) -> int:
         return len(self.models)
@@ -105,7 +141,7 @@ class ReferenceSet:
         in_pool = ~np.isin(self.pool.sample_ids, ids)
         return ReferenceSet([self.models[k] for k in keep], [self.train_ids[k] for k in keep],
                             self.pool_a_ids[~np.isin(self.pool_a_ids, ids)], self.pool.select(in_pool),
-                            self.pool_phi[keep][:, in_pool], self.config, self.seconds)
+                            self.pool_phi[keep][:, in_pool], self.config, self.seconds, self.canaries)
 
 
 def train_references(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
@@ -184,14 +220,14 @@ def matched_nonmember_rows(member_labels: np.ndarray, pool_labels: np.ndarray, s
     return np.unique(label_matched_nonmembers(np.repeat(member_labels, ratio), pool_labels, seed))
 
 
-def _conformal_p_values(forget_z: np.ndarray, forget_labels: np.ndarray, pool_z: np.ndarray,
-                        pool_labels: np.ndarray) -> np.ndarray:
-    """(1 + #{same-label pool z ≥ z_i}) / (1 + #{same-label pool}): the +1s make it valid, not just
-    approximately so, for a sample exchangeable with the pool's."""
+def _conformal_p_values(forget_z: np.ndarray, forget_strata: np.ndarray, pool_z: np.ndarray,
+                        pool_strata: np.ndarray) -> np.ndarray:
+    """(1 + #{same-stratum pool z ≥ z_i}) / (1 + #{same-stratum pool}): the +1s make it valid, not
+    just approximately so, for a sample exchangeable with the pool's."""
     p_values = np.empty(len(forget_z))
-    for i, (z, label) in enumerate(zip(forget_z, forget_labels)):
-        same_label = pool_z[pool_labels == label]
-        p_values[i] = (1 + (same_label >= z).sum()) / (1 + len(same_label))
+    for i, (z, stratum) in enumerate(zip(forget_z, forget_strata)):
+        same = pool_z[pool_strata == stratum]
+        p_values[i] = (1 + (same >= z).sum()) / (1 + len(same))
     return p_values
 
 
@@ -205,8 +241,12 @@ class AuditResult:
     """One audit. ``interval``: the two-sided (1 − 2α) interval of ``auc`` (one-sided (1 − α)
     bounds, see the module docstring); ``limit`` = 0.5 + tolerance; ``references``: K;
     ``samples``: per forget sample ``{"sample_id", "label", "z", "p_value"}``; ``nonmember_z``:
-    the matched non-members' scores (for the plot); ``seconds``: the audit's wall time,
-    ``reference_seconds`` the one-off training of the references it used."""
+    the non-members' scores the forget set was compared with (for the plot); ``seconds``: the
+    audit's wall time, ``reference_seconds`` the one-off training of the references it used;
+    ``method``: the AUC and its interval (``stratified-delong-logit``: per label against all of
+    pool B; ``delong-logit``: records of the earlier audit against one matched subset);
+    ``n_compared``: forget samples whose stratum pool B holds (the others have nothing to be
+    compared with; None in earlier records); ``canaries``: forget samples audited as canaries."""
 
     verdict: str
     auc: float
@@ -221,11 +261,14 @@ class AuditResult:
     nonmember_z: list[float]
     seconds: float
     reference_seconds: float
+    method: str = AUC_METHOD
+    n_compared: int | None = None
+    canaries: int = 0
 
     def as_check(self) -> Check:
         """The audit as a gate check ("AUC ≤ limit"; ``pass`` = forgotten, ``fail`` = not forgotten)."""
         return Check(CHECK_NAME, self.auc, self.interval, self.limit, self.n_forget + self.n_nonmembers,
-                     _CHECK_VERDICT[self.verdict], self.alpha, AT_MOST, AUC_METHOD, 1.0 - 2.0 * self.alpha)
+                     _CHECK_VERDICT[self.verdict], self.alpha, AT_MOST, self.method, 1.0 - 2.0 * self.alpha)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -240,45 +283,72 @@ class AuditResult:
         return cls(**{**record, "interval": tuple(record["interval"])})
 
 
-def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
-                     config: AuditConfig | None = None, seed: int = 0,
-                     clean_forget_labels: np.ndarray | None = None) -> AuditResult:
-    """Audit whether ``target`` still carries the ``forget`` samples (module docstring: score,
-    rule, error rate). ``forget`` must hold none of the references' held-out rows (they would be
-    "in" for a reference or their own non-members). ``config`` (default: the references'
-    config): ``alpha``, ``tolerance`` and ``fixed_variance`` are read from it. ``seed``
-    (default 0): which pool-B rows become the matched non-members. ``clean_forget_labels``:
-    given when the forget samples carry the backdoor trigger and its label, their labels before
-    poisoning; pool B is then matched on them and triggered the same way, so that for an exact
-    retrain forget samples and non-members are again drawn from one distribution."""
-    config = config or references.config
-    started = time.perf_counter()
+def _reference_phi(references: ReferenceSet, data: Tensors) -> np.ndarray:
+    return np.stack([logit_scaled_confidence(model, data) for model in references.models])
+
+
+def _require_outside_pools(forget: Tensors, references: ReferenceSet) -> None:
     if len(forget) == 0:
         raise ValueError("the audit needs at least one forget sample")
     overlap = np.isin(forget.sample_ids, np.concatenate([references.pool_a_ids, references.pool.sample_ids]))
     if overlap.any():
         raise ValueError(f"{int(overlap.sum())} forget sample(s) belong to the references' held-out pools "
                          f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with ReferenceSet.without")
-    pool, pool_phi = references.pool, references.pool_phi
-    forget_labels, pool_labels = forget.y.cpu().numpy(), pool.y.cpu().numpy()
+
+
+def _nonmembers(target: nn.Module, references: ReferenceSet, pool: Tensors, pool_phi: np.ndarray,
+                pooled_std: float | None, canaries: CanaryRule | None) -> tuple[np.ndarray, np.ndarray]:
+    """Pool B's z and strata (its labels before any trigger); with ``canaries``, pool B once more
+    relabelled by their rule, in the canary strata."""
+    z = _calibrated(logit_scaled_confidence(target, pool), pool_phi, pooled_std)
+    strata = references.pool.y.cpu().numpy()
+    if canaries is None:
+        return z, strata
+    relabelled = canaries.relabel(references.pool)
+    canary_z = _calibrated(logit_scaled_confidence(target, relabelled), _reference_phi(references, relabelled),
+                           pooled_std)
+    return np.concatenate([z, canary_z]), np.concatenate([strata, relabelled.y.cpu().numpy() + CANARY_STRATUM])
+
+
+def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
+                     config: AuditConfig | None = None, seed: int = 0,
+                     clean_forget_labels: np.ndarray | None = None,
+                     canaries: CanaryRule | None = None) -> AuditResult:
+    """Audit whether ``target`` still carries the ``forget`` samples (module docstring: score,
+    rule, error rate). ``forget`` must hold none of the references' held-out rows (they would be
+    "in" for a reference or their own non-members). ``config`` (default: the references'
+    config): ``alpha``, ``tolerance`` and ``fixed_variance`` are read from it. ``seed``: unused
+    since the audit compares with every pool-B sample of the forget set's labels (nothing is
+    drawn); kept for callers. ``clean_forget_labels``: given when the forget samples carry the
+    backdoor trigger and its label, their labels before poisoning; pool B is then stratified on
+    them and triggered the same way. ``canaries`` (default: the references' rule): forget samples
+    it marks are compared with pool B relabelled by it."""
+    config, canaries = config or references.config, canaries or references.canaries
+    started = time.perf_counter()
+    _require_outside_pools(forget, references)
+    pool, pool_phi, forget_labels = references.pool, references.pool_phi, forget.y.cpu().numpy()
+    is_canary = canaries.of(forget.sample_ids) if canaries is not None else np.zeros(len(forget), dtype=bool)
     if clean_forget_labels is not None:
-        forget_labels = np.asarray(clean_forget_labels)
-        pool = triggered(pool)
-        pool_phi = np.stack([logit_scaled_confidence(model, pool) for model in references.models])
+        if is_canary.any():
+            raise ValueError("a forget set of canaries carries no backdoor trigger; audit the two apart")
+        forget_labels, pool = np.asarray(clean_forget_labels), triggered(pool)
+        pool_phi = _reference_phi(references, pool)
     fixed = _uses_fixed_variance(config, len(references))
     pooled_std = _pooled_std(pool_phi) if fixed else None
-    forget_phi = np.stack([logit_scaled_confidence(model, forget) for model in references.models])
-    forget_z = _calibrated(logit_scaled_confidence(target, forget), forget_phi, pooled_std)
-    pool_z = _calibrated(logit_scaled_confidence(target, pool), pool_phi, pooled_std)
-
-    rows = matched_nonmember_rows(forget_labels, pool_labels, seed)
-    check = check_auc(CHECK_NAME, forget_z, pool_z[rows], 0.5 + config.tolerance, alpha=config.alpha)
-    p_values = _conformal_p_values(forget_z, forget_labels, pool_z, pool_labels)
+    forget_z = _calibrated(logit_scaled_confidence(target, forget), _reference_phi(references, forget), pooled_std)
+    pool_z, pool_strata = _nonmembers(target, references, pool, pool_phi, pooled_std,
+                                      canaries if is_canary.any() else None)
+    forget_strata = forget_labels + CANARY_STRATUM * is_canary
+    check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
+                                 alpha=config.alpha)
+    compared = np.isin(pool_strata, forget_strata)
+    p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
     samples = [{"sample_id": _plain(sample_id), "label": int(label), "z": float(z), "p_value": float(p)}
                for sample_id, label, z, p in zip(forget.sample_ids, forget_labels, forget_z, p_values)]
-    return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval,
-                       check.limit, config.alpha, len(forget), len(rows), len(references), fixed, samples,
-                       [float(z) for z in pool_z[rows]], time.perf_counter() - started, references.seconds)
+    return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
+                       len(forget), int(compared.sum()), len(references), fixed, samples,
+                       [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
+                       STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), int(is_canary.sum()))
 
 
 def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path:

@@ -22,6 +22,20 @@ Intervals (all two-sided at ``confidence``):
   interval with it. Measured coverage (normal and unequal-variance normal scores, 2,000 draws per
   cell, n = 8…200 per side, AUC 0.5…0.9): each one-sided error at most 0.057 for a nominal 0.05,
   at most 0.05 up to simulation noise.
+- a label-stratified AUC (members compared only with non-members of their own stratum, e.g. label):
+  the within-stratum Mann–Whitney estimates pooled with the members' stratum shares as weights
+  (so it estimates what the AUC against label-matched non-members estimates, without drawing a
+  matched subset), as van Elteren (1960, "On the combination of independent two-sample tests of
+  Wilcoxon") combines within-stratum Wilcoxon statistics; strata are independent, so the variance
+  is the weighted sum of the strata's DeLong variances (a stratified DeLong), floored at the sum
+  of their Hanley–McNeil variances at the pooled estimate (at 0.5: the exact permutation variance
+  of the stratified statistic). The interval is the hull of two: DeLong's on the logit scale as
+  above, and the score interval of the Hanley–McNeil variance, {θ : |AUC − θ| ≤ z·sd_HM(θ)}, its
+  variance at each candidate θ (as Wilson's interval for a proportion; Newcombe 2006, "Confidence
+  intervals for an effect size measure based on the Mann–Whitney statistic. Part 2", method 5, for
+  one stratum). The floor cannot be applied at the estimate on the logit scale: a variance that
+  vanishes like 1 − AUC meets a logit slope growing like 1 / (1 − AUC), and the lower bound of a
+  perfectly separated forget set then *falls* as the estimate nears 1.
 - the difference of two AUCs: DeLong et al.'s (1988) covariance of the two estimates — paired
   when both are computed on the same members and non-members (two models, same samples), the
   sum of the variances when the samples are independent; Wald interval on the difference.
@@ -247,6 +261,89 @@ def auc_interval(member_scores: np.ndarray, nonmember_scores: np.ndarray, *,
     return float(expit(center - half_width)), float(expit(center + half_width))
 
 
+Stratum = tuple[float, np.ndarray, np.ndarray]  # (weight, member placements, non-member placements)
+STRATIFIED_AUC_METHOD = "stratified-delong-logit"
+
+
+def _strata(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
+            nonmember_strata: np.ndarray) -> list[Stratum]:
+    """Per stratum holding members and non-members: the members' share of all such members and the
+    within-stratum placements. Members of a stratum without non-members are left out (nothing to
+    compare them with)."""
+    members, nonmembers = np.asarray(member_scores, dtype=np.float64), np.asarray(nonmember_scores, dtype=np.float64)
+    member_strata, nonmember_strata = np.asarray(member_strata), np.asarray(nonmember_strata)
+    if member_strata.shape != members.shape or nonmember_strata.shape != nonmembers.shape:
+        raise ValueError(f"one stratum per score: members {members.shape} vs {member_strata.shape}, "
+                         f"non-members {nonmembers.shape} vs {nonmember_strata.shape}")
+    shared = [key for key in np.unique(member_strata) if (nonmember_strata == key).any()]
+    if not shared:
+        raise ValueError("a stratified AUC needs a stratum with at least one member and one non-member")
+    used = sum(int((member_strata == key).sum()) for key in shared)
+    return [(float((member_strata == key).sum()) / used,
+             *_placements(members[member_strata == key], nonmembers[nonmember_strata == key])) for key in shared]
+
+
+def stratified_counts(member_strata: np.ndarray, nonmember_strata: np.ndarray) -> tuple[int, int]:
+    """Members and non-members a stratified AUC compares: those in strata that hold both."""
+    member_strata, nonmember_strata = np.asarray(member_strata), np.asarray(nonmember_strata)
+    shared = np.intersect1d(member_strata, nonmember_strata)
+    return int(np.isin(member_strata, shared).sum()), int(np.isin(nonmember_strata, shared).sum())
+
+
+def stratified_auc(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
+                   nonmember_strata: np.ndarray) -> float:
+    """Σ_s w_s AUC_s, AUC_s the AUC of stratum s's members against its non-members only and w_s its
+    share of the members (see the module docstring): a label mix cannot move it."""
+    return float(sum(weight * placements.mean()
+                     for weight, placements, _ in _strata(member_scores, member_strata, nonmember_scores,
+                                                          nonmember_strata)))
+
+
+def _score_bound(estimate: float, variance_at: Callable[[np.ndarray], np.ndarray], z: float, direction: int) -> float:
+    """The bound nearest ``estimate`` in ``direction`` (−1 lower, +1 upper) of {θ : |estimate − θ| ≤
+    z · sd(θ)}: a grid walk outward from the estimate, then bisection between the last θ inside and
+    the first outside (0 or 1 when none is outside)."""
+    def outside(theta: np.ndarray) -> np.ndarray:
+        return np.abs(estimate - theta) > z * np.sqrt(variance_at(theta))
+
+    end = 0.0 if direction < 0 else 1.0
+    grid = np.linspace(estimate, end, 1001)
+    first = np.flatnonzero(outside(grid))
+    if len(first) == 0:
+        return end
+    inside, out = grid[first[0] - 1], grid[first[0]]
+    for _ in range(40):
+        middle = (inside + out) / 2
+        inside, out = (inside, middle) if outside(np.array([middle]))[0] else (middle, out)
+    return float((inside + out) / 2)
+
+
+def stratified_auc_interval(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
+                            nonmember_strata: np.ndarray, *, confidence: float = 0.95) -> Bounds:
+    """Two-sided interval for ``stratified_auc``: the hull of the stratified DeLong-logit interval
+    and the score interval of the strata's Hanley–McNeil variances (module docstring).
+    ``confidence`` (default 0.95)."""
+    strata = _strata(member_scores, member_strata, nonmember_scores, nonmember_strata)
+    weights = np.array([weight for weight, _, _ in strata])
+    m = np.array([len(members) for _, members, _ in strata])
+    n = np.array([len(nonmembers) for _, _, nonmembers in strata])
+    estimate = float(sum(weight * members.mean() for weight, members, _ in strata))
+    delong = sum(weight ** 2 * (_component_variance(members) + _component_variance(nonmembers))
+                 for weight, members, nonmembers in strata)
+
+    def hanley_mcneil(theta: np.ndarray) -> np.ndarray:
+        theta = np.asarray(theta)[..., None]
+        return (weights ** 2 * theta * (1 - theta) / (m * n) * (
+            1 + (m - 1) * (1 - theta) / (2 - theta) + (n - 1) * theta / (1 + theta))).sum(axis=-1)
+
+    z = _z(confidence)
+    half_pair = 0.5 / float((m * n).sum())  # keeps the logit finite
+    shrunk = min(max(estimate, half_pair), 1 - half_pair)
+    half_width = z * math.sqrt(delong) / (shrunk * (1 - shrunk))
+    return (min(float(expit(logit(shrunk) - half_width)), _score_bound(estimate, hanley_mcneil, z, -1)),
+            max(float(expit(logit(shrunk) + half_width)), _score_bound(estimate, hanley_mcneil, z, +1)))
+
+
 def auc_difference(member_scores_a: np.ndarray, nonmember_scores_a: np.ndarray,
                    member_scores_b: np.ndarray, nonmember_scores_b: np.ndarray) -> float:
     """AUC_a − AUC_b."""
@@ -339,6 +436,18 @@ def check_auc(name: str, member_scores: np.ndarray, nonmember_scores: np.ndarray
                          lambda level: auc_interval(member_scores, nonmember_scores, confidence=level),
                          limit, n=len(member_scores) + len(nonmember_scores), method=AUC_METHOD,
                          alpha=alpha)
+
+
+def check_stratified_auc(name: str, member_scores: np.ndarray, member_strata: np.ndarray,
+                         nonmember_scores: np.ndarray, nonmember_strata: np.ndarray, limit: float, *,
+                         alpha: float = DEFAULT_ALPHA) -> Check:
+    """"stratified AUC ≤ limit" (``stratified_auc``; e.g. a membership audit per label). ``n``
+    counts the members and non-members in strata holding both. ``alpha`` (default 0.05)."""
+    args = (member_scores, member_strata, nonmember_scores, nonmember_strata)
+    return judge_at_most(name, stratified_auc(*args),
+                         lambda level: stratified_auc_interval(*args, confidence=level),
+                         limit, n=sum(stratified_counts(member_strata, nonmember_strata)),
+                         method=STRATIFIED_AUC_METHOD, alpha=alpha)
 
 
 def check_proportion_gap(name: str, successes_a: int, n_a: int, successes_b: int, n_b: int,
