@@ -13,6 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.runner import Runner
 
+import flows.process as process
 from cli import main
 from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
@@ -142,3 +143,32 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     status = run("status", "--scenario", SCENARIO)
     assert "no pending requests" in status and f"| {ingested} | exact |" in status
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
+
+
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, prefect_server, run,
+                                                                        monkeypatch):
+    """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
+    (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
+    registry — fails the audit at every attempt and the batch ends on the exact retrain."""
+    from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
+    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.unlearning.base import Outcome
+    from memorising import SCENARIO as CANARIES, canary_request_ids, train_memorising_workspace
+
+    def no_op(setup, state, method, source_test_acc, options):
+        return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
+                                                                     claimed=EMPIRICAL_ONLY)
+
+    monkeypatch.setattr(process, "unlearn_in_gpu_slot", no_op)
+    train_memorising_workspace(workspace)
+    run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
+
+    run("process", "--scenario", CANARIES)
+
+    [receipt] = read_receipts(workspace, CANARIES)
+    *refused, chosen = receipt.attempts
+    assert refused and all(a.gates.interim is False and "forget_audit fails" in a.gates.held_back for a in refused)
+    assert chosen.method == "retrain" and receipt.forgetting == "exact"
+    source_checks = {c.name: c.verdict for c in receipt.source_gates.checks}
+    assert source_checks["forget_audit"] == "fail"  # the source model's own audit: not forgotten
+    assert Registry(workspace).by_alias(CANARIES, "current").tags["role"] == "retrained"
