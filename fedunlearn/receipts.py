@@ -135,7 +135,7 @@ class Receipt(BaseModel):
             f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; "
             + (f"gates ({self.gates.policy}) **{self.gates.verdict}**" if self.gates else "not gated")
             + f": {promotion}.",
-            *filter(None, [self.chain(), self.tier_line()]),
+            *filter(None, [self.chain(), self.tier_line(), self.source_line()]),
             markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
             markdown_table(checks, ("gate", "value", "interval", "n", "limit", "result")), self.erasure_line()])
 
@@ -154,6 +154,14 @@ class Receipt(BaseModel):
         when = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
         return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}. "
                 f"Not measurable: {unmeasured}.")
+
+    def source_line(self) -> str:
+        """The source model (no unlearning) judged by the same checks: what the checks could measure."""
+        if self.source_gates is None:
+            return ""
+        checks = ", ".join(f"{c.name} {c.verdict}" + (f" ({c.value:.3g})" if isinstance(c.value, float) else "")
+                           for c in self.source_gates.checks if c.name != "certificate")
+        return f"Source model v{self.models['source'].version} (no unlearning), same checks: {checks}."
 
     def chain(self) -> str:
         """The escalation in one line: every attempt and how its gates ended."""

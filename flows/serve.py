@@ -4,7 +4,9 @@ flows on demand or weekly.
     process-deletions/deletion-batches   event triggers (below) + cron (default daily 02:00 UTC),
                                          one run at a time
     submit-deletion-requests/form        requests from the Prefect UI into the inbox
-    repay-retrain-debt/weekly            exact retrain when approximate forgetting is owed
+    repay-retrain-debt/weekly            exact retrain when approximate forgetting is owed; each interim
+                                         batch also schedules a run of it at the latest safe time
+                                         before its requests' deadlines (tasks.debt.schedule_repayment)
     train-audit-references/on-demand     the per-example audit's reference models
     retrain-reference/on-demand          the gold standard of the current data version
     train-federated/on-demand            a new original model
