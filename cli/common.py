@@ -18,6 +18,18 @@ def prepare_flow_run() -> None:
     install()
 
 
+def require_data_for_requests(root, scenario: str, command: str) -> None:
+    """Before a flow starts: requests waiting in the inbox are checked against the scenario's data,
+    so a workspace initialised but never prepared is told to run `fedunlearn prepare` (exit 2)
+    instead of failing inside the flow. With an empty inbox the command is a no-op and needs none."""
+    from fedunlearn.data.store import require_prepared
+    from fedunlearn.requests.folders import RequestFolders
+
+    inbox = RequestFolders(root).inbox
+    if inbox.is_dir() and any(inbox.iterdir()):
+        require_prepared(scenario, root, f"`fedunlearn --root {root} {command} --scenario {scenario}`")
+
+
 def erasure_line(report: dict) -> str:
     unverifiable = len(report["not_verifiable"])
     caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
