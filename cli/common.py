@@ -19,14 +19,18 @@ def prepare_flow_run() -> None:
 
 
 def require_data_for_requests(root, scenario: str, command: str) -> None:
-    """Before a flow starts: requests waiting in the inbox are checked against the scenario's data,
-    so a workspace initialised but never prepared is told to run `fedunlearn prepare` (exit 2)
-    instead of failing inside the flow. With an empty inbox the command is a no-op and needs none."""
-    from fedunlearn.data.store import require_prepared
+    """Before a flow starts: requests of ``scenario`` waiting in the inbox are checked against its
+    data, so a workspace initialised but never prepared is told to run `fedunlearn prepare` (exit 2)
+    instead of failing inside the flow. With none waiting the command needs no data."""
+    from fedunlearn.data.store import PARTITIONS_DIR, require_prepared
     from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import scan_inbox
 
-    inbox = RequestFolders(root).inbox
-    if inbox.is_dir() and any(inbox.iterdir()):
+    folders = RequestFolders(root)
+    if (root / PARTITIONS_DIR / scenario / "manifest.json").is_file() or not folders.inbox.is_dir():
+        return
+    # Unreadable files are quarantined and other scenarios' requests left waiting: neither needs the data.
+    if any(item.request is not None and item.request.scenario == scenario for item in scan_inbox(folders, scenario)):
         require_prepared(scenario, root, f"`fedunlearn --root {root} {command} --scenario {scenario}`")
 
 

@@ -46,8 +46,15 @@ def test_a_yaml_syntax_error_in_params_names_the_file_line_and_column_and_exits_
 
 
 def test_ingest_in_a_workspace_never_prepared_says_to_prepare_and_exits_2(workspace, capsys):
-    submit_request(RequestFolders.create(workspace),
-                   DeletionRequestModel(kind="sample", scenario=SCENARIO, sample_ids=["digits-00001"]))
+    from cli.common import require_data_for_requests
+
+    folders = RequestFolders.create(workspace)
+    submit_request(folders, DeletionRequestModel(kind="client", scenario="wine-vfl", client=0))
+    (folders.inbox / "broken.json").write_text("{")
+    require_data_for_requests(workspace, SCENARIO, "ingest")  # nothing of digits-hfl waits: no data needed
+    for path in folders.inbox.iterdir():
+        path.unlink()
+    submit_request(folders, DeletionRequestModel(kind="sample", scenario=SCENARIO, sample_ids=["digits-00001"]))
     for command in ("ingest", "process"):
         assert run(workspace, command, "--scenario", SCENARIO) == InputError.exit_code, command
         err = capsys.readouterr().err

@@ -109,18 +109,35 @@ class ReceiptFacts:
     data_version_after: str | None
 
 
+# Receipts read by this process, by path, with the size and modification time they were read at: a
+# warm process checks the ledger before every batch, and receipts are written once.
+_READ: dict[Path, tuple[tuple[int, int], ReceiptFacts | None]] = {}
+
+
 def receipt_facts(root: Path) -> list[ReceiptFacts]:
     """Every readable receipt of the workspace (any scenario)."""
     facts = []
     for path in sorted((Path(root) / RECEIPTS_DIR).glob("*.json")):
         try:
-            document = json.loads(path.read_bytes())
-            facts.append(ReceiptFacts(path, str(document["batch_id"]), document.get("scenario"),
-                                      tuple(str(r) for r in document.get("request_ids") or ()),
-                                      document.get("data_version_before"), document.get("data_version_after")))
-        except (ValueError, KeyError, TypeError):
-            continue  # a receipt that does not read back is the receipt's problem, not evidence either way
+            status = path.stat()
+        except FileNotFoundError:
+            continue
+        stamp = (status.st_size, status.st_mtime_ns)
+        if path not in _READ or _READ[path][0] != stamp:
+            _READ[path] = (stamp, _read_receipt(path))
+        if _READ[path][1] is not None:
+            facts.append(_READ[path][1])
     return facts
+
+
+def _read_receipt(path: Path) -> ReceiptFacts | None:
+    try:
+        document = json.loads(path.read_bytes())
+        return ReceiptFacts(path, str(document["batch_id"]), document.get("scenario"),
+                            tuple(str(r) for r in document.get("request_ids") or ()),
+                            document.get("data_version_before"), document.get("data_version_after"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a receipt that does not read back is the receipt's problem, not evidence either way
 
 
 def current_data_versions(root: Path) -> dict[str, str]:
@@ -158,8 +175,9 @@ def applied_elsewhere(folders: RequestFolders, present: set[str], present_batche
     for receipt in receipts:
         found += [AppliedElsewhere("receipt", receipt.path, r, receipt.batch_id, receipt.scenario)
                   for r in receipt.request_ids if r not in present]
-    versions = current_data_versions(root)
-    for record in records:
+    unmatched = [r for r in records if any(e.request_id not in present for e in r.requests)]
+    versions = current_data_versions(root) if unmatched else {}  # dvc.lock is parsed only when it can decide
+    for record in unmatched:
         if record.data_version_after and versions.get(record.scenario) == record.data_version_after:
             found += [AppliedElsewhere(f"data version {record.data_version_after}, the one after batch "
                                        f"{record.batch_id}, in", root / "dvc.lock", e.request_id, record.batch_id, record.scenario)
