@@ -19,6 +19,22 @@ def prepare_flow_run() -> None:
     install()
 
 
+def require_data_for_requests(root, scenario: str, command: str) -> None:
+    """Before a flow starts: requests of ``scenario`` waiting in the inbox are checked against its
+    data, so a workspace initialised but never prepared is told to run `fedunlearn prepare` (exit 2)
+    instead of failing inside the flow. With none waiting the command needs no data."""
+    from fedunlearn.data.store import PARTITIONS_DIR, require_prepared
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import scan_inbox
+
+    folders = RequestFolders(root)
+    if (root / PARTITIONS_DIR / scenario / "manifest.json").is_file() or not folders.inbox.is_dir():
+        return
+    # Unreadable files are quarantined and other scenarios' requests left waiting: neither needs the data.
+    if any(item.request is not None and item.request.scenario == scenario for item in scan_inbox(folders, scenario)):
+        require_prepared(scenario, root, f"`fedunlearn --root {root} {command} --scenario {scenario}`")
+
+
 def erasure_line(report: dict) -> str:
     unverifiable = len(report["not_verifiable"])
     caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""

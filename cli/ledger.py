@@ -13,13 +13,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                             description="The deletion ledger (data/ledger/ledger.jsonl) chains its entries by "
                                         "checksum; the batch records hold each batch's entries as written.")
     actions = ledger.add_subparsers(dest="action", required=True, metavar="ACTION")
-    verify = actions.add_parser("verify", help="check every entry's checksum and link, and that every journaled "
-                                               "append is in the ledger (exit status 4 when damaged)")
+    verify = actions.add_parser("verify", help="check every entry's checksum and link, that every journaled "
+                                               "append is in the ledger, that no processed request, receipt, data "
+                                               "version or registered batch shows a request applied that the ledger "
+                                               "lacks, and that every batch in the ledger has its record (exit "
+                                               "status 4 when damaged)")
     verify.set_defaults(handler=run_verify)
-    repair = actions.add_parser("repair", help="restore missing or changed entries from the batch records, drop a "
-                                               "torn last line of an append that never returned, rebuild damaged "
-                                               "batch records; the old ledger is kept as a backup")
+    repair = actions.add_parser("repair", help="restore missing or changed entries from the batch records (or, "
+                                               "when no record holds them, from the processed request files and "
+                                               "receipts), drop a torn last line of an append that never returned, "
+                                               "rebuild damaged or missing batch records; the old ledger is kept as "
+                                               "a backup")
     repair.set_defaults(handler=run_repair)
+
+
+def registry_batches(root: Path):
+    """The batch IDs the workspace's registry tags versions with, read when a check must decide
+    whether a torn line or a damaged record was applied (MLflow is imported only then)."""
+    def read() -> set[str]:
+        from tasks.registry import registered_batch_ids
+
+        return registered_batch_ids(root)
+
+    return read
 
 
 def run_verify(args: argparse.Namespace, root: Path) -> int:
@@ -28,7 +44,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.requests.integrity import check_ledger
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
-    check = check_ledger(RequestFolders.create(root), Ledger(root / LEDGER_PATH))
+    check = check_ledger(RequestFolders.create(root), Ledger(root / LEDGER_PATH), registry_batches(root))
     print("\n".join(check.lines()))
     return 0 if check.intact else StateDamaged.exit_code
 
@@ -36,17 +52,20 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
 def run_repair(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.config import load_params
     from fedunlearn.receipts import RECEIPTS_DIR, Receipt
+    from fedunlearn.requests.catalog import source_resolver
     from fedunlearn.requests.folders import RequestFolders, batch_lock
     from fedunlearn.requests.integrity import repair_ledger
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
     folders = RequestFolders.create(root)
-    datasets = {name: cfg.dataset for name, cfg in load_params(root / "params.yaml").scenarios.items()}
+    params = load_params(root / "params.yaml")
+    datasets = {name: cfg.dataset for name, cfg in params.scenarios.items()}
     receipts = {}
     for path in sorted((root / RECEIPTS_DIR).glob("*.json")):
         receipt = Receipt.model_validate_json(path.read_text())
         receipts[receipt.batch_id] = (receipt.data_version_before, receipt.data_version_after)
     with batch_lock(folders, rerun="fedunlearn ledger repair"):
-        report = repair_ledger(folders, Ledger(root / LEDGER_PATH), datasets, receipts)
+        report = repair_ledger(folders, Ledger(root / LEDGER_PATH), datasets, receipts, source_resolver(params),
+                               registry_batches(root))
     print("\n".join(report.lines()))
     return run_verify(args, root)

@@ -9,7 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from cli.common import DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary
+from cli.common import (DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary,
+                        require_data_for_requests)
 from fedunlearn.device import DEVICE_CHOICES
 
 
@@ -79,6 +80,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     from tasks.workspace import init_workspace
 
     init_workspace(root)
+    require_data_for_requests(root, args.scenario, "process")
     prepare_flow_run()
     preload.in_background(*preload.BATCH_LIBRARIES)  # while the ephemeral Prefect server starts
     result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,

@@ -99,11 +99,12 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:
-    from cli.common import erasure_status, prepare_flow_run, print_summary
+    from cli.common import erasure_status, prepare_flow_run, print_summary, require_data_for_requests
     from flows.ingest import ingest_deletions
     from tasks.workspace import init_workspace
 
     init_workspace(root)
+    require_data_for_requests(root, args.scenario, "ingest")
     prepare_flow_run()
     result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
     print_summary(result)

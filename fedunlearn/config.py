@@ -11,6 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedunlearn.errors import InputError
+
 Setting = Literal["hfl", "vfl", "dfl"]
 
 
@@ -185,8 +187,27 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if text not in _PARSED:
         if len(_PARSED) >= 16:  # many workspaces or edits (tests): start over
             _PARSED.clear()
-        _PARSED[text] = yaml.safe_load(text) or {}
+        _PARSED[text] = _parse_yaml(path, text)
     try:
         return Params.model_validate(copy.deepcopy(_PARSED[text]))
     except ValidationError as err:
-        raise ValueError(f"{path} is invalid:\n{err}") from err
+        raise InputError(f"{path} is invalid:\n{err}\nFix these fields in {path} and run the command again") from err
+
+
+def _parse_yaml(path: Path, text: bytes) -> Any:
+    """The YAML document, or ``InputError`` naming the file, the line and column, and the problem
+    (YAML's own message names only ``<byte string>``)."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown place"
+        problem = " ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None))
+                           if part) or str(err)
+        raise InputError(f"{path} is not valid YAML at {where}: {problem}. Fix the syntax there (indentation, a "
+                         "missing ':' or closing quote or bracket; compare with the project's params.yaml) and run "
+                         "the command again; nothing was changed") from None
+    if document is not None and not isinstance(document, dict):
+        raise InputError(f"{path} must be a YAML mapping (keys such as `seed:`, `datasets:`, `scenarios:`), not a "
+                         f"{type(document).__name__}: fix the file and run the command again")
+    return document or {}

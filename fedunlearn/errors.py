@@ -6,7 +6,8 @@ The CLI prints ``error: <message>`` and exits with the class's ``exit_code``:
     1  BatchFailed        a step of a journaled batch failed; running the same command again resumes it
     2  InputError         bad input or configuration (a request, a flag, params.yaml); nothing was changed
     3  BatchInProgress    another deletion batch holds the workspace's lock; its requests wait
-    4  StateDamaged       a store does not read back as written (ledger, batch record, model artifact)
+    4  StateDamaged       a store does not read back as written (ledger, batch record, model artifact); the
+                          message says what the batch already changed (nothing, or the data but not the model)
     5  BatchCannotSucceed the batch can never produce a model (e.g. it deletes every training sample)
     6  ErasureNotVerified the deleted rows' bytes are still in a store that the scan covers
     7  NoSpace            no space left on device; free space and run the same command again to resume
@@ -42,6 +43,11 @@ class InputError(FedunlearnError, ValueError):
     exit_code = 2
 
 
+class DataNotPrepared(InputError, FileNotFoundError):
+    """A scenario's data was never prepared in this workspace (also a ``FileNotFoundError``, as the
+    missing partition was reported before)."""
+
+
 class BatchInProgress(FedunlearnError):
     """Another deletion batch holds the lock."""
 
@@ -49,7 +55,8 @@ class BatchInProgress(FedunlearnError):
 
 
 class StateDamaged(FedunlearnError):
-    """A store does not read back as it was written; nothing was changed."""
+    """A store does not read back as it was written. Nothing was changed by the command, unless the
+    message says what a batch had applied before the failure (its data, not yet its model)."""
 
     exit_code = 4
 

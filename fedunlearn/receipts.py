@@ -21,10 +21,9 @@ from fedunlearn.benchmark.report import markdown_table
 from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.evaluation.records import VERSION_METRICS
-from fedunlearn.requests.folders import write_text_atomic
+from fedunlearn.requests.folders import RECEIPTS_DIR, write_text_atomic
 from fedunlearn.requests.model import utc_now
 
-RECEIPTS_DIR = Path("data/receipts")
 UNLEARNED = "unlearned"  # an unlearned version was registered (promoted or not: see the gates)
 NO_MODEL = "no model"  # the batch left nothing to train on: alias current removed, nothing serves
 

@@ -49,7 +49,7 @@ from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
-from fedunlearn.requests.batch import BatchRecord, load_records, record_path
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
 from fedunlearn.unlearning import available_methods
@@ -110,7 +110,7 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
     except FedunlearnError as err:
         meaning = next(c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
                        if isinstance(err, c))
-        raise meaning(f"{where}: {err}") from err
+        raise meaning(f"{where}: {err}{batch_state(record)}") from err
     except Exception as err:
         if is_no_space(err):
             path = no_space_path(err) or record.scenario
@@ -118,6 +118,18 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
                           "again: the batch resumes where it stopped") from err
         raise BatchFailed(f"{where}: {err}; re-run {rerun} to resume — the ledger is exactly-once and the batch "
                           "continues from the data version before it") from err
+
+
+def batch_state(record: BatchRecord) -> str:
+    """What a failure after the ingest steps leaves behind, said plainly: the deletion is applied to
+    the data (an error's "nothing was changed" would be untrue), the model step is not done."""
+    if record.status is not BatchStatus.COMPLETE:
+        return ""
+    return (f". State of batch {record.batch_id}: its {len(record.requests)} request(s) ARE applied to the data "
+            f"(ledger entries written, data version {record.data_version_before} -> {record.data_version_after}, "
+            "request files in processed/); the model step did not finish and no receipt is written, so the batch "
+            f"stays owed: once the cause is fixed, `fedunlearn process --scenario {record.scenario}` resumes it "
+            "from the model step")
 
 
 @flow(name="process-deletions", log_prints=True)

@@ -76,6 +76,15 @@ def tracking_uri(root: Path) -> str:
     return configured or f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}"
 
 
+def registered_batch_ids(root: Path) -> set[str]:
+    """``Registry.batch_ids`` of the workspace at ``root``, without a store directory when none exists
+    yet (a workspace never trained has registered nothing)."""
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return set()
+    return Registry(root).batch_ids()
+
+
 def is_tracking_server(uri: str) -> bool:
     """An MLflow tracking server (it keeps the runs, the registry and, proxied, the artifacts) rather
     than a database or file store this process writes itself."""
@@ -169,6 +178,11 @@ class Registry:
         self.uri = tracking_uri(self.root)
         self.server = is_tracking_server(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+
+    def batch_ids(self) -> set[str]:
+        """The ``batch_id`` tags of every registered version: the batches a model was unlearned or
+        retrained for, which the ledger checks take as evidence that a batch was applied."""
+        return {v.tags["batch_id"] for v in self.client.search_model_versions("") if v.tags.get("batch_id")}
 
     # --- runs ---------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, sca
 from fedunlearn.requests.integrity import ensure_intact
 from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
 from tasks import durable, stores, workspace
+from tasks.registry import registered_batch_ids
 from tasks.workspace import Workspace
 from tasks.validation import ValidationFailed, _validate
 
@@ -168,7 +169,7 @@ def recover_interrupted_batches(ws: Workspace) -> list[BatchRecord]:
     """Batches a crash left unfinished (to resume), once the ledger is checked against the batch
     journals: a torn tail only an unfinished append can have left is dropped, anything else stops
     the run (``LedgerDamaged``) before a deletion could be undone."""
-    warning = ensure_intact(ws.folders, ws.ledger)
+    warning = ensure_intact(ws.folders, ws.ledger, lambda: registered_batch_ids(ws.root))  # asked only if it decides
     if warning:
         get_run_logger().warning(warning)
     return [record for record in load_records(ws.folders) if record.status is not BatchStatus.COMPLETE]

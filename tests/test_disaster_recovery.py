@@ -182,6 +182,7 @@ def test_the_state_snapshot_is_pushed_once_never_over_a_newer_remote_and_taken_o
     import tarfile
 
     from fedunlearn.errors import StateDamaged
+    from fedunlearn.requests.batch import BatchRecord, BatchStatus
     from fedunlearn.requests.ledger import LedgerEntry
     from tasks.workspace import init_workspace, reproduce
 
@@ -193,13 +194,16 @@ def test_the_state_snapshot_is_pushed_once_never_over_a_newer_remote_and_taken_o
     run_dvc(workspace, ["remote", "add", "-d", "storage", str(remote)])
     assert durable.push_state(workspace) is None and not durable.stale(workspace)  # no data version yet
     version = reproduce(workspace, SCENARIO)
-    Ledger(workspace / LEDGER_PATH).append([entry("r1")])
+    appended = Ledger(workspace / LEDGER_PATH).append([entry("r1")])
+    BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.COMPLETE, requests=appended,
+                ledger_appended=["r1"]).save(RequestFolders.create(workspace))  # an entry's batch has its record
     assert durable.stale(workspace)
     name = durable.push_state(workspace)
     assert name and not durable.stale(workspace) and durable.push_state(workspace) is None
     assert (remote / "files" / "md5" / version[:2] / f"{version[2:]}.dir").is_file()
     files = durable.read_snapshot((remote / STATE_DIR / name).read_bytes())
-    assert set(files) == {"params.yaml", "dvc.yaml", "dvc.lock", ".dvc/config", LEDGER_PATH.as_posix()}
+    assert set(files) == {"params.yaml", "dvc.yaml", "dvc.lock", ".dvc/config", LEDGER_PATH.as_posix(),
+                          "data/deletion_requests/batches/b1.json"}
     assert files[LEDGER_PATH.as_posix()] == (workspace / LEDGER_PATH).read_bytes()
 
     # A workspace whose ledger does not extend the remote's would drop r1 there: it is refused.

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fedunlearn.errors import InputError
+
 BUILTIN_DATASETS = ("mnist5k", "digits", "breast_cancer", "wine")
 USER_SOURCES = ("csv", "image_folder", "torchvision")
 TORCHVISION_DATASETS = ("MNIST", "FashionMNIST", "CIFAR10")
@@ -96,7 +98,10 @@ def _load_sklearn_tabular(name: str) -> Dataset:
 
 def load_csv(name: str, path: str | Path, label_column: str = "label",
              id_column: str | None = None) -> Dataset:
-    """A CSV with numeric feature columns and a label column (labels may be strings)."""
+    """A CSV with numeric feature columns and a label column (labels may be strings). A row without
+    an ID or a label, a feature that is not a finite number, and an ID given twice are refused
+    (``InputError``) naming the file, the lines and the column: each would silently change which
+    sample a deletion request names."""
     import pandas as pd
 
     path = Path(path)
@@ -104,19 +109,56 @@ def load_csv(name: str, path: str | Path, label_column: str = "label",
         raise FileNotFoundError(f"CSV file not found: {path} (set datasets.{name}.path in params.yaml)")
     frame = pd.read_csv(path)
     if label_column not in frame.columns:
-        raise ValueError(f"{path}: no label column {label_column!r}; columns are {list(frame.columns)}")
+        raise InputError(f"{path}: no label column {label_column!r}; columns are {list(frame.columns)} (set "
+                         f"datasets.{name}.label_column in params.yaml)")
     if id_column is not None and id_column not in frame.columns:
-        raise ValueError(f"{path}: no ID column {id_column!r}; columns are {list(frame.columns)}")
+        raise InputError(f"{path}: no ID column {id_column!r}; columns are {list(frame.columns)} (set "
+                         f"datasets.{name}.id_column in params.yaml)")
+    feature_frame = frame.drop(columns=[c for c in (label_column, id_column) if c is not None])
+    _refuse_gaps(path, frame, label_column, id_column, feature_frame)
     classes = sorted(frame[label_column].astype(str).unique().tolist())
     labels = frame[label_column].astype(str).map({c: i for i, c in enumerate(classes)}).to_numpy()
-    feature_frame = frame.drop(columns=[c for c in (label_column, id_column) if c is not None])
-    non_numeric = [c for c in feature_frame.columns if not np.issubdtype(feature_frame[c].dtype, np.number)]
-    if non_numeric:
-        raise ValueError(f"{path}: feature columns must be numeric; not numeric: {non_numeric}")
     ids = (np.array([f"{name}-{v}" for v in frame[id_column].astype(str)]) if id_column
            else _make_ids(name, len(frame)))
     return Dataset(name, feature_frame.to_numpy(dtype=np.float32), labels.astype(np.int64), ids,
                    "tabular", len(classes), classes)
+
+
+def _lines(index) -> str:
+    """File lines of data rows (the header is line 1), the first ten."""
+    numbers = [int(i) + 2 for i in index]
+    return ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+
+
+def _refuse_gaps(path: Path, frame, label_column: str, id_column: str | None, features) -> None:
+    """``InputError`` for the first kind of bad cell found, naming its lines and column."""
+    import pandas as pd
+
+    fix = "fix or remove those rows, then run `fedunlearn prepare` again"
+    for column, what in ((id_column, "ID"), (label_column, "label")):
+        if column is not None and frame[column].isna().any():
+            raise InputError(f"{path}: no {what} in column {column!r} on line(s) "
+                             f"{_lines(frame.index[frame[column].isna()])} (the header is line 1): every row needs "
+                             f"its {what}; {fix}")
+    if id_column is not None:
+        ids = frame[id_column].astype(str)
+        repeated = ids[ids.duplicated(keep=False)]
+        if not repeated.empty:
+            listing = "; ".join(f"{value!r} on lines {_lines(rows.index)}" for value, rows in
+                                list(repeated.groupby(repeated, sort=False))[:5])
+            raise InputError(f"{path}: column {id_column!r} repeats IDs ({listing}): each ID must name one sample, "
+                             f"or a deletion request would remove the wrong one; {fix}")
+    for column in features.columns:
+        values = pd.to_numeric(features[column], errors="coerce")
+        if not pd.api.types.is_numeric_dtype(features[column]):
+            bad = features.index[values.isna() & features[column].notna()]
+            raise InputError(f"{path}: feature column {column!r} is not numeric (line(s) {_lines(bad)}, e.g. "
+                             f"{features[column][bad[0]]!r}); feature columns must be numbers: {fix}, or name the "
+                             "column as the label or ID column in params.yaml")
+        bad = features.index[~np.isfinite(values.to_numpy(dtype=np.float64))]
+        if len(bad):
+            raise InputError(f"{path}: feature column {column!r} has no finite number on line(s) {_lines(bad)} "
+                             f"(empty, NaN or infinite); {fix}")
 
 
 def load_image_folder(name: str, root: str | Path, size: int = 28, grayscale: bool = True) -> Dataset:

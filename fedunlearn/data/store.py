@@ -21,6 +21,7 @@ from fedunlearn.config import Params, PartitionConfig
 from fedunlearn.data.datasets import Dataset, load_source
 from fedunlearn.data.partition import (assign_dirichlet, assign_iid, canary_labels, canary_mask, holdout_mask,
                                        slice_features, vertical_slices)
+from fedunlearn.errors import DataNotPrepared
 
 RAW_DIR = Path("data/raw")
 # How a canary's label was drawn (``partition.canary_labels``), recorded in the manifest.
@@ -222,11 +223,19 @@ class HorizontalPartition:
         return tuple(self.manifest["input_shape"])
 
 
-def read_manifest(scenario: str, root: Path) -> dict[str, Any]:
-    path = root / PARTITIONS_DIR / scenario / "manifest.json"
+def require_prepared(scenario: str, root: Path, command: str = "the same command") -> Path:
+    """The scenario's partition manifest; ``DataNotPrepared`` (exit 2) naming it and ``fedunlearn
+    prepare`` when the workspace was initialised but its data never prepared."""
+    path = Path(root) / PARTITIONS_DIR / scenario / "manifest.json"
     if not path.is_file():
-        raise FileNotFoundError(f"partition not found: {path}; run `fedunlearn prepare --scenario {scenario}`")
-    return json.loads(path.read_text())
+        raise DataNotPrepared(f"the data of {scenario} was never prepared in {Path(root)} (partition not found: "
+                              f"{path} is missing). Run `fedunlearn --root {Path(root)} prepare --scenario {scenario}` "
+                              f"first (`fedunlearn train` prepares it too), then {command} again")
+    return path
+
+
+def read_manifest(scenario: str, root: Path) -> dict[str, Any]:
+    return json.loads(require_prepared(scenario, root).read_text())
 
 
 def _read_split(directory: Path) -> ClientData:

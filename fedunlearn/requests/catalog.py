@@ -8,6 +8,7 @@ IDs grouped per client (HFL/DFL), held-out IDs, or plain shared IDs (VFL).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,3 +109,44 @@ def load_catalog(scenario: str, root: Path, deleted: set[str]) -> Catalog:
     catalog = Catalog(scenario, manifest["dataset"], manifest["setting"], int(manifest["num_classes"]), labels,
                       owners, set(test_ids), clients)
     return catalog.without(deleted)
+
+
+def source_catalog(scenario: str, params) -> Catalog:
+    """The scenario's catalog with no deletion applied, from the dataset's source, split as the
+    ``partition`` stage splits it: what a lost ledger entry's request is resolved against again.
+    The held-out split and the clients are per-sample hashes of the ID (``data.partition``), so a
+    sample belongs where it did in every data version. Only IDs and labels are kept: no row of a
+    deleted sample is written anywhere."""
+    from fedunlearn.data.datasets import load_source
+    from fedunlearn.data.partition import assign_dirichlet, assign_iid, holdout_mask
+
+    cfg = params.scenario(scenario)
+    data = load_source(cfg.dataset, params.datasets.get(cfg.dataset))
+    ids, labels, part = data.sample_ids, data.labels, cfg.partition
+    is_test = holdout_mask(ids, params.seed, part.test_fraction)
+    train_ids, train_labels = ids[~is_test], labels[~is_test]
+    owners: dict[str, int] = {}
+    clients: tuple[int, ...] = ()
+    if cfg.setting != "vfl":
+        assigned = (assign_iid(train_ids, part.num_clients, params.seed) if part.scheme == "iid" else
+                    assign_dirichlet(train_ids, train_labels, part.num_clients, part.alpha, params.seed,
+                                     data.num_classes))
+        owners = dict(zip(train_ids.tolist(), assigned.tolist()))
+        clients = tuple(range(part.num_clients))
+    return Catalog(scenario, cfg.dataset, cfg.setting, int(data.num_classes), dict(zip(ids.tolist(), labels.tolist())),
+                   owners, set(ids[is_test].tolist()), clients)
+
+
+def source_resolver(params) -> Callable[[DeletionRequestModel, set[str]], Resolution]:
+    """``resolve(request, deleted)``: the request resolved against its scenario's source data without
+    ``deleted`` (the IDs the other ledger entries delete); each scenario's source is read once."""
+    catalogs: dict[str, Catalog] = {}
+
+    def resolve(request: DeletionRequestModel, deleted: set[str]) -> Resolution:
+        if request.scenario not in params.scenarios:
+            return Resolution(problem=f"scenario {request.scenario!r} is not in params.yaml")
+        if request.scenario not in catalogs:
+            catalogs[request.scenario] = source_catalog(request.scenario, params)
+        return catalogs[request.scenario].without(deleted).resolve(request)
+
+    return resolve

@@ -26,6 +26,7 @@ from filelock import FileLock, Timeout
 from fedunlearn.errors import BatchInProgress
 
 REQUESTS_DIR = Path("data/deletion_requests")
+RECEIPTS_DIR = Path("data/receipts")  # fedunlearn.receipts: here, so that the ledger checks can read them
 LOCK_TIMEOUT_S = 60.0
 
 

@@ -95,7 +95,8 @@ class LedgerProblem:
 
     def __str__(self) -> str:
         who = f" (request {self.request_id})" if self.request_id else ""
-        return f"line {self.line}{who}: {self.kind}: {self.detail}"
+        where = f"line {self.line}{who}" if self.line else (f"request {self.request_id}" if self.request_id else "")
+        return f"{where + ': ' if where else ''}{self.kind}: {self.detail}"
 
 
 @dataclass
@@ -248,11 +249,16 @@ class Ledger:
 
 def _request_id_in(raw: bytes) -> str | None:
     """The request ID a damaged line still shows, if it got that far."""
+    return field_in(raw, "request_id")
+
+
+def field_in(raw: bytes, key: str) -> str | None:
+    """The string value of ``key`` that a damaged line still shows whole, if it got that far."""
     text = raw.decode("utf-8", errors="replace")
-    start = text.find('"request_id"')
+    start = text.find(f'"{key}"')
     if start < 0:
         return None
-    rest = text[start + len('"request_id"'):].lstrip(" :")
+    rest = text[start + len(key) + 2:].lstrip(" :")
     if not rest.startswith('"'):
         return None
     end = rest.find('"', 1)
@@ -268,7 +274,7 @@ class LedgerDamaged(StateDamaged):
         super().__init__(f"the deletion ledger {path} is damaged ({listing}){detail}. Nothing was changed: a damaged "
                          "ledger could bring deleted samples back. Run `fedunlearn ledger verify` for the details and "
                          "`fedunlearn ledger repair` to restore the entries from the batch records "
-                         "(data/deletion_requests/batches/)")
+                         "(data/deletion_requests/batches/), the receipts and the processed request files")
 
 
 def read_deleted_ids(path: Path) -> set[str]:

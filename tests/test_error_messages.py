@@ -1,0 +1,123 @@
+"""Issue 26, item 5: every message names what failed and what to run; bad input exits 2 without a
+traceback. A YAML syntax error in params.yaml, `ingest` in a workspace never prepared, a batch whose
+model step fails after its deletion is applied (the message says the data IS changed), and a CSV
+dataset with a missing ID or label, a cell that is not a finite number, or an ID given twice."""
+
+import re
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from cli import main
+from fedunlearn.config import load_params
+from fedunlearn.data.datasets import load_csv, load_source
+from fedunlearn.data.store import read_manifest
+from fedunlearn.errors import InputError, StateDamaged
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
+from fedunlearn.requests.folders import RequestFolders
+from fedunlearn.requests.inbox import submit_request
+from fedunlearn.requests.ledger import LedgerEntry
+from fedunlearn.requests.model import DeletionRequestModel
+
+SCENARIO = "digits-hfl"
+
+
+def run(root, *args: str) -> int:
+    return main(["--root", str(root), *args])
+
+
+def test_a_yaml_syntax_error_in_params_names_the_file_line_and_column_and_exits_2(workspace, capsys):
+    params = workspace / "params.yaml"
+    lines = params.read_text().splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith("scenarios:"))
+    lines.insert(at + 1, "  broken: [1, 2")  # an unclosed bracket
+    params.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"{params} is not valid YAML at line \d+, column \d+: .*Fix the syntax"):
+        load_params(params)
+    assert run(workspace, "prepare", "--scenario", SCENARIO) == InputError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(params) in err and "line " in err and "Traceback" not in err
+    assert "<byte string>" not in err
+
+    params.write_text("- just\n- a list\n")
+    with pytest.raises(InputError, match="must be a YAML mapping"):
+        load_params(params)
+
+
+def test_ingest_in_a_workspace_never_prepared_says_to_prepare_and_exits_2(workspace, capsys):
+    from cli.common import require_data_for_requests
+
+    folders = RequestFolders.create(workspace)
+    submit_request(folders, DeletionRequestModel(kind="client", scenario="wine-vfl", client=0))
+    (folders.inbox / "broken.json").write_text("{")
+    require_data_for_requests(workspace, SCENARIO, "ingest")  # nothing of digits-hfl waits: no data needed
+    for path in folders.inbox.iterdir():
+        path.unlink()
+    submit_request(folders, DeletionRequestModel(kind="sample", scenario=SCENARIO, sample_ids=["digits-00001"]))
+    for command in ("ingest", "process"):
+        assert run(workspace, command, "--scenario", SCENARIO) == InputError.exit_code, command
+        err = capsys.readouterr().err
+        assert "never prepared" in err and "manifest.json" in err and "Traceback" not in err
+        assert f"fedunlearn --root {workspace} prepare --scenario {SCENARIO}` first" in err
+        assert f"{command} --scenario {SCENARIO}` again" in err
+    with pytest.raises(FileNotFoundError, match="never prepared"):  # still what callers catch
+        read_manifest(SCENARIO, workspace)
+    assert len(list(RequestFolders(workspace).inbox.iterdir())) == 1  # the request waits
+
+
+def test_a_model_step_failing_after_the_deletion_says_the_data_is_changed_and_how_to_resume():
+    from flows.process import stage
+    from tasks.registry import ModelArtifactMissing
+
+    entry = LedgerEntry(request_id="r1", batch_id="b1", scenario=SCENARIO, kind="sample", sample_ids=["x"])
+    record = BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.COMPLETE,
+                         requests=[entry], completed_at=datetime.now(timezone.utc),
+                         data_versions={SCENARIO: VersionChange(before="v-before", after="v-after")})
+    missing = ModelArtifactMissing("digits-hfl v3: its weights cannot be read. Restore the artifact, or register a "
+                                   "new model with `fedunlearn retrain --scenario digits-hfl`")
+    with pytest.raises(StateDamaged) as raised:
+        with stage(record, "unlearn and register"):
+            raise missing
+    message = str(raised.value)
+    assert raised.value.exit_code == 4 and "failed at unlearn and register" in message and "Restore the artifact" in message
+    assert "ARE applied to the data" in message and "v-before -> v-after" in message
+    assert f"`fedunlearn process --scenario {SCENARIO}` resumes it" in message
+
+    with pytest.raises(StateDamaged) as raised:  # before the ledger append nothing was applied: nothing said
+        with stage(record.model_copy(update={"status": BatchStatus.FORMED}), "ingest"):
+            raise missing
+    assert "applied to the data" not in str(raised.value)
+
+
+@pytest.mark.parametrize("rows, column, lines, problem", [
+    ("7,30,yes\n,41,no\n11,22,yes\n", "pid", "3", "no ID"),
+    ("7,30,yes\n9,41,\n11,22,yes\n", "label", "3", "no label"),
+    ("7,30,yes\n9,,no\n11,inf,yes\n", "age", "3, 4", "no finite number"),
+    ("7,30,yes\n9,41,no\n7,22,yes\n9,1,no\n", "pid", "2, 4", "repeats IDs"),
+    ("7,30,yes\n9,old,no\n", "age", "3", "not numeric"),
+])
+def test_a_csv_with_a_gap_or_a_repeated_id_is_refused_naming_the_lines_and_column(tmp_path, rows, column, lines,
+                                                                                  problem):
+    path = tmp_path / "people.csv"
+    path.write_text("pid,age,label\n" + rows)
+    with pytest.raises(InputError) as raised:
+        load_csv("people", path, id_column="pid")
+    message = str(raised.value)
+    assert str(path) in message and repr(column) in message and problem in message, message
+    assert re.search(rf"lines?(\(s\))? {lines}\b", message) and "fedunlearn prepare" in message, message
+
+
+def test_a_bad_csv_stops_prepare_with_exit_2(workspace, tmp_path, capsys):
+    csv = tmp_path / "people.csv"
+    csv.write_text("pid,age,label\n7,30,yes\n,41,no\n")
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["datasets"] = {"people": {"source": "csv", "path": str(csv), "id_column": "pid"}}
+    params["prepare"] = [*params["prepare"], "people"]
+    params["scenarios"]["people-hfl"] = {"dataset": "people", "setting": "hfl", "model": "mlp"}
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
+    assert run(workspace, "prepare", "--scenario", "people-hfl") == InputError.exit_code
+    err = capsys.readouterr().err
+    assert str(csv) in err and "'pid'" in err and "line(s) 3" in err and "Traceback" not in err
+    with pytest.raises(InputError):
+        load_source("people", params["datasets"]["people"])
