@@ -139,13 +139,12 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                       escalation: list[Attempt] | None = None, device: str | None = None,
                       forgetting_policy: ForgettingPolicy | None = None) -> dict:
     """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
-    the Prefect UI) are written to the inbox first. ``method`` ``auto`` picks the setting's default;
-    ``escalation`` the attempts in order (default: the method, the method stronger, another method,
-    exact retrain); ``retrain_reference`` also retrains the gold standard on the new data version
-    first, which the gates then compare with. ``forgetting_policy`` (default: params.yaml's):
-    ``interim`` serves the first attempt that fails no check and keeps utility, and schedules the
-    exact retrain before the requests' deadlines; ``strict`` escalates until an attempt passes every
-    check. With nothing pending the run changes nothing."""
+    the Prefect UI) go to the inbox first. ``method`` ``auto`` is the setting's default; ``escalation``
+    the attempts in order (default: the method, stronger, another method, exact retrain);
+    ``retrain_reference`` retrains the gold standard on the new data version first, for the gates.
+    ``forgetting_policy`` (default params.yaml's): ``interim`` serves the first attempt that fails no
+    check and keeps utility and schedules the exact retrain before the deadlines; ``strict``
+    escalates until an attempt passes every check. With nothing pending nothing changes."""
     clock = FlowClock()
     ws = Workspace.open(root)
     cfg = ws.scenario(scenario)
@@ -189,22 +188,30 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         clock.stage("debt-and-status")
     print(receipt.markdown())
     timings = {**clock.split(), "warm_start": started_warm()}
-    # In the flow run's log too: a served run (no CLI to print it) shows where its time went.
+    print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
+    return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied),
+            **batch_result(ws, receipt, path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
+            "exact_run": exact_run, "timings": timings}
+
+
+def print_timings(timings: dict) -> None:
     print(f"flow {timings['flow_seconds']:.2f} s: compute {timings['core_seconds']:.2f} s, orchestration "
           f"{timings['orchestration_seconds']:.2f} s ({timings['orchestration_share']:.1%})"
           + ("; started warm (forked from the serving process's warm process)" if timings["warm_start"] else "")
           + "; orchestration by stage: " + ", ".join(f"{name} {seconds:.2f} s"
                                                    for name, seconds in timings["orchestration_by_stage"].items()))
-    return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied),
-            "method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
+
+
+def batch_result(ws: Workspace, receipt: Receipt, path) -> dict:
+    """What the flow returns of its receipt: method, certificate, attempts, models, tier."""
+    return {"method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
             "attempts": [a.model_dump(mode="json", include={"attempt", "method", "note"}) | {
                 "verdict": a.gates.verdict if a.gates else None, "interim": a.gates.interim if a.gates else None}
                 for a in receipt.attempts],
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
-            "receipt": ws.relative(path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
-            "forgetting": receipt.forgetting, "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None,
-            "exact_run": exact_run, "timings": timings}
+            "receipt": ws.relative(path), "forgetting": receipt.forgetting,
+            "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
 
 
 def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt, str | None]:
