@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
-from datetime import timedelta
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator
@@ -37,7 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
-from fedunlearn.certify.tiers import Tier, exact_due, latest_safe_time, repay_now, serves, tier_of
+from fedunlearn.certify.tiers import Tier, exact_due, repay_now, serves, tier_of
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.device import intra_op_threads, resolve_device
@@ -67,8 +66,8 @@ from flows.warm import started_warm
 from tasks import preload
 from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data
-from tasks.debt import (FORGETTING_TAG, REPAY_DEPLOYMENT, Debt, last_exact_seconds, mark_repaid, repayment_time, retrain_debt,
-                        schedule_repayment)
+from tasks.debt import (FORGETTING_TAG, REPAY_DEPLOYMENT, Debt, mark_repaid, repayment_time, retrain_debt,
+                        safe_start, schedule_repayment)
 from tasks.durable import sync_state
 from tasks.events import announce_processed
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
@@ -525,10 +524,7 @@ def tier_fields(ws: Workspace, record: BatchRecord, certificate: str | None, pol
     fields = {"forgetting": tier.value, "policy": policy.value, "deadlines": deadlines}
     if tier is Tier.interim:
         due = exact_due(deadlines.values())
-        requests = ws.params.requests
-        fields.update(exact_due=due, exact_start_by=latest_safe_time(
-            due, last_exact_seconds(ws, record.scenario), requests.exact_safety_factor,
-            timedelta(hours=requests.exact_margin_hours)))
+        fields.update(exact_due=due, exact_start_by=safe_start(ws, record.scenario, due))
     return fields
 
 

@@ -70,14 +70,17 @@ def last_exact_seconds(ws: Workspace, scenario: str) -> float:
     return 0.0
 
 
-def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
-    """The latest safe time to start the exact retrain that repays ``debt`` (``tiers.latest_safe_time``);
-    None when nothing is owed."""
-    if debt.due is None:
-        return None
+def safe_start(ws: Workspace, scenario: str, due: datetime) -> datetime:
+    """The latest safe time to start an exact retrain that must serve by ``due`` (``tiers.latest_safe_time``
+    with params.yaml's safety factor and margin)."""
     requests = ws.params.requests
-    return latest_safe_time(debt.due, last_exact_seconds(ws, scenario), requests.exact_safety_factor,
+    return latest_safe_time(due, last_exact_seconds(ws, scenario), requests.exact_safety_factor,
                             timedelta(hours=requests.exact_margin_hours))
+
+
+def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
+    """When the exact retrain that repays ``debt`` must start (``safe_start``); None when nothing is owed."""
+    return None if debt.due is None else safe_start(ws, scenario, debt.due)
 
 
 @task(name="schedule-exact-retrain", cache_policy=NO_CACHE)
