@@ -285,9 +285,9 @@ def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome
     held_back, unmeasured = [], []
     if certificate == NOT_CERTIFIED:
         held_back.append("certificate 'not certified': an assumption of its claim failed")
-    utility = [c for c in outcome.checks if c.name in UTILITY_CHECKS]
-    if any(c.verdict != PASS for c in utility):
-        held_back.append("utility not shown: " + ", ".join(f"{c.name} {c.verdict}" for c in utility))
+    unshown = [c for c in outcome.checks if c.name in UTILITY_CHECKS and c.verdict == INCONCLUSIVE]
+    if unshown:  # a failed one is said below
+        held_back.append("utility not shown: " + ", ".join(f"{c.name} inconclusive" for c in unshown))
     for check in outcome.checks:
         if check.verdict == FAIL:
             held_back.append(f"{check.name} fails")
