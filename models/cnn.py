@@ -3,7 +3,7 @@ from torch import nn
 
 
 class SmallCNN(nn.Module):
-    """2 conv + 2 dense layers (the DESIGN.md calibration model)."""
+    """2 conv + 2 dense layers (the small CNN of the HFL scenarios; docs/DESIGN.md §4, docs/BENCHMARKS.md)."""
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int, width: int = 16, hidden: int = 128):
         super().__init__()
