@@ -22,8 +22,8 @@ Conventions: members (label 1) are the forget set, non-members (label 0) held-ou
 trained on; a higher score means "more likely a member". Non-members must be drawn with the
 members' label histogram (``label_matched_nonmembers``): under label skew a client's samples
 differ from the whole test set in their label mix, and a population attack measures that mix
-instead of membership (the label-skew confound of DESIGN.md §4; measured: AUC 0.42 against the test set,
-0.50 label-matched).
+instead of membership (the label-skew confound of docs/DESIGN.md §4: against the whole test set an attack measures the
+label mix).
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ Hyperparameters (default; the paper's value):
 
 Cost. FLOPs: one training pass (F per sample, federation/cost.py) over the forget samples for
 g_i, and per Hessian-vector product 2·F per curvature sample — double backprop costs about two
-gradient evaluations (Pearlmutter; measured: one product over 713 samples of the small CNN ≈ two
-training epochs over them; cost accounting in DESIGN.md §4). Products: k (CG) + 1 (the true residual) per
+gradient evaluations (Pearlmutter; what a product costs against training epochs: docs/DESIGN.md §4,
+docs/BENCHMARKS.md). Products: k (CG) + 1 (the true residual) per
 affected client, and m (Lanczos) per operator — each affected client's own with ``client``, the
 federation's one with ``federation`` — unless CG met negative curvature on it (below). Bytes
 (2·P·B per transfer pair, Appendix B of the PUF paper): ``client``: θ down and Δθ_i up per
