@@ -86,7 +86,8 @@ def describe_batch(result: dict) -> str:
     models = result["models"]
     chosen = models["unlearned"]
     chain = " -> ".join(f"{a['method']} ({a['verdict'] or a['note'] or 'not gated'}"
-                        + (", serves on the interim tier" if a.get("interim") and a is result["attempts"][-1] else "")
+                        + (", serves on the interim tier" if a.get("interim") and a["verdict"] != "pass"
+                           and a is result["attempts"][-1] else "")
                         + ")" for a in result["attempts"])
     reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
     timings = result["timings"]
