@@ -266,6 +266,36 @@ def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
     return federation
 
 
+@dataclass
+class BatchContext:
+    """What every attempt of a batch is judged with: the source, the data before the batch, the
+    evaluator and audit references, the source's own evaluation and audit, the reference if any."""
+
+    ws: Workspace
+    record: BatchRecord
+    source: RegisteredModel
+    federation: Federation
+    batch: Any
+    sets: Any
+    setup: Any
+    evaluator: Any
+    references: Any
+    clean_forget_labels: Any
+    source_eval: Evaluation
+    source_audit: Any
+    registered: dict
+    gates: PromotionGates
+    reference: RegisteredModel | None = None
+    reference_eval: Evaluation | None = None
+
+    @property
+    def scenario(self) -> str:
+        return self.record.scenario
+
+    def audit(self, name: str, model) -> Any:
+        return audit(name, model, self.sets.forget, self.references, self.ws.params.seed, self.clean_forget_labels)
+
+
 @task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
 def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
                          retrain_reference: bool = False, device: str | None = None,
@@ -275,12 +305,12 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     registered by an earlier run are read back, not redone."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
-    dev = resolve_device(device or ws.params.device)
     preload.wait()  # torch.export's tracing state is process-global: no tensor work beside a probe export
     registered = attempts_registered(ws, scenario, batch_id)
     recorded = next((v.tags.get("source_version") for v in registered.values() if "source_version" in v.tags), None)
     source = load_source_model(ws, scenario, record.data_version_before, recorded)
     poisoned = backdoor_ids(ws, scenario)
+    dev = resolve_device(device or ws.params.device)
     federation = with_weights(load_data(ws, scenario, dev, record.data_version_before, backdoor_ids=poisoned), source)
     batch = record.forget_set(federation.clients)
     if refits_on_holdout_deletion(read_manifest(scenario, ws.root)) and any(e.held_out for e in record.requests):
@@ -293,88 +323,123 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
         return keep_source(ws, record, source, registered)
     if batch.num_forget >= sum(len(c) for c in federation.clients):
         close_without_model(ws, record, source)
+    ctx = batch_context(ws, record, source, federation, batch, poisoned, registered, gates, device)
+    if retrain_reference:
+        retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
+    ctx.reference = find_reference(ws, scenario, record.data_version_after)
+    if ctx.reference is not None:
+        ctx.reference_eval = evaluate(ctx.evaluator, "retrained", federation.model_from(ctx.reference.state))
+    source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=gates,
+                                source_audit=ctx.source_audit.as_check())
+    log_source_audit(ws, source.ref.run_id, batch_id, ctx.source_audit, source_gates)
+    attempts, certificate, cost = escalate(ctx, policy, forgetting, device)
+    return batch_outcome(ctx, attempts, certificate, cost, source_gates)
+
+
+def batch_context(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation, batch,
+                  poisoned: list[str], registered: dict, gates: PromotionGates, device: str | None) -> BatchContext:
+    """The evaluation sets, evaluator and audit references of the batch (references trained first if
+    the scenario has none usable), and the source model evaluated and audited on them."""
     forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
     clean_forget_labels = None
     if poisoned and forget_ids <= set(poisoned):  # the forget set carries the trigger: so must its non-members
-        clean = load_data(ws, scenario, dev, record.data_version_before)
+        clean = load_data(ws, record.scenario, federation.device, record.data_version_before)
         clean_forget_labels = clean.forget_data(batch).y.cpu().numpy()
     sets = evaluation_sets(federation, batch, clean_forget_labels=clean_forget_labels)
-    setup = runner.BenchmarkSetup(scenario, f"batch {batch_id}", federation, batch, bool(poisoned), sets)
-    evaluator = build_evaluator(ws, scenario, federation, batch, bool(poisoned), sets)
-    source_eval = evaluate(evaluator, f"source-v{source.ref.version}", federation.model_from(source.state))
-    references = load_references(ws, scenario, federation, record.deleted_ids())
+    setup = runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, batch, bool(poisoned), sets)
+    evaluator = build_evaluator(ws, record.scenario, federation, batch, bool(poisoned), sets)
+    source_model = federation.model_from(source.state)
+    source_eval = evaluate(evaluator, f"source-v{source.ref.version}", source_model)
+    references = load_references(ws, record.scenario, federation, record.deleted_ids())
     if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
-        audit_references(scenario=scenario, root=str(ws.root), device=device)
-        references = load_references(ws, scenario, federation, record.deleted_ids())
-    source_audit = audit(f"source-v{source.ref.version}", federation.model_from(source.state), sets.forget,
-                         references, ws.params.seed, clean_forget_labels)
+        audit_references(scenario=record.scenario, root=str(ws.root), device=device)
+        references = load_references(ws, record.scenario, federation, record.deleted_ids())
+    source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
+                         clean_forget_labels)
+    return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
+                        clean_forget_labels, source_eval, source_audit, registered, gates)
 
-    if retrain_reference:
-        retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
-    reference = find_reference(ws, scenario, record.data_version_after)
-    reference_eval = None
-    if reference is not None:
-        reference_eval = evaluate(evaluator, "retrained", federation.model_from(reference.state))
-    source_gates = judge_source(source_eval, reference=reference_eval, gates=gates,
-                                source_audit=source_audit.as_check())
-    log_source_audit(ws, source.ref.run_id, batch_id, source_audit, source_gates)
 
+def escalate(ctx: BatchContext, policy: list[Attempt], forgetting: ForgettingPolicy,
+             device: str | None) -> tuple[list[AttemptRecord], dict[str, Any], CostRecord]:
+    """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
     attempts, certificate, cost = [], {}, CostRecord()
     for number, attempt in enumerate(policy):
         if attempt.exact:
-            exact = reference or exact_retrain(ws, scenario, batch_id, number, device)
-            tag_attempt(ws, scenario, exact.ref.version, number)
-            exact_model = federation.model_from(exact.state)
-            exact_eval = reference_eval or evaluate(evaluator, "retrained", exact_model)
-            verdict = audit("retrained", exact_model, sets.forget, references, ws.params.seed, clean_forget_labels)
-            log_audit(ws, exact.ref.run_id, verdict)
-            attempts.append(AttemptRecord(attempt=number, method=attempt.method, version=exact.ref,
-                                          certificate=EXACT_RETRAIN, metrics=_metrics(exact_eval, None),
-                                          note=f"exact retrain: nothing of the deleted samples, no gate needed "
-                                               f"(audit: {verdict.verdict})"))
-            describe_version(ws, scenario, exact.ref.version, batch_description(
-                record, number, len(policy), attempt.method, attempt.options, EXACT_RETRAIN, None,
-                note=f"none needed (exact retrain; audit {verdict.verdict})"))
-            certificate = exact_certificate(scenario, batch_id, "the escalation's last step")
-            cost = registered_cost(exact)
-            reference, reference_eval = exact, exact_eval
+            record, certificate, cost = try_exact(ctx, attempt, number, len(policy), device)
+            attempts.append(record)
             break
-        if number in registered:
-            ref, outcome, attempt_certificate = read_attempt(ws, scenario, registered[number])
-        else:
-            outcome, attempt_certificate = unlearn_in_gpu_slot(setup, source.state, attempt.method,
-                                                               source_eval.test_acc, attempt.options)
-        model = federation.model_from(outcome.state)
-        evaluation = evaluate(evaluator, f"{attempt.method}-{number}", model)
-        verdict = audit(f"{attempt.method}-{number}", model, sets.forget, references, ws.params.seed,
-                        clean_forget_labels)
-        if number not in registered:
-            ref = register_attempt(ws, record, source, federation, attempt, number, outcome, attempt_certificate,
-                                   evaluation, len(policy))
-            log_audit(ws, ref.run_id, verdict)
-            failpoint("after-registration")
-        gate = apply_gates(f"{attempt.method}-{number}", evaluation, attempt_certificate.guarantee, source_eval,
-                           reference_eval, gates, verdict.as_check(), source_audit.as_check())
-        describe_version(ws, scenario, ref.version, batch_description(
-            record, number, len(policy), attempt.method, attempt.options, attempt_certificate.guarantee,
-            source.ref.version, gate))
-        attempts.append(AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
-                                      certificate=attempt_certificate.guarantee, gates=gate,
-                                      metrics=_metrics(evaluation, outcome.cost)))
-        certificate, cost = json.loads(attempt_certificate.to_json()), outcome.cost
+        record, certificate, cost = try_method(ctx, attempt, number, len(policy))
+        attempts.append(record)
+        gate = record.gates
         if serves(gate.passed, gate.interim, forgetting):
             break
         get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
                                  attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)
                                  if forgetting is ForgettingPolicy.interim else "")
-    reference_metrics = None
+    return attempts, certificate, cost
+
+
+def try_exact(ctx: BatchContext, attempt: Attempt, number: int, steps: int,
+              device: str | None) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
+    """The escalation's last step: the reference of the new data version, or an exact retrain now;
+    audited, described, no gate needed. It becomes the batch's reference."""
+    ws, scenario, batch_id = ctx.ws, ctx.scenario, ctx.record.batch_id
+    exact = ctx.reference or exact_retrain(ws, scenario, batch_id, number, device)
+    tag_attempt(ws, scenario, exact.ref.version, number)
+    exact_model = ctx.federation.model_from(exact.state)
+    exact_eval = ctx.reference_eval or evaluate(ctx.evaluator, "retrained", exact_model)
+    verdict = ctx.audit("retrained", exact_model)
+    log_audit(ws, exact.ref.run_id, verdict)
+    describe_version(ws, scenario, exact.ref.version, batch_description(
+        ctx.record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
+        note=f"none needed (exact retrain; audit {verdict.verdict})"))
+    ctx.reference, ctx.reference_eval = exact, exact_eval
+    record = AttemptRecord(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
+                           metrics=_metrics(exact_eval, None),
+                           note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
+                                f"{verdict.verdict})")
+    return record, exact_certificate(scenario, batch_id, "the escalation's last step"), registered_cost(exact)
+
+
+def try_method(ctx: BatchContext, attempt: Attempt, number: int,
+               steps: int) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
+    """One unlearning attempt (or the one an earlier run registered, read back): evaluated, audited,
+    registered, gated against the source or the reference, described."""
+    ws, scenario, name = ctx.ws, ctx.scenario, f"{attempt.method}-{number}"
+    if number in ctx.registered:
+        ref, outcome, certificate = read_attempt(ws, scenario, ctx.registered[number])
+    else:
+        outcome, certificate = unlearn_in_gpu_slot(ctx.setup, ctx.source.state, attempt.method,
+                                                   ctx.source_eval.test_acc, attempt.options)
+    model = ctx.federation.model_from(outcome.state)
+    evaluation = evaluate(ctx.evaluator, name, model)
+    verdict = ctx.audit(name, model)
+    if number not in ctx.registered:
+        ref = register_attempt(ws, ctx.record, ctx.source, ctx.federation, attempt, number, outcome, certificate,
+                               evaluation, steps)
+        log_audit(ws, ref.run_id, verdict)
+        failpoint("after-registration")
+    gate = apply_gates(name, evaluation, certificate.guarantee, ctx.source_eval, ctx.reference_eval, ctx.gates,
+                       verdict.as_check(), ctx.source_audit.as_check())
+    describe_version(ws, scenario, ref.version, batch_description(
+        ctx.record, number, steps, attempt.method, attempt.options, certificate.guarantee, ctx.source.ref.version,
+        gate))
+    record = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
+                           certificate=certificate.guarantee, gates=gate, metrics=_metrics(evaluation, outcome.cost))
+    return record, json.loads(certificate.to_json()), outcome.cost
+
+
+def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: dict[str, Any], cost: CostRecord,
+                  source_gates: GateOutcome) -> BatchOutcome:
+    reference, reference_metrics = ctx.reference, None
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
-        ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": reference_eval.forget_acc,
-                                                       "mia_auc": reference_eval.mia_auc})
-        reference_metrics = VersionMetrics.of(reference_eval, registered_cost(reference))
-    return BatchOutcome(source.ref, VersionMetrics.of(source_eval, None), attempts, certificate, cost,
-                        {str(c): len(ids) for c, ids in batch.forget_ids.items()},
+        ctx.ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
+                                                           "mia_auc": ctx.reference_eval.mia_auc})
+        reference_metrics = VersionMetrics.of(ctx.reference_eval, registered_cost(reference))
+    return BatchOutcome(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
+                        {str(c): len(ids) for c, ids in ctx.batch.forget_ids.items()},
                         reference.ref if reference else None, reference_metrics, source_gates)
 
 
