@@ -1,6 +1,6 @@
 """``fedunlearn push`` (the data versions and the state snapshot to the default DVC remote) and
 ``fedunlearn restore`` (a workspace rebuilt from the DVC remote and the MLflow tracking server after
-it was lost). What is pushed when: ``tasks.durable``; README, "Durable stores and disaster recovery"."""
+it was lost). What is pushed when: ``tasks.durable``; docs/stores-and-recovery.md."""
 
 from __future__ import annotations
 
