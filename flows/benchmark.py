@@ -36,6 +36,31 @@ def select_methods(methods: str, setting: str, kind: str) -> list[str]:
     return [m for m in chosen if m != "retrain"]
 
 
+
+def with_protocol(ws: Workspace, scenario: str, rounds: int | None, local_epochs: int | None) -> Workspace:
+    """``ws`` with the scenario's training protocol overridden (original, retrain and recovery alike)."""
+    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
+    if overrides:
+        train = ws.params.scenarios[scenario].train.model_copy(update=overrides)
+        ws.params.scenarios[scenario] = ws.params.scenarios[scenario].model_copy(update={"train": train})
+    return ws
+
+
+def protocol(cfg, data_version: str, seed: int, forget_samples: int, one_off: dict[str, float]) -> dict:
+    """The report header's training protocol, data version and one-off preparation seconds."""
+    return {"rounds": cfg.train.rounds, "local_epochs": cfg.train.local_epochs, "data_version": data_version,
+            "seed": seed, "forget_samples": forget_samples, **{k: round(v, 3) for k, v in one_off.items()}}
+
+
+def add_ulira(setup, records: list[dict], attacks: dict, retrain_test_acc: float, method_options: dict,
+              pairs: int) -> None:
+    """The per-example U-LiRA audit of each method's row (``pairs`` shadow federations each)."""
+    for record in records:
+        result = audit_ulira(setup, record["method"], retrain_test_acc, method_options.get(record["method"], {}), pairs)
+        attacks[record["method"]]["ulira"] = result
+        record.update({f"ulira_{k}": v for k, v in result.summary().items()})
+
+
 @flow(name="benchmark", log_prints=True)
 def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", methods: str = "all",
               out: str = "results/benchmark", backdoor: bool = False, root: str = ".",
@@ -45,16 +70,10 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
     method: for small scenarios). ``rounds`` / ``local_epochs`` override the scenario's training
     protocol (original, retrain and every method's recovery use the same one)."""
     started = time.perf_counter()
-    ws = Workspace.open(root)
-    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
-    if overrides:
-        train = ws.params.scenarios[scenario].train.model_copy(update=overrides)
-        ws.params.scenarios[scenario] = ws.params.scenarios[scenario].model_copy(update={"train": train})
+    ws = with_protocol(Workspace.open(root), scenario, rounds, local_epochs)
     cfg = ws.scenario(scenario)
     spec = parse_request(request)
-    chosen = select_methods(methods, cfg.setting, spec.kind)
-    method_options = method_options or {}
-
+    chosen, method_options = select_methods(methods, cfg.setting, spec.kind), method_options or {}
     with intra_op_threads(cfg.threads):
         data_version = reproduce_data(ws, scenario)
         validate_partition(ws, scenario)
@@ -68,15 +87,13 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
         one_off = prepare_unlearning(trained(setup.fed_state, original))
         evaluator = setup.evaluator()
 
-        def row(name: str, evaluation, cost, certificate, notes, retrain=None) -> ResultRow:
+        def row(name: str, evaluation, cost, certificate, notes, retrain=(None, None)) -> ResultRow:
             return ResultRow(name, scenario, spec.text, evaluation, cost, certificate.guarantee,
-                             setup.batch.num_forget, retrain[0] if retrain else None,
-                             retrain[1] if retrain else None, notes)
+                             setup.batch.num_forget, *retrain, notes)
 
         retrain_outcome, retrain_certificate = unlearn(setup, original.state, "retrain", None,
                                                        method_options.get("retrain", {}), runner.BENCHMARK_TIMINGS)
-        retrain_model = setup.fed_state.model_from(retrain_outcome.state)
-        retrained = evaluate(evaluator, "retrain", retrain_model)
+        retrained = evaluate(evaluator, "retrain", retrain_model := setup.fed_state.model_from(retrain_outcome.state))
         print(f"retrain: test_acc={retrained.test_acc:.4f} in {retrain_outcome.cost.wall_seconds:.1f} s")
         against = (retrain_outcome.cost, retrained)
 
@@ -92,22 +109,15 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
                                            method_options.get(name, {}), runner.BENCHMARK_TIMINGS)
             evaluations[name] = evaluate(evaluator, name, setup.fed_state.model_from(outcome.state), retrain_model)
             rows.append(row(name, evaluations[name], outcome.cost, certificate, outcome.notes, against))
-            histories[name] = outcome.history
-            certificates[name] = certificate
+            histories[name], certificates[name] = outcome.history, certificate
             print(f"{name}: test_acc={evaluations[name].test_acc:.4f} forget_acc={evaluations[name].forget_acc:.4f} "
                   f"bd_asr={evaluations[name].bd_asr} in {outcome.cost.wall_seconds:.2f} s [{certificate.guarantee}]")
 
         records = [r.to_dict() for r in rows]
         attacks = {name: dict(evaluation.evidence.attacks) for name, evaluation in evaluations.items()}
-        for record in records[1:] if ulira_pairs else []:
-            result = audit_ulira(setup, record["method"], retrained.test_acc,
-                                 method_options.get(record["method"], {}), ulira_pairs)
-            attacks[record["method"]]["ulira"] = result
-            record.update({f"ulira_{k}": v for k, v in result.summary().items()})
+        add_ulira(setup, records[1:] if ulira_pairs else [], attacks, retrained.test_acc, method_options, ulira_pairs)
         header = {"scenario": scenario, "request": spec.text, "backdoor": backdoor, "device": str(dev),
-                  "rounds": cfg.train.rounds, "local_epochs": cfg.train.local_epochs,
-                  "data_version": data_version, "seed": ws.params.seed, "forget_samples": setup.batch.num_forget,
-                  **{k: round(v, 3) for k, v in one_off.items()},
+                  **protocol(cfg, data_version, ws.params.seed, setup.batch.num_forget, one_off),
                   "flow_seconds": round(time.perf_counter() - started, 1)}
         files = write_report(Path(out).resolve(), records, attacks, histories, header, certificates)
         log_benchmark(ws, scenario, records, files, header)

@@ -169,14 +169,7 @@ class Ledger:
                 document = json.loads(raw)
                 entry = LedgerEntry.model_validate(document)
             except (ValueError, ValidationError) as err:
-                if is_tail:
-                    found.torn_tail = raw
-                    found.problems.append(LedgerProblem(number, "torn tail", "the last line is incomplete (an "
-                                                        "append cut off by a crash or a truncation)",
-                                                        _request_id_in(raw)))
-                else:
-                    found.problems.append(LedgerProblem(number, "unreadable", f"not a ledger entry: {err}",
-                                                        _request_id_in(raw)))
+                _note_unreadable(found, number, raw, err, is_tail)
                 unreadable_before = True
                 continue
             if entry.checksum is None:
@@ -245,6 +238,16 @@ class Ledger:
             backup.write_bytes(self.path.read_bytes())
         write_text_atomic(self.path, "".join(entry.line() + "\n" for entry in entries))
         return backup
+
+
+def _note_unreadable(found: LedgerInspection, number: int, raw: bytes, err: Exception, is_tail: bool) -> None:
+    """A line that is no ledger entry: the last one is a torn append, any other one unreadable."""
+    if is_tail:
+        found.torn_tail = raw
+        found.problems.append(LedgerProblem(number, "torn tail", "the last line is incomplete (an append cut off "
+                                            "by a crash or a truncation)", _request_id_in(raw)))
+    else:
+        found.problems.append(LedgerProblem(number, "unreadable", f"not a ledger entry: {err}", _request_id_in(raw)))
 
 
 def _request_id_in(raw: bytes) -> str | None:

@@ -280,14 +280,7 @@ class FedORA(UnlearningMethod):
                 federation.backprop(draws.next())
                 for party, omega in zip(parties, received):
                     party.primal_step(tau, self.rho, omega)
-            # Adaptive step sizes: the active party gathers ‖ΔΘ‖² shares, sends back (τ, σ).
-            shares = federation.gather_scalars([party.squared_change() for party in parties])
-            new_change = math.sqrt(float(sum(shares)))
-            if change > 0:
-                factor = adjustment(new_change / change, self.alpha, self.beta, self.kappa_i, self.kappa_d)
-                tau, sigma = min(tau * factor, tau_max), min(sigma * factor, sigma_max)
-            change = new_change
-            federation.broadcast_scalars(torch.tensor([tau, sigma], device=federation.device))
+            tau, sigma, change = self._adapt(federation, parties, change, (tau, sigma), (tau_max, sigma_max))
             trajectory.append({"iteration": k, "L_u": l_u * len(forget), "delta_theta": change, "tau": tau,
                                "sigma": sigma})
             monitor.record("unlearn", k, federation.state, L_u=l_u * len(forget), tau=tau, sigma=sigma)
@@ -295,19 +288,38 @@ class FedORA(UnlearningMethod):
                 break
         final = float(uncertainty_loss(federation.logits(forget), self.omega))
         cost = fed_state.cost_since(before)
-        threshold = gamma * len(forget)
-        numbers = {
-            "dual_form": self.dual, "L_u": final, "gamma": threshold, "satisfied": final >= threshold,
-            "L_u_per_sample": final / len(forget), "gamma_per_sample": gamma,
-            "L_u_max": self.omega * math.log(fed_state.num_classes) * len(forget),
-            "iterations": k, "first_satisfied_iteration": satisfied_at, "remaining_steps_per_iteration": substeps,
-            "dual_variables": _dual_statistics(parties, scalar_omega, elementwise),
-            "step_sizes": trajectory,
-            "assumptions": {"final L_u >= gamma": final >= threshold},
-        }
+        numbers = self._numbers(final, gamma, len(forget), fed_state.num_classes, (k, satisfied_at, substeps),
+                                _dual_statistics(parties, scalar_omega, elementwise), trajectory)
         return Outcome(federation.state, cost, certificate_inputs=numbers,
                        notes={"dual_form": self.dual, "iterations": k, "remaining_steps_per_iteration": substeps,
                               "forget_samples": len(forget), "retained_samples": len(retained)})
+
+
+    def _adapt(self, federation, parties: list[_PartyDual], change: float, steps: tuple[float, float],
+               caps: tuple[float, float]) -> tuple[float, float, float]:
+        """Adaptive step sizes: the active party gathers the parties' ‖ΔΘ‖² shares and sends back (τ, σ),
+        scaled by κ_i or κ_d as the change ratio leaves [β, α], capped at (τ_max, σ_max)."""
+        (tau, sigma), (tau_max, sigma_max) = steps, caps
+        shares = federation.gather_scalars([party.squared_change() for party in parties])
+        new_change = math.sqrt(float(sum(shares)))
+        if change > 0:
+            factor = adjustment(new_change / change, self.alpha, self.beta, self.kappa_i, self.kappa_d)
+            tau, sigma = min(tau * factor, tau_max), min(sigma * factor, sigma_max)
+        federation.broadcast_scalars(torch.tensor([tau, sigma], device=federation.device))
+        return tau, sigma, new_change
+
+    def _numbers(self, final: float, gamma: float, forget: int, num_classes: int, progress: tuple,
+                 duals: dict, trajectory: list[dict]) -> dict:
+        """The certificate's inputs: final L_u against γ (totals and per sample), the iterations, the
+        dual variables and the step sizes along the way."""
+        k, satisfied_at, substeps = progress
+        threshold = gamma * forget
+        return {"dual_form": self.dual, "L_u": final, "gamma": threshold, "satisfied": final >= threshold,
+                "L_u_per_sample": final / forget, "gamma_per_sample": gamma,
+                "L_u_max": self.omega * math.log(num_classes) * forget,
+                "iterations": k, "first_satisfied_iteration": satisfied_at, "remaining_steps_per_iteration": substeps,
+                "dual_variables": duals, "step_sizes": trajectory,
+                "assumptions": {"final L_u >= gamma": final >= threshold}}
 
 
 def _dual_statistics(parties: list[_PartyDual], scalar_omega: torch.Tensor, elementwise: bool) -> dict:
