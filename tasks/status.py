@@ -28,6 +28,7 @@ from tasks.workspace import Workspace
 
 
 PENDING, INTERIM, EXACT = "pending", "interim", "exact"
+SHOWN_EXACT = 10  # exact requests listed by name (the latest); all are counted
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,15 @@ class DeletionStatus:
         exact = [p for p in self.forgotten if not p.owed()]
         lines = ["", f"**{len(interim)} interim** (forgotten approximately, exact forgetting owed), "
                      f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
-                                                 else "")]
+                                                 else "") + (f" (the latest {SHOWN_EXACT} listed)"
+                                                             if len(exact) > SHOWN_EXACT else "")]
         if not self.forgotten:
             return lines
+        # Every owed or late request; of the exact ones in time, the latest few (the rest are counted above).
+        on_time = sorted((p for p in exact if not p.overdue(self.now)), key=lambda p: p.exact_at, reverse=True)
+        shown = interim + self.late + on_time[:SHOWN_EXACT]
         lines += ["", "| request | state | deadline | exact forgetting | batch |", "|---|---|---|---|---|"]
-        for p in sorted(self.forgotten, key=lambda p: (not p.owed(), p.deadline)):
+        for p in sorted(shown, key=lambda p: (not p.owed(), p.deadline)):
             if p.owed():
                 due = (f"OVERDUE by {_span(self.now - p.deadline)}" if p.overdue(self.now)
                        else f"due in {_span(p.deadline - self.now)}")
