@@ -35,8 +35,21 @@ def run(workspace, capsys, monkeypatch):
     return invoke
 
 
+@pytest.fixture(scope="module")
+def module_prefect_server(tmp_path_factory):
+    """One temporary Prefect server for this module's tests (each keeps its own workspace, MLflow
+    store and DVC repository): a server's start is a large share of each test's time."""
+    from prefect.settings import PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    with temporary_settings(updates={PREFECT_HOME: str(home)}):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield home
+
+
 @pytest.fixture
-def trained(workspace, prefect_server, run):
+def trained(workspace, module_prefect_server, run):
     run("train", "--scenario", SCENARIO, "--inline")
     return workspace
 
@@ -145,7 +158,7 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
 
 
-def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, prefect_server, run,
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, module_prefect_server, run,
                                                                         monkeypatch):
     """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
