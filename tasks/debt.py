@@ -7,6 +7,7 @@ repaying it marks them (``exactly_forgotten``). ``schedule_repayment`` asks Pref
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -131,10 +132,12 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
         erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
         release_fingerprints(ws, record.batch_id)
         now = utc_now()
-        per_client = {c: len(ids) for e in record.requests for c, ids in e.clients.items()}
+        per_client = Counter()  # two requests of one batch may name samples of the same client
+        for entry in record.requests:
+            per_client.update({client: len(ids) for client, ids in entry.clients.items()})
         write_receipt(ws.root, Receipt(
             batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
-            deleted_samples=len(record.deleted_ids()), forgotten_per_client=per_client,
+            deleted_samples=len(record.deleted_ids()), forgotten_per_client=dict(per_client),
             data_version_before=record.data_version_before, data_version_after=record.data_version_after,
             method="retrain", models={"original": ws.registry.alias_ref(scenario, "original"), "source": None,
                                       "unlearned": version, "retrained": version, "current": version},
