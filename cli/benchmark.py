@@ -54,7 +54,7 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
     from flows.benchmark import benchmark
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     baseline = load_baseline(args.compare) if args.compare else None
     if baseline is not None:  # a wrong baseline fails before any work

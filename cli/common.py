@@ -12,7 +12,7 @@ DEFAULT_SCENARIO = "mnist5k-hfl"
 def prepare_flow_run() -> None:
     """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
     and Prefect's ephemeral server (if no PREFECT_API_URL is set) must die with this process."""
-    from tasks.ephemeral_server import install
+    from runtime.ephemeral_server import install
 
     for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)

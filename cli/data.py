@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_init(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.requests.folders import RequestFolders
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     workspace = init_workspace(Path(args.directory).resolve() if args.directory else root)
     RequestFolders.create(workspace)
@@ -44,7 +44,7 @@ def run_init(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_prepare(args: argparse.Namespace, root: Path) -> int:
-    from tasks import validation, workspace
+    from stores import validation, workspace
 
     workspace.init_workspace(root)
     for scenario in args.scenario or [DEFAULT_SCENARIO]:

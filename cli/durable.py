@@ -1,6 +1,6 @@
 """``fedunlearn push`` (the data versions and the state snapshot to the default DVC remote) and
 ``fedunlearn restore`` (a workspace rebuilt from the DVC remote and the MLflow tracking server after
-it was lost). What is pushed when: ``tasks.durable``; docs/stores-and-recovery.md."""
+it was lost). What is pushed when: ``stores.durable``; docs/stores-and-recovery.md."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_push(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.errors import InputError
     from fedunlearn.requests.folders import RequestFolders, batch_lock
-    from tasks.durable import push_state
-    from tasks.stores import dvc_remote
+    from stores.durable import push_state
+    from stores.erasure import dvc_remote
 
     remote = dvc_remote(root)
     if remote is None:
@@ -56,7 +56,7 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
         raise InputError(f"{root} is not an empty directory: restore into a new one (`fedunlearn --root NEW restore "
                          "...`); an existing workspace is never overwritten")
     root.mkdir(parents=True, exist_ok=True)
-    from tasks.durable import restore
+    from stores.durable import restore
 
     restored = restore(root, args.dvc_remote, args.mlflow_tracking_uri)
     print("\n".join(restored.lines()))

@@ -31,7 +31,7 @@ def registry_batches(root: Path):
     """The batch IDs the workspace's registry tags versions with, read when a check must decide
     whether a torn line or a damaged record was applied (MLflow is imported only then)."""
     def read() -> set[str]:
-        from tasks.registry import registered_batch_ids
+        from stores.registry import registered_batch_ids
 
         return registered_batch_ids(root)
 

@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_process(args: argparse.Namespace, root: Path) -> int:
     from flows.process import process_deletions
     from tasks import preload
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     init_workspace(root)
     require_data_for_requests(root, args.scenario, "process")
@@ -95,7 +95,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:
     from flows.reference import retrain_reference
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     init_workspace(root)
     prepare_flow_run()
@@ -107,7 +107,7 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
 
 def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
     from flows.debt import repay_retrain_debt
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     init_workspace(root)
     prepare_flow_run()
@@ -122,7 +122,7 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 def run_compare(args: argparse.Namespace, root: Path) -> int:
     from tasks.debt import retrain_debt
     from tasks.receipts import comparison
-    from tasks.workspace import Workspace
+    from stores.workspace import Workspace
 
     ws = Workspace.open(root)
     print(comparison(ws, args.scenario)[1])

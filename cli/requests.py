@@ -101,7 +101,7 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
 def run_ingest(args: argparse.Namespace, root: Path) -> int:
     from cli.common import erasure_status, prepare_flow_run, print_summary, require_data_for_requests
     from flows.ingest import ingest_deletions
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     init_workspace(root)
     require_data_for_requests(root, args.scenario, "ingest")
@@ -115,7 +115,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 def run_status(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.errors import RequestOverdue
     from tasks.status import deletion_status
-    from tasks.workspace import Workspace
+    from stores.workspace import Workspace
 
     ws = Workspace.open(root)
     ws.params.scenario(args.scenario)

@@ -47,7 +47,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 def train(args: argparse.Namespace, root: Path) -> dict:
     from flows.runners import make_task_runner
     from flows.train import train_federated
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     if args.backdoor != bool(args.request):
         raise ValueError("--backdoor and --request go together: --backdoor --request client:largest")
@@ -78,7 +78,7 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     from flows.process import process_deletions
     from tasks.receipts import comparison
     from tasks.status import deletion_status
-    from tasks.workspace import Workspace
+    from stores.workspace import Workspace
 
     trained = train(build_defaults(args.scenario), root)
     scenario = trained["scenario"]

@@ -17,7 +17,7 @@ from prefect import flow
 from fedunlearn.device import resolve_device
 from tasks.audit import ROLE, audit_model, register_references, train_audit_references
 from tasks.data import load_data, reproduce_data
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 @flow(name="train-audit-references", log_prints=True)

@@ -22,7 +22,7 @@ from tasks.benchmark import audit_ulira, log_benchmark, train_or_reuse_original,
 from tasks.data import load_data, reproduce_data, validate_partition
 from tasks.evaluation import evaluate
 from tasks.unlearning import unlearn
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 def select_methods(methods: str, setting: str, kind: str) -> list[str]:

@@ -17,7 +17,7 @@ from prefect import flow
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 # An exact retrain takes minutes; a batch running meanwhile is waited for, as batches wait for each other.

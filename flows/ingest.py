@@ -23,7 +23,7 @@ from fedunlearn.requests.model import DeletionRequestModel
 from flows.heartbeat import parent_heartbeat
 from flows.intake import apply_deletions, intake_requests
 from tasks.requests import submit_requests
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 NO_PENDING = "no pending requests"
 

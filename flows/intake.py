@@ -7,7 +7,7 @@ blocking calls to the Prefect server, ≈ 0.1 s per stage in a served batch; a t
                       rules) ─▶ quarantine invalid ─▶ one batch, journaled
     apply-deletions   ledger append ─▶ DVC stages + commit (new data version) ─▶ optional purge
                       ─▶ erasure check of every store ─▶ files to processed/ ─▶ with a default DVC
-                      remote: data versions + state snapshot pushed (``tasks.durable``)
+                      remote: data versions + state snapshot pushed (``stores.durable``)
 
 Exactly once: the journal (batch record) is written before the ledger, the ledger skips requests
 it already holds, and files move only after the ledger is durable; ``apply_deletions`` runs only
@@ -24,12 +24,12 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.faults import failpoint
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, load_records
 from fedunlearn.requests.erasure import Fingerprints
-from tasks.durable import sync_state
+from tasks.backup import sync_state
 from tasks.progress import owed_batch
 from tasks.requests import (append_ledger, capture_fingerprints, close_batch, collect_inbox, file_applied_requests,
                             open_batch, purge_cache, quarantine_requests, recover_interrupted_batches,
                             reproduce_versions, validate_requests, verify_erasure)
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 @dataclass

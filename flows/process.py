@@ -68,19 +68,19 @@ from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data
 from tasks.debt import (FORGETTING_TAG, REPAY_DEPLOYMENT, Debt, mark_repaid, repayment_time, retrain_debt,
                         safe_start, schedule_repayment)
-from tasks.durable import sync_state
-from tasks.events import announce_processed
+from tasks.backup import sync_state
+from runtime.events import announce_processed
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
                           register_version, remove_alias)
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt, write_receipt
-from tasks.registry import ModelWeights, RegisteredModel
+from stores.registry import ModelWeights, RegisteredModel
 from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores, submit_requests
 from tasks.status import publish_status
-from tasks.timing import FlowClock
+from fedunlearn.timing import FlowClock
 from tasks.unlearning import gpu_slot, unlearn_in_gpu_slot
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
 # A batch triggered while another runs waits for it (unlearning, evaluation and an optional retrain

@@ -17,7 +17,7 @@ from flows.heartbeat import parent_heartbeat
 from flows.train import train_federated
 from tasks.data import reproduce_data
 from tasks.debt import close_by_retrain, open_batches
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 # Closing batches waits for a deletion batch that holds the workspace's lock, as batches wait for each other.

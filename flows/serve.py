@@ -13,7 +13,7 @@ flows on demand or weekly.
     benchmark/on-demand                  every method against retraining
 
 Event-driven batches (Prefect's own deployment triggers, evaluated by the server's automations
-service; ``tasks.events`` emits the events): the batch runs when ``requests.batch_threshold``
+service; ``runtime.events`` emits the events): the batch runs when ``requests.batch_threshold``
 requests of the scenario were submitted within ``requests.batch_window_hours``; at once when one
 is urgent (due within ``requests.urgent_hours``); and when a submitted request was not processed
 within ``requests.max_wait_hours`` (a proactive trigger: the absence of its ``processed`` event).
@@ -54,9 +54,9 @@ from flows.reference import retrain_reference
 from flows.submit import submit_deletion_requests
 from flows.train import train_federated
 from flows.warm import send_flows_by_reference, start_warm_runs
-from tasks.events import PROCESSED, RESOURCE_PREFIX, SCENARIO_LABEL, SUBMITTED, URGENT_LABEL, InboxWatcher
+from runtime.events import PROCESSED, RESOURCE_PREFIX, SCENARIO_LABEL, SUBMITTED, URGENT_LABEL, InboxWatcher
 from tasks.unlearning import GPU_TAG
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 DEFAULT_CRON = "0 2 * * *"
 DEBT_CRON = "0 3 * * 0"  # Sundays 03:00 UTC: after that night's deletion batch

@@ -12,7 +12,7 @@ from prefect import flow
 
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.requests import submit_requests
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 @flow(name="submit-deletion-requests", log_prints=True)

@@ -27,9 +27,9 @@ from fedunlearn.training import TrainingRound, train
 from tasks.data import load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, register_version, training_description
-from tasks.registry import ModelWeights
+from stores.registry import ModelWeights
 from tasks.training import map_with_prefect
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 @flow(name="train-federated", log_prints=True)

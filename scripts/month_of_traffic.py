@@ -167,7 +167,7 @@ class Replay:
     so a loaded machine slows them alike."""
 
     def __init__(self, policy: str, scenario: str, root: Path, end: datetime):
-        from tasks.workspace import init_workspace
+        from stores.workspace import init_workspace
 
         self.policy, self.scenario, self.root = policy, scenario, init_workspace(root)
         self.events: list[Event] = []
@@ -206,7 +206,7 @@ class Replay:
 
     def result(self, arrivals: list[Arrival], end: datetime) -> dict:
         from fedunlearn.receipts import read_receipts
-        from tasks.registry import Registry
+        from stores.registry import Registry
 
         self.repayments_before(end + timedelta(days=31))
         receipts = read_receipts(self.root, self.scenario)
@@ -334,7 +334,7 @@ def replay(args: argparse.Namespace) -> dict:
     from cli.data import sample_ids
     from fedunlearn.config import load_params
     from fedunlearn.data.store import read_manifest
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     work = Path(args.work or tempfile.mkdtemp(prefix="month-"))
     probe = init_workspace(work / "probe")

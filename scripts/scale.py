@@ -303,7 +303,7 @@ def process_batch(root: Path, scenario: str) -> int:
     from fedunlearn.unlearning.escalation import Attempt
     from flows.process import process_deletions
     from tasks import preload
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     init_workspace(root)
     prepare_flow_run()
@@ -344,7 +344,7 @@ def intake_micro(counts: list[int], work: Path) -> dict:
     from fedunlearn.requests.integrity import ensure_intact
     from fedunlearn.requests.model import RequestKind, build_request
     from tasks.requests import append_ledger, check_subjects, open_batch, read_inbox
-    from tasks.workspace import Workspace
+    from stores.workspace import Workspace
     import great_expectations  # noqa: F401  (imported before the clock starts, as the CLI preloads it)
 
     rows = []

@@ -1,6 +1,6 @@
 """A deletion batch in served mode, measured (issue 18 item 6): the flow time of a batch that a
 Prefect deployment trigger started, split into core compute and orchestration by the flow itself
-(``tasks/timing.py``), as `make serve` runs it — every flow run forked from the warm process
+(``fedunlearn/timing.py``), as `make serve` runs it — every flow run forked from the warm process
 (``flows.warm``), or, with ``--cold-runs``, a freshly spawned interpreter, Prefect's own way.
 
 Steps: a fresh workspace (``fedunlearn init``) with ``requests.batch_threshold`` set to the batch

@@ -22,8 +22,8 @@ from fedunlearn.evaluation.audit import (AuditResult, CanaryRule, ReferenceSet, 
                                          restore_references, train_references)
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.protocol import Federation
-from tasks.timing import CORE, core_compute
-from tasks.workspace import Workspace
+from fedunlearn.timing import CORE, core_compute
+from stores.workspace import Workspace
 
 ROLE = "audit-reference"
 DESCRIPTION = "references.json"

@@ -13,7 +13,7 @@ from fedunlearn.benchmark import cache, runner
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.training import TrainedModel
 from tasks.unlearning import GPU_TAG, build_method
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 @task(name="train-original", cache_policy=NO_CACHE, tags=[GPU_TAG])

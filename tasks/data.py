@@ -14,9 +14,9 @@ from fedunlearn.federation.local import MapUpdates, map_inline
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.training import load_federation
 from fedunlearn.unlearning.base import DeletionBatch
-from tasks import validation
-from tasks.timing import core_compute
-from tasks.workspace import Workspace, checkout_from_cache
+from stores import validation
+from fedunlearn.timing import core_compute
+from stores.workspace import Workspace, checkout_from_cache
 
 
 @task(name="reproduce-data", cache_policy=NO_CACHE, retries=1)

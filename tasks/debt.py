@@ -24,7 +24,7 @@ from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrai
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
 from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 REPAY_DEPLOYMENT = "repay-retrain-debt/weekly"
 FORGETTING_TAG = "forgetting"  # MLflow version tag: interim | exact | formal

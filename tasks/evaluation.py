@@ -18,8 +18,8 @@ from fedunlearn.evaluation.uncertainty import Check
 from fedunlearn.federation import local
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.unlearning.base import DeletionBatch
-from tasks.timing import core_compute
-from tasks.workspace import Workspace
+from fedunlearn.timing import core_compute
+from stores.workspace import Workspace
 
 
 SHADOW_DIR = "shadow-models"

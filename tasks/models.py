@@ -1,4 +1,4 @@
-"""Prefect tasks over the model registry (``tasks.registry``): the model a batch unlearns from,
+"""Prefect tasks over the model registry (``stores.registry``): the model a batch unlearns from,
 the retrained reference, registering a version, aliases, and a lineage's backdoor samples; the
 lineage a version carries in MLflow — its run's data version as a dataset input, and a
 description of why the version exists (counts and identifiers only: never a sample ID or row)."""
@@ -16,8 +16,8 @@ from fedunlearn.config import ScenarioConfig
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.receipts import ModelRef
 from fedunlearn.requests.batch import BatchRecord
-from tasks.registry import ModelWeights, RegisteredModel
-from tasks.workspace import Workspace
+from stores.registry import ModelWeights, RegisteredModel
+from stores.workspace import Workspace
 
 SOURCE_ALIASES = ("current", "retrained", "original")
 BACKDOOR_ARTIFACT = "backdoor_ids.txt"

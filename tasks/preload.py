@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from tasks.registry import prepare_model_logging
+from stores.registry import prepare_model_logging
 
 logger = logging.getLogger(__name__)
 _started: list[threading.Thread] = []
@@ -36,10 +36,10 @@ def import_registry_stores() -> None:
 
 
 def prepare_dvc() -> None:
-    """DVC's Python API (``tasks.workspace`` commits data versions in process): 0.15 s, and 0.08 s
+    """DVC's Python API (``stores.workspace`` commits data versions in process): 0.15 s, and 0.08 s
     more that a repository's first open and commit import lazily (440 modules: SCM, plots, stage
     cache, transfer), paid here on a throwaway repository whose caches stay in its directory."""
-    from tasks.workspace import commit_stage
+    from stores.workspace import commit_stage
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

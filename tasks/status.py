@@ -24,7 +24,7 @@ from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.model import utc_now
 from tasks.debt import retrain_debt
 from tasks.requests import read_inbox
-from tasks.workspace import Workspace
+from stores.workspace import Workspace
 
 
 PENDING, INTERIM, EXACT = "pending", "interim", "exact"

@@ -19,7 +19,7 @@ from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedunlearn.federation.fedavg import ClientUpdate
-from tasks import timing
+from fedunlearn import timing
 
 CLIENT_UPDATE = {"global_state", "data", "client", "round_idx"}
 

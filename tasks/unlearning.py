@@ -17,7 +17,7 @@ from fedunlearn.faults import failpoint
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.base import Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import get_method_class
-from tasks.timing import core_compute
+from fedunlearn.timing import core_compute
 
 GPU_TAG = "gpu"
 GPU_LIMIT = f"tag:{GPU_TAG}"  # the concurrency limit Prefect keeps for the tag (``make serve`` sets one slot)

@@ -22,7 +22,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     """A fresh workspace: the project's params.yaml and dvc.yaml, `dvc init --no-scm`, empty ledger."""
-    from tasks.workspace import init_workspace
+    from stores.workspace import init_workspace
 
     return init_workspace(tmp_path / "workspace", template=PROJECT_ROOT)
 

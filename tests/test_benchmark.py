@@ -10,7 +10,7 @@ import torch
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.evaluation.records import ROW_KEYS
 from fedunlearn.federation.local import Tensors
-from tasks.registry import tracking_uri
+from stores.registry import tracking_uri
 
 
 def clients(sizes=(5, 9, 3)) -> list[Tensors]:
@@ -99,7 +99,7 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     from fedunlearn.config import load_params
     from fedunlearn.training import load_federation
     from fedunlearn.unlearning import get_method
-    from tasks.workspace import reproduce
+    from stores.workspace import reproduce
 
     reproduce(workspace, "digits-hfl")
     fed_state = load_federation("digits-hfl", load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
@@ -118,7 +118,7 @@ def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario,
     from fedunlearn.config import load_params
     from fedunlearn.training import load_federation, prepare_unlearning, trained
     from tasks.unlearning import build_method
-    from tasks.workspace import reproduce
+    from stores.workspace import reproduce
 
     reproduce(workspace, scenario)
     fed_state = load_federation(scenario, load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))

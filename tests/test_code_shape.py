@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("cli", "flows", "tasks", "fedunlearn", "models")
+PACKAGES = ("cli", "flows", "tasks", "stores", "runtime", "fedunlearn", "models")
 MAX_LINES = 60
 
 

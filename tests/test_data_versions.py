@@ -10,8 +10,8 @@ import yaml
 
 from fedunlearn.data.store import PARTITIONS_DIR, load_horizontal
 from fedunlearn.requests.ledger import LEDGER_PATH
-from tasks.validation import ValidationFailed, validate_partition
-from tasks.workspace import _run_dvc, data_version, init_workspace, reproduce
+from stores.validation import ValidationFailed, validate_partition
+from stores.workspace import _run_dvc, data_version, init_workspace, reproduce
 
 
 def tree_digest(directory) -> dict[str, str]:
@@ -103,7 +103,7 @@ def test_reproduce_does_nothing_until_an_input_or_output_changes(workspace, monk
     runs them again. The commit runs in this process and leaves its working directory as it was."""
     import os
 
-    from tasks import workspace as module
+    from stores import workspace as module
 
     cwd = os.getcwd()
     version = reproduce(workspace, "digits-hfl")

@@ -24,11 +24,11 @@ from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
-from tasks import durable
-from tasks.durable import STATE_DIR, set_tracking_uri
-from tasks.registry import Registry
-from tasks.workspace import _run_dvc as run_dvc
-from tasks.workspace import data_version
+from stores import durable
+from stores.durable import STATE_DIR, set_tracking_uri
+from stores.registry import Registry
+from stores.workspace import _run_dvc as run_dvc
+from stores.workspace import data_version
 from test_serve_e2e import BIN, Service, Services, free_port
 
 SCENARIO = "digits-hfl"
@@ -184,7 +184,7 @@ def test_the_state_snapshot_is_pushed_once_never_over_a_newer_remote_and_taken_o
     from fedunlearn.errors import StateDamaged
     from fedunlearn.requests.batch import BatchRecord, BatchStatus
     from fedunlearn.requests.ledger import LedgerEntry
-    from tasks.workspace import init_workspace, reproduce
+    from stores.workspace import init_workspace, reproduce
 
     def entry(request_id: str) -> LedgerEntry:
         return LedgerEntry(request_id=request_id, batch_id="b1", scenario=SCENARIO, kind="sample",

@@ -18,7 +18,7 @@ from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.requests import (append_ledger, capture_fingerprints, open_batch, purge_cache, reproduce_versions,
                             validate_requests, verify_erasure)
-from tasks.workspace import Workspace, reproduce
+from stores.workspace import Workspace, reproduce
 
 
 def files_holding(roots: list[Path], rows: set[bytes]) -> set[str]:
@@ -93,7 +93,7 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
     from mlflow import MlflowClient
 
     from models import build_model
-    from tasks.registry import tracking_uri
+    from stores.registry import tracking_uri
 
     reproduce(workspace, "digits-hfl")
     ws = Workspace.open(workspace)
@@ -226,7 +226,7 @@ def test_a_row_an_earlier_batch_deleted_is_found_when_it_comes_back_by_keyed_fin
     not as numbers, not as hex) let batch 2's scan find one of its rows saved again as float64 — and the
     fingerprint file itself holds nothing the scan finds. Without the key they match nothing."""
     from fedunlearn.requests.erasure import ERASED_ROWS_PATH, FINGERPRINT_KEY_PATH, ErasedRows, fingerprint_key
-    from tasks import stores
+    from stores import erasure as stores
     from tasks.requests import release_fingerprints, scan_stores
 
     reproduce(workspace, "digits-hfl")

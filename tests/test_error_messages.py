@@ -68,7 +68,7 @@ def test_ingest_in_a_workspace_never_prepared_says_to_prepare_and_exits_2(worksp
 
 def test_a_model_step_failing_after_the_deletion_says_the_data_is_changed_and_how_to_resume():
     from flows.process import stage
-    from tasks.registry import ModelArtifactMissing
+    from stores.registry import ModelArtifactMissing
 
     entry = LedgerEntry(request_id="r1", batch_id="b1", scenario=SCENARIO, kind="sample", sample_ids=["x"])
     record = BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.COMPLETE,

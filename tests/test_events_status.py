@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-import tasks.events as events
+import runtime.events as events
 from cli import main
 from fedunlearn.config import RequestsConfig
 from fedunlearn.errors import RequestOverdue

@@ -20,7 +20,7 @@ CONFIG = TrainConfig(rounds=20, lr=0.05, batch_size=16)
 
 @pytest.fixture(scope="module")
 def fed_state(tmp_path_factory) -> VerticalState:
-    from tasks.workspace import PROJECT_ROOT, init_workspace, reproduce
+    from stores.workspace import PROJECT_ROOT, init_workspace, reproduce
 
     root = init_workspace(tmp_path_factory.mktemp("fedora") / "workspace", template=PROJECT_ROOT)
     reproduce(root, "wine-vfl")

@@ -18,8 +18,8 @@ from cli import main
 from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from flows.debt import repay_retrain_debt
-from tasks.registry import Registry
-from tasks.workspace import data_version
+from stores.registry import Registry
+from stores.workspace import data_version
 
 SCENARIO = "digits-hfl"
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)

@@ -16,7 +16,7 @@ from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, submit_request
 from fedunlearn.requests.model import DeletionRequestModel
-from tasks.workspace import data_version, reproduce
+from stores.workspace import data_version, reproduce
 
 SCENARIO = "digits-hfl"
 

@@ -12,8 +12,8 @@ from fedunlearn.config import load_params
 from fedunlearn.requests.batch import BatchRecord, VersionChange
 from fedunlearn.requests.ledger import LedgerEntry
 from tasks.models import batch_description, training_description
-from tasks.registry import ModelWeights, Registry
-from tasks.workspace import PROJECT_ROOT
+from stores.registry import ModelWeights, Registry
+from stores.workspace import PROJECT_ROOT
 
 SCENARIO = "digits-hfl"
 BEFORE, AFTER = "0f" * 16, "a1" * 16  # DVC md5 hashes: 32 hex digits

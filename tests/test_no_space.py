@@ -18,7 +18,7 @@ from prefect.exceptions import PrefectHTTPStatusError
 from cli import main
 from fedunlearn import errors
 from fedunlearn.errors import BatchFailed, NoSpace, as_no_space, is_no_space, no_space_path
-from tasks.registry import ModelWeights, Registry, tracking_uri
+from stores.registry import ModelWeights, Registry, tracking_uri
 
 RESUME = "`fedunlearn process --scenario digits-hfl`"
 TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
@@ -163,7 +163,7 @@ def test_a_failed_registration_ends_its_mlflow_run_as_failed(workspace, monkeypa
     version whose registration fails: each run ends FAILED, none is left RUNNING."""
     from tasks.audit import register_references
     from tasks.models import register_version
-    from tasks.workspace import Workspace
+    from stores.workspace import Workspace
     from fedunlearn.evaluation.records import VersionMetrics
 
     ws = Workspace.open(workspace)

@@ -4,7 +4,7 @@ start, ``wait`` joins, and concurrent model exports take turns (torch.export is 
 import threading
 
 from tasks import preload
-from tasks.registry import prepare_model_logging
+from stores.registry import prepare_model_logging
 
 
 def test_steps_run_in_order_and_a_failure_only_logs(caplog):

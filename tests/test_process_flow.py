@@ -22,8 +22,8 @@ from fedunlearn.receipts import read_receipt, read_receipts, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
-from tasks.registry import Registry, tracking_uri
-from tasks.workspace import data_version
+from stores.registry import Registry, tracking_uri
+from stores.workspace import data_version
 
 SCENARIO = "digits-hfl"
 

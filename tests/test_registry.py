@@ -1,4 +1,4 @@
-"""The registry for each setting (tasks.registry): a version holds the weights as its setting's
+"""The registry for each setting (stores.registry): a version holds the weights as its setting's
 federation holds them — HFL one model; VFL each party's bottom model and the active party's top
 model as separate artifacts, so a party fetches its own part alone; DFL the published model, every
 node's model and certified DFU's budget — and loading a version back gives exactly those weights.
@@ -11,8 +11,8 @@ import torch
 
 from fedunlearn.config import load_params
 from fedunlearn.training import load_federation, train
-from tasks.registry import ModelWeights, Registry
-from tasks.workspace import reproduce
+from stores.registry import ModelWeights, Registry
+from stores.workspace import reproduce
 
 SCENARIOS = {"hfl": "digits-hfl", "vfl": "wine-vfl", "dfl": "breast_cancer-dfl-ring"}
 

@@ -19,7 +19,7 @@ from fedunlearn.requests.inbox import REASON_SUFFIX, InboxItem, quarantine, scan
 from fedunlearn.requests.model import (MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, DeletionRequestModel, RequestError,
                                        build_request, parse_request)
 from tasks.requests import validate_requests
-from tasks.workspace import Workspace, init_workspace, reproduce
+from stores.workspace import Workspace, init_workspace, reproduce
 
 SCENARIO = "digits-hfl"
 

@@ -3,7 +3,7 @@ model as the default thread runner for a fixed seed."""
 
 import torch
 
-from tasks.registry import Registry
+from stores.registry import Registry
 
 
 def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefect_server):

@@ -145,7 +145,7 @@ def check_batch(workspace: Path, scenario: str, receipt) -> dict:
     ``current`` on that version — a version of the batch's new data version."""
     from mlflow import MlflowClient
 
-    from tasks.registry import tracking_uri
+    from stores.registry import tracking_uri
 
     registry = MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
     versions = {str(v.version): v for v in registry.search_model_versions(f"name='{scenario}'")}

@@ -26,8 +26,8 @@ from fedunlearn.errors import BatchCannotSucceed, ErasureNotVerified, NoSpace, S
 from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.folders import RequestFolders
-from tasks import workspace as workspaces
-from tasks.registry import ModelArtifactMissing, Registry, tracking_uri
+from stores import workspace as workspaces
+from stores.registry import ModelArtifactMissing, Registry, tracking_uri
 
 SCENARIO = "digits-hfl"
 EVERY_STORE = {"data", "receipts", "dvc-cache", "mlflow", "prefect", "temporary files", "model caches",

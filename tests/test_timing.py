@@ -4,7 +4,7 @@
 import threading
 import time
 
-from tasks.timing import FlowClock, core_compute
+from fedunlearn.timing import FlowClock, core_compute
 
 
 def test_parallel_and_nested_compute_counts_once_and_the_rest_is_orchestration():

@@ -3,7 +3,7 @@ Prefect server, a real DVC repository and a real sqlite MLflow registry."""
 
 import mlflow
 
-from tasks.registry import Registry, tracking_uri
+from stores.registry import Registry, tracking_uri
 
 
 def test_train_flow_registers_the_original_model(workspace, prefect_server):

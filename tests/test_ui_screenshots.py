@@ -54,7 +54,7 @@ def register_versions(workspace) -> str:
     from fedunlearn.requests.batch import BatchRecord, VersionChange
     from fedunlearn.requests.ledger import LedgerEntry
     from tasks.models import batch_description, training_description
-    from tasks.registry import ModelWeights, Registry
+    from stores.registry import ModelWeights, Registry
 
     registry = Registry(workspace)
     record = BatchRecord(batch_id="batch-ui", scenario=SCENARIO, dataset="digits", requests=[
@@ -107,7 +107,7 @@ def test_the_prefect_and_mlflow_uis_render_the_deployments_and_the_registered_ve
         assert text in mlflow_page, f"{text!r} not rendered on the MLflow registered-model page"
 
     # Lineage: the unlearned version's run shows its data version (digest: the DVC hash) and why it exists.
-    from tasks.registry import Registry
+    from stores.registry import Registry
 
     experiment = Registry(workspace).client.get_run(unlearned_run).info.experiment_id
     image = (DOCS_IMG if os.environ.get("UPDATE_SCREENSHOTS") else tmp_path) / "mlflow-dataset-input.png"

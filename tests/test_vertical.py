@@ -23,7 +23,7 @@ EMBEDDING = 16
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    from tasks.workspace import PROJECT_ROOT, init_workspace, reproduce
+    from stores.workspace import PROJECT_ROOT, init_workspace, reproduce
 
     workspace = init_workspace(tmp_path_factory.mktemp("vfl") / "workspace", template=PROJECT_ROOT)
     reproduce(workspace, "wine-vfl")

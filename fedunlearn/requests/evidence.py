@@ -142,7 +142,7 @@ def _read_receipt(path: Path) -> ReceiptFacts | None:
 
 def current_data_versions(root: Path) -> dict[str, str]:
     """scenario → its current data version, as ``dvc.lock`` records it (what ``data_version`` of
-    ``tasks.workspace`` reads, without DVC)."""
+    ``stores.workspace`` reads, without DVC)."""
     lock = Path(root) / "dvc.lock"
     if not lock.is_file():
         return {}

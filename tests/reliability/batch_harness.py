@@ -35,7 +35,7 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import submit_request
 from fedunlearn.requests.model import RequestKind, build_request
-from tasks.workspace import init_workspace
+from stores.workspace import init_workspace
 
 SCENARIO = "digits-hfl"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -234,7 +234,7 @@ def submit(workspace: Path, sample_ids: list[str]) -> str:
 def registry(workspace: Path):
     from mlflow import MlflowClient
 
-    from tasks.registry import tracking_uri
+    from stores.registry import tracking_uri
 
     return MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
 

@@ -21,7 +21,7 @@ import pytest
 
 from batch_harness import (BIN, PROJECT_ROOT, RUN_TIMEOUT_S, SCENARIO, SampleIds, base_environment,
                            check_exactly_once, registry, submit)
-from tasks.workspace import init_workspace
+from stores.workspace import init_workspace
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 FREE_LEFT = {"2 MB": 2 * 2**20, "700 KB": 700 * 2**10}

@@ -47,7 +47,7 @@ from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, file_processed, quarantine
 from fedunlearn.requests.model import MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, MAX_SAMPLE_ID_LENGTH
 from tasks.requests import read_inbox, validate_requests
-from tasks.workspace import Workspace, init_workspace, reproduce
+from stores.workspace import Workspace, init_workspace, reproduce
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 SCENARIO = "digits-hfl"

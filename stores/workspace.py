@@ -29,9 +29,9 @@ from fedunlearn.data.store import PARTITIONS_DIR, RAW_DIR, partition_scenario, p
 from fedunlearn.errors import LOW_SPACE_BYTES, NoSpace, StateDamaged, watch_filesystems
 from fedunlearn.requests.folders import RequestFolders, batch_lock
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, read_deleted_ids
-from tasks.registry import Registry
-from tasks.stores import CACHE_DIR, TEMPORARY_DIR
-from tasks.timing import CORE
+from stores.registry import Registry
+from stores.erasure import CACHE_DIR, TEMPORARY_DIR
+from fedunlearn.timing import CORE
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE_FILES = ("params.yaml", "dvc.yaml")

@@ -76,7 +76,7 @@ def mlflow_store(root: Path) -> Store:
     """The workspace's own MLflow store (``mlflow/``), or — with ``mlflow.tracking_uri`` set — what
     of it this machine can read: nothing of a tracking server (its database and artifact destination
     are the server's), the database file of a sqlite URI elsewhere."""
-    from tasks.registry import is_tracking_server, tracking_uri
+    from stores.registry import is_tracking_server, tracking_uri
 
     root = Path(root)
     uri = tracking_uri(root)

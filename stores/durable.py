@@ -1,7 +1,7 @@
 """Durable stores: the workspace pushed to its DVC remote, and a workspace restored from it.
 
 The DVC remote is DVC's own setting (``dvc remote add -d NAME URL``); the MLflow tracking server is
-``mlflow.tracking_uri`` in params.yaml (``tasks.registry``). With a default DVC remote, a deletion
+``mlflow.tracking_uri`` in params.yaml (``stores.registry``). With a default DVC remote, a deletion
 batch pushes — before alias ``current`` moves, and again once its receipt is written:
 
     files/md5/...                          the data versions of dvc.lock (``dvc push`` of its stages):
@@ -48,16 +48,14 @@ from pathlib import Path
 from typing import Iterator
 
 import yaml
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.errors import BatchFailed, FedunlearnError, InputError, StateDamaged
 from fedunlearn.receipts import RECEIPTS_DIR, Receipt
 from fedunlearn.requests.folders import REQUESTS_DIR, RequestFolders
 from fedunlearn.requests.integrity import check_ledger
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
-from tasks import stores
-from tasks.workspace import DvcError, _run_dvc, init_workspace
+from stores import erasure
+from stores.workspace import DvcError, _run_dvc, init_workspace
 
 STATE_DIR = "fedunlearn-state"
 KEEP_SNAPSHOTS = 3
@@ -214,7 +212,7 @@ def push_state(root: Path, force: bool = False) -> str | None:
     the snapshot's name; None when there is no default remote, nothing prepared yet, or (unless
     ``force``) the same state was pushed to the same remote already."""
     root = Path(root)
-    remote = stores.dvc_remote(root)
+    remote = erasure.dvc_remote(root)
     stages = locked_stages(root)
     if remote is None or not stages:
         return None
@@ -256,25 +254,11 @@ def push_state(root: Path, force: bool = False) -> str | None:
 
 def stale(root: Path) -> bool:
     """Whether a default remote is configured and does not hold this state yet (cheap: local files only)."""
-    remote = stores.dvc_remote(root)
+    remote = erasure.dvc_remote(root)
     if remote is None or not locked_stages(root):
         return False
     marker = _marker(root)
     return marker.get("remote") != remote[1] or marker.get("digest") != build_snapshot(root).digest
-
-
-@task(name="push-durable-state", cache_policy=NO_CACHE)
-def push_durable_state(root: Path, why: str) -> str | None:
-    name = push_state(root)
-    if name:
-        get_run_logger().info("pushed the data versions and the state snapshot %s to the DVC remote (%s)", name, why)
-    return name
-
-
-def sync_state(root: Path, why: str) -> str | None:
-    """What a flow calls under the batch lock: push when the remote is behind this workspace (a
-    Prefect task run only then), a no-op without a remote."""
-    return push_durable_state(Path(root), why) if stale(root) else None
 
 
 # --- restore -------------------------------------------------------------------------------------------
@@ -347,8 +331,8 @@ def _check_registry(root: Path, receipts: list[Receipt]) -> list[str]:
     from mlflow.exceptions import MlflowException
 
     from fedunlearn.config import load_params
-    from tasks.registry import Registry, is_tracking_server
-    from tasks.workspace import data_version
+    from stores.registry import Registry, is_tracking_server
+    from stores.workspace import data_version
 
     registry = Registry(root)
     try:
@@ -451,7 +435,7 @@ def _restore(root: Path, url: str, tracking_uri: str | None) -> Restored:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     # The snapshot's .dvc/config names the remote as the old workspace reached it: this one reaches it at url.
-    remote_name = (stores.dvc_remote(root) or (DEFAULT_REMOTE, url))[0]
+    remote_name = (erasure.dvc_remote(root) or (DEFAULT_REMOTE, url))[0]
     _run_dvc(root, ["remote", "add", "-d", "-f", remote_name, url])
     if tracking_uri:
         set_tracking_uri(root, tracking_uri)
@@ -469,7 +453,7 @@ def _restore(root: Path, url: str, tracking_uri: str | None) -> Restored:
         raise StateDamaged("the restored ledger does not verify against the restored batch records:\n"
                            + "\n".join(check.lines()))
     _write_marker(root, url, hashlib.sha256(data).hexdigest(), names[-1])
-    from tasks.registry import tracking_uri as workspace_tracking_uri
+    from stores.registry import tracking_uri as workspace_tracking_uri
 
     return Restored(root, names[-1], len(files), stages, fetched, check.lines(), workspace_tracking_uri(root),
                     _check_registry(root, receipts))
