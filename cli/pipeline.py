@@ -69,20 +69,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--gpu-slots", type=int, default=1, metavar="N",
                        help="concurrency limit of tasks tagged gpu (default 1: one GPU worker)")
     serve.add_argument("--cold-runs", action="store_true",
-                       help="start every flow run in a fresh interpreter (Prefect's own way) instead of forking it "
-                            "from a process that imported the application once (saves ≈ 7 s per run)")
+                       help="accepted for older scripts; every flow run is Prefect's own process already")
     serve.set_defaults(handler=run_serve)
 
 
 def run_process(args: argparse.Namespace, root: Path) -> int:
     from flows.process import process_deletions
-    from tasks import preload
     from stores.workspace import init_workspace
 
     init_workspace(root)
     require_data_for_requests(root, args.scenario, "process")
     prepare_flow_run()
-    preload.in_background(*preload.BATCH_LIBRARIES)  # while the ephemeral Prefect server starts
     result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
                                retrain_reference=args.retrain, method_options=args.method_options,
                                device=args.device, forgetting_policy=args.forgetting_policy)
@@ -136,5 +133,5 @@ def run_serve(args: argparse.Namespace, root: Path) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         raise ValueError("set PREFECT_API_URL to a running Prefect server (e.g. http://127.0.0.1:4200/api): "
                          "`make serve` starts one with the deployments and both UIs")
-    serve_deployments(root, args.scenario, args.cron or DEFAULT_CRON, args.gpu_slots, warm_runs=not args.cold_runs)
+    serve_deployments(root, args.scenario, args.cron or DEFAULT_CRON, args.gpu_slots)
     return 0

@@ -62,17 +62,15 @@ from flows.debt import repay
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference as retrain_reference_flow
 from flows.train import train_federated
-from flows.warm import started_warm
-from tasks import preload
 from tasks.audit import audit, load_references, log_audit, log_source_audit
-from tasks.data import load_data
+from tasks.data import load_data, read_federation
 from tasks.debt import (FORGETTING_TAG, REPAY_DEPLOYMENT, Debt, mark_repaid, repayment_time, retrain_debt,
                         safe_start, schedule_repayment)
 from tasks.backup import sync_state
 from runtime.events import announce_processed
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
-                          register_version, remove_alias)
+                          register_version, remove_alias, retrained_model)
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt, write_receipt
 from stores.registry import ModelWeights, RegisteredModel
@@ -186,7 +184,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         publish_status(ws, scenario)
         clock.stage("debt-and-status")
     print(receipt.markdown())
-    timings = {**clock.split(), "warm_start": started_warm()}
+    timings = clock.split()
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
     return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied),
@@ -197,7 +195,6 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
 def print_timings(timings: dict) -> None:
     print(f"flow {timings['flow_seconds']:.2f} s: compute {timings['core_seconds']:.2f} s, orchestration "
           f"{timings['orchestration_seconds']:.2f} s ({timings['orchestration_share']:.1%})"
-          + ("; started warm (forked from the serving process's warm process)" if timings["warm_start"] else "")
           + "; orchestration by stage: " + ", ".join(f"{name} {seconds:.2f} s"
                                                    for name, seconds in timings["orchestration_by_stage"].items()))
 
@@ -305,7 +302,6 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     registered by an earlier run are read back, not redone."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
-    preload.wait()  # torch.export's tracing state is process-global: no tensor work beside a probe export
     registered = attempts_registered(ws, scenario, batch_id)
     recorded = next((v.tags.get("source_version") for v in registered.values() if "source_version" in v.tags), None)
     source = load_source_model(ws, scenario, record.data_version_before, recorded)
@@ -501,7 +497,7 @@ def exact_retrain(ws: Workspace, scenario: str, batch_id: str, number: int, devi
     retrain-reference flow's reuse check would have nothing to reuse: its sub-flow is skipped (each
     sub-flow's start is ≈ 0.15 s of API calls against a served batch's Prefect server)."""
     train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained", batch_id=batch_id)
-    return find_reference.fn(ws, scenario, ws.data_version(scenario))
+    return retrained_model(ws, scenario, ws.data_version(scenario))
 
 
 def registered_cost(model: RegisteredModel) -> CostRecord:
@@ -520,7 +516,7 @@ def retrain_for_new_features(ws: Workspace, record: BatchRecord, source: Registe
     """A batch that deleted only held-out samples of a scenario whose feature transform is fit on
     the held-out split: no model of the earlier data version fits the new one's features (nor may
     it keep statistics of the deleted samples), so the new data version gets an exact retrain."""
-    exact = find_reference.fn(ws, record.scenario, record.data_version_after) or exact_retrain(
+    exact = retrained_model(ws, record.scenario, record.data_version_after) or exact_retrain(
         ws, record.scenario, record.batch_id, 0, device)
     tag_attempt(ws, record.scenario, exact.ref.version, 0)
     why = "held-out samples deleted: the feature transform fit on them changed"
@@ -541,7 +537,7 @@ def keep_source(ws: Workspace, record: BatchRecord, source: RegisteredModel, reg
         ref = ModelRef(version=str(registered[0].version), role="unlearned",
                        data_version=record.data_version_after, run_id=registered[0].run_id)
     else:
-        federation = load_data.fn(ws, record.scenario, torch.device("cpu"), record.data_version_after)
+        federation = read_federation(ws, record.scenario, torch.device("cpu"), record.data_version_after)
         federation = with_weights(federation, source)
         certificate = Certificate(method=UNCHANGED, guarantee=guarantee, claimed=guarantee, scenario=record.scenario,
                                   batch_id=record.batch_id, notes=["only held-out samples were deleted: the model "

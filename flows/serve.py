@@ -21,8 +21,10 @@ A trigger that fires while a batch runs starts a run that waits for the lock and
 left, so no request waits for the cron.
 
 ``fedunlearn serve`` (what ``make serve`` starts) serves them from one process against the
-Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them; each flow run is a process
-forked from the warm process (``flows.warm``). Their parameters are typed (pydantic models and
+Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them: Prefect's runner with
+``flow.to_deployment`` deployments, whose entrypoints are module paths, so each flow run is the
+process the runner starts for it (``python -m prefect.engine``, the flow imported from its module).
+Their parameters are typed (pydantic models and
 enums), so the Prefect UI's Run button shows forms; ``root`` defaults to the served workspace.
 
 GPU: the unlearning tasks carry the tag ``gpu`` (``tasks.benchmark``: unlearn, train-original,
@@ -43,6 +45,7 @@ from prefect.client.orchestration import get_client
 from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import TerminationSignal
 from prefect.runner import Runner
+from prefect.types.entrypoint import EntrypointType
 
 from fedunlearn.config import RequestsConfig, load_params
 
@@ -53,7 +56,6 @@ from flows.process import process_deletions
 from flows.reference import retrain_reference
 from flows.submit import submit_deletion_requests
 from flows.train import train_federated
-from flows.warm import send_flows_by_reference, start_warm_runs
 from runtime.events import PROCESSED, RESOURCE_PREFIX, SCENARIO_LABEL, SUBMITTED, URGENT_LABEL, InboxWatcher
 from tasks.unlearning import GPU_TAG
 from stores.workspace import Workspace
@@ -86,7 +88,7 @@ def batch_triggers(scenario: str, requests: RequestsConfig) -> list[DeploymentEv
 
 
 def build_deployments(root: Path, scenario: str, cron: str) -> list[tuple[Flow, dict[str, Any]]]:
-    """Every served flow with its deployment's settings (``Runner.add_flow``'s arguments)."""
+    """Every served flow with its deployment's settings (``flow.to_deployment``'s arguments)."""
     common = {"root": str(root), "scenario": scenario}
     requests = load_params(root / "params.yaml").requests
     return [
@@ -128,17 +130,10 @@ def limit_gpu_tasks(slots: int) -> None:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=slots)
 
 
-def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_slots: int = 1,
-                      warm_runs: bool = True) -> None:
+def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_slots: int = 1) -> None:
     """Register the deployments and run their flow runs until interrupted (Ctrl-C); meanwhile the
-    inbox watcher announces every request file that arrives. The runner holds the flows themselves
-    (``Runner.add_flow``, what ``flow.serve`` does), so a run starts the flow in a child process
-    without re-importing it from its file; ``warm_runs``: that child is forked from a process that
-    imported the application once (``flows.warm``) instead of spawned cold."""
+    inbox watcher announces every request file that arrives."""
     root = Path(root).resolve()
-    send_flows_by_reference()
-    if warm_runs:
-        start_warm_runs()
     limit_gpu_tasks(gpu_slots)
     ws = Workspace.open(root)
     watcher = InboxWatcher(ws.folders.inbox, scenario, ws.params.requests.deadline_days,
@@ -146,7 +141,7 @@ def serve_deployments(root: Path, scenario: str, cron: str = DEFAULT_CRON, gpu_s
     runner = Runner(pause_on_shutdown=True)
     served = build_deployments(root, scenario, cron)
     for served_flow, settings in served:
-        runner.add_flow(served_flow, **settings)
+        runner.add_deployment(served_flow.to_deployment(entrypoint_type=EntrypointType.MODULE_PATH, **settings))
     print("\n".join([SERVING, *(f"  {served_flow.name}/{settings['name']}" for served_flow, settings in served)]),
           flush=True)
     watcher.start()

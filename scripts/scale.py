@@ -302,12 +302,10 @@ def process_batch(root: Path, scenario: str) -> int:
     from cli.common import describe_batch, erasure_status, prepare_flow_run, print_summary
     from fedunlearn.unlearning.escalation import Attempt
     from flows.process import process_deletions
-    from tasks import preload
     from stores.workspace import init_workspace
 
     init_workspace(root)
     prepare_flow_run()
-    preload.in_background(*preload.BATCH_LIBRARIES)
     result = process_deletions(scenario=scenario, root=str(root), retrain_reference=True,
                                escalation=[Attempt(method="puf-special"), Attempt(method="retrain")])
     print_summary(result)

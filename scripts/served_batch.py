@@ -1,7 +1,7 @@
 """A deletion batch in served mode, measured (issue 18 item 6): the flow time of a batch that a
 Prefect deployment trigger started, split into core compute and orchestration by the flow itself
-(``fedunlearn/timing.py``), as `make serve` runs it — every flow run forked from the warm process
-(``flows.warm``), or, with ``--cold-runs``, a freshly spawned interpreter, Prefect's own way.
+(``fedunlearn/timing.py``), as `make serve` runs it: each flow run is the process Prefect's runner starts for it
+(``python -m prefect.engine``, the flow loaded from its module).
 
 Steps: a fresh workspace (``fedunlearn init``) with ``requests.batch_threshold`` set to the batch
 size, ``fedunlearn train``, then ``scripts/serve.sh`` (Prefect server, deployments with their event
@@ -10,7 +10,7 @@ training IDs written into the inbox (``submit_request``, what ``fedunlearn reque
 nobody presses Run: the N-th request's event starts ``process-deletions``. When that run ends,
 its log's timing line, its task-run timeline and its wall time are printed and written as JSON.
 
-    .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served] [--cold-runs]
+    .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served]
 """
 
 from __future__ import annotations
@@ -113,7 +113,6 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/served"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=PROJECT / "results" / "served_batch.json")
-    parser.add_argument("--cold-runs", action="store_true", help="serve with `fedunlearn serve --cold-runs`")
     args = parser.parse_args()
     work = args.work.resolve()
     if work.exists():
@@ -123,7 +122,7 @@ def main() -> None:
     prefect_port, mlflow_port = free_port(), free_port()
     env = {**os.environ, "FEDUNLEARN_ROOT": str(work), "PREFECT_PORT": str(prefect_port),
            "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario,
-           **({"SERVE_FLAGS": "--cold-runs"} if args.cold_runs else {})}
+           }
     os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{prefect_port}/api"
     serve = subprocess.Popen(["bash", str(PROJECT / "scripts" / "serve.sh")], env=env, cwd=PROJECT,
                              stdout=(work / "serve-sh.log").open("w"), stderr=subprocess.STDOUT,
@@ -156,7 +155,6 @@ def main() -> None:
         by_stage = line.split("orchestration by stage: ", 1)[1] if "orchestration by stage: " in line else ""
         result.update(flow_seconds=float(timing[1]), core_seconds=float(timing[2]),
                       orchestration_seconds=float(timing[3]), orchestration_share=round(float(timing[4]) / 100, 4),
-                      warm_start="started warm" in line,
                       orchestration_by_stage={name: float(seconds) for name, seconds in STAGE.findall(by_stage)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -31,9 +31,15 @@ def validate_partition(ws: Workspace, scenario: str) -> dict:
 
 
 @task(name="load-data-version", cache_policy=NO_CACHE)
-@core_compute
 def load_data(ws: Workspace, scenario: str, device: torch.device, data_version: str | None = None, *,
               map_updates: MapUpdates = map_inline, backdoor_ids: list[str] | None = None) -> Federation:
+    """``read_federation`` as a task run of the flow."""
+    return read_federation(ws, scenario, device, data_version, map_updates=map_updates, backdoor_ids=backdoor_ids)
+
+
+@core_compute
+def read_federation(ws: Workspace, scenario: str, device: torch.device, data_version: str | None = None, *,
+                    map_updates: MapUpdates = map_inline, backdoor_ids: list[str] | None = None) -> Federation:
     """The federation of ``data_version`` (default: the current one) with untrained weights: the
     workspace's files while they are that version, otherwise DVC's cache (the data before a batch
     whose ledger append moved the workspace on — its deleted samples are still in it). Read into

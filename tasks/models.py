@@ -56,11 +56,16 @@ def load_source_model(ws: Workspace, scenario: str, data_version: str, recorded:
     return found
 
 
-@task(name="find-reference", cache_policy=NO_CACHE)
-def find_reference(ws: Workspace, scenario: str, data_version: str) -> RegisteredModel | None:
+def retrained_model(ws: Workspace, scenario: str, data_version: str) -> RegisteredModel | None:
     """The exactly retrained model of ``data_version``, if one is registered."""
     versions = ws.registry.versions(scenario, role="retrained", data_version=data_version)
     return ws.registry.load(scenario, str(versions[-1].version)) if versions else None
+
+
+@task(name="find-reference", cache_policy=NO_CACHE)
+def find_reference(ws: Workspace, scenario: str, data_version: str) -> RegisteredModel | None:
+    """The exactly retrained model of ``data_version``, if one is registered."""
+    return retrained_model(ws, scenario, data_version)
 
 
 @task(name="register-version", cache_policy=NO_CACHE)

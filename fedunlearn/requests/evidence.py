@@ -110,7 +110,7 @@ class ReceiptFacts:
 
 
 # Receipts read by this process, by path, with the size and modification time they were read at: a
-# warm process checks the ledger before every batch, and receipts are written once.
+# long-lived process (the CLI's, a test's) checks the ledger before every batch, and receipts are written once.
 _READ: dict[Path, tuple[tuple[int, int], ReceiptFacts | None]] = {}
 
 
