@@ -1,0 +1,150 @@
+"""The decisions of a deletion batch, apart from the flow that carries them out: which model the
+batch unlearns from, which route it takes (unlearn and escalate, keep the source, retrain for new
+features, close without a model), when the escalation stops, and the receipt assembled from what
+the batch did. Plain functions of plain values: ``flows.unlearn`` and ``flows.promote`` call them,
+``tests/test_batch_decisions.py`` checks every branch without Prefect or a workspace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any, Callable, Mapping
+
+from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.certify.gates import GateOutcome
+from fedunlearn.certify.tiers import Tier, exact_due, serves, tier_of
+from fedunlearn.config import ForgettingPolicy
+from fedunlearn.evaluation.records import Evaluation, VersionMetrics
+from fedunlearn.federation.cost import CostRecord
+from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
+from fedunlearn.requests.batch import BatchRecord
+
+UNCHANGED = "unchanged"  # the method of a batch that deleted only held-out samples: nothing to unlearn
+SOURCE_TAG = "source_version"
+
+
+class Route(str, Enum):
+    """What a batch does with its model, decided before any model work."""
+
+    escalate = "escalate"  # unlearn, judge, escalate until an attempt may serve
+    exact_only = "exact-only"  # training samples deleted, and the feature transform moved: exact retrain
+    retrain_for_new_features = "retrain-for-new-features"  # only held-out samples, but the transform moved
+    keep_source = "keep-source"  # only held-out samples: the model never trained on them
+    no_model = "no-model"  # every training sample deleted: nothing to train or unlearn on
+
+
+def route(refits_on_holdout: bool, deletes_held_out: bool, forget_samples: int | None, training_samples: int) -> Route:
+    """The batch's route. ``forget_samples`` is None when the batch deletes no training sample."""
+    transform_moved = refits_on_holdout and deletes_held_out
+    if forget_samples is None:
+        return Route.retrain_for_new_features if transform_moved else Route.keep_source
+    if forget_samples >= training_samples:
+        return Route.no_model
+    return Route.exact_only if transform_moved else Route.escalate
+
+
+def recorded_source(registered: Mapping[int, Any]) -> str | None:
+    """The source version an earlier run of the batch unlearned from (its registered attempts say it),
+    so a resumed batch judges its attempts against the same model."""
+    return next((v.tags[SOURCE_TAG] for v in registered.values() if SOURCE_TAG in v.tags), None)
+
+
+def stops(gates: GateOutcome, forgetting: ForgettingPolicy) -> bool:
+    """Whether an attempt ends the escalation: it may serve under the forgetting policy."""
+    return serves(gates.passed, gates.interim, forgetting)
+
+
+@dataclass
+class BatchOutcome:
+    """What unlearning a batch came to: the source, the reference, every attempt, the one chosen."""
+
+    source: ModelRef
+    source_metrics: VersionMetrics
+    attempts: list[AttemptRecord]
+    certificate: dict[str, Any]
+    cost: CostRecord
+    forgotten_per_client: dict[str, int]
+    reference: ModelRef | None = None
+    reference_metrics: VersionMetrics | None = None
+    source_gates: GateOutcome | None = None
+    evaluations: dict[str, Evaluation] = field(default_factory=dict, repr=False)
+
+    @property
+    def chosen(self) -> AttemptRecord:
+        return self.attempts[-1]
+
+
+def metrics_of(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[str, float | None]:
+    """An attempt's metrics for the receipt: NaN (not measured) as None."""
+    return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+            for k, v in VersionMetrics.of(evaluation, cost).to_dict().items()}
+
+
+def exact_certificate(scenario: str, batch_id: str, why: str) -> dict[str, Any]:
+    return {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN, "scenario": scenario,
+            "batch_id": batch_id, "notes": [f"retrained from scratch on the retained data ({why})"]}
+
+
+def tier_fields(deadlines: dict[str, datetime], certificate: str | None, policy: ForgettingPolicy,
+                start_by: Callable[[datetime], datetime]) -> dict:
+    """The receipt's tier fields: the tier the chosen version forgets on, each request's deadline and,
+    on the interim tier, when exact forgetting is due and the latest safe time to start it."""
+    tier = tier_of(certificate)
+    fields = {"forgetting": tier.value, "policy": policy.value, "deadlines": deadlines}
+    if tier is Tier.interim:
+        due = exact_due(deadlines.values())
+        fields.update(exact_due=due, exact_start_by=start_by(due))
+    return fields
+
+
+def speedup(reference_seconds: float | None, chosen_seconds: float | None) -> float | None:
+    """Retraining's wall time over the chosen attempt's; None when either is unknown."""
+    if reference_seconds is None or not chosen_seconds or chosen_seconds <= 0:
+        return None
+    ratio = reference_seconds / chosen_seconds
+    return None if math.isnan(ratio) else ratio
+
+
+def _costs(outcome: BatchOutcome) -> dict[str, Any]:
+    reference = outcome.reference_metrics
+    costs: dict[str, Any] = {"unlearned": {"wall_seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
+                                           "comm_bytes": outcome.cost.comm_bytes}}
+    if reference:
+        costs["retrained"] = {k: getattr(reference, k) for k in ("wall_seconds", "flops", "comm_bytes")}
+    costs["speedup_vs_retrain"] = speedup(reference.wall_seconds if reference else None, outcome.cost.wall_seconds)
+    return costs
+
+
+def receipt_for(record: BatchRecord, outcome: BatchOutcome, aliases: dict[str, ModelRef | None],
+                erasure: dict, tier: dict, batch_record: str) -> Receipt:
+    """The receipt of a batch whose chosen attempt now serves. ``aliases``: ``original`` and
+    ``current`` as the registry has them after the promotion."""
+    chosen = outcome.chosen
+    retrained = outcome.reference or (chosen.version if chosen.method == "retrain" else None)
+    metrics = {"source": outcome.source_metrics.to_dict(), "unlearned": chosen.metrics,
+               **({"retrained": outcome.reference_metrics.to_dict()} if outcome.reference_metrics else {})}
+    return Receipt(
+        batch_id=record.batch_id, scenario=record.scenario, request_ids=[e.request_id for e in record.requests],
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client=outcome.forgotten_per_client,
+        data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+        method=chosen.method, models={"original": aliases.get("original"), "source": outcome.source,
+                                      "unlearned": chosen.version, "retrained": retrained,
+                                      "current": aliases.get("current")},
+        certificate=outcome.certificate, gates=chosen.gates, attempts=outcome.attempts, promoted=True,
+        metrics=metrics, costs=_costs(outcome), erasure=erasure, source_gates=outcome.source_gates, **tier,
+        batch_record=batch_record)
+
+
+def receipt_without_model(record: BatchRecord, source: ModelRef, original: ModelRef | None, erasure: dict,
+                          batch_record: str) -> Receipt:
+    """The receipt of a batch that deleted every training sample: the deletion stands, nothing serves."""
+    return Receipt(
+        batch_id=record.batch_id, scenario=record.scenario, request_ids=[e.request_id for e in record.requests],
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client={},
+        data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+        outcome=NO_MODEL, models={"original": original, "source": source, "unlearned": None, "retrained": None,
+                                  "current": None},
+        promoted=False, metrics={}, costs={}, erasure=erasure, batch_record=batch_record)

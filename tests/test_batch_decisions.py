@@ -1,0 +1,135 @@
+"""The batch's decisions (fedunlearn.batch_decisions) without Prefect or a workspace: every route, when
+the escalation stops, the tier fields, the receipt assembled from an outcome."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+import pytest
+
+from fedunlearn.batch_decisions import (BatchOutcome, Route, exact_certificate, metrics_of, receipt_for,
+                                        receipt_without_model, recorded_source, route, speedup, stops, tier_fields)
+from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.certify.gates import GateOutcome
+from fedunlearn.config import ForgettingPolicy
+from fedunlearn.evaluation.records import VersionMetrics
+from fedunlearn.federation.cost import CostRecord
+from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
+from fedunlearn.requests.ledger import LedgerEntry
+
+SCENARIO = "digits-hfl"
+DUE = datetime(2026, 12, 20, tzinfo=timezone.utc)
+
+
+def record() -> BatchRecord:
+    entries = [LedgerEntry(request_id=f"r{i}", batch_id="b1", scenario=SCENARIO, kind="sample",
+                           sample_ids=[f"s{i}"]) for i in range(2)]
+    return BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.COMPLETE,
+                       requests=entries, data_versions={SCENARIO: VersionChange(before="v0", after="v1")})
+
+
+def ref(version: str, role: str) -> ModelRef:
+    return ModelRef(version=version, role=role, data_version="v1", run_id=f"run{version}")
+
+
+def gates(passed: bool, interim: bool | None) -> GateOutcome:
+    return GateOutcome(passed=passed, policy="p", checks=[], verdict="pass" if passed else "inconclusive",
+                       interim=interim)
+
+
+@pytest.mark.parametrize("refits, held_out, forget, training, expected", [
+    (False, False, 10, 100, Route.escalate),
+    (True, False, 10, 100, Route.escalate),          # the transform refits, but no held-out sample went
+    (True, True, 10, 100, Route.exact_only),         # training and held-out samples: features moved
+    (False, True, None, 100, Route.keep_source),     # only held-out samples, the transform stays
+    (True, True, None, 100, Route.retrain_for_new_features),
+    (False, False, 100, 100, Route.no_model),        # every training sample deleted
+    (True, True, 120, 100, Route.no_model),
+])
+def test_route_of_a_batch(refits, held_out, forget, training, expected):
+    assert route(refits, held_out, forget, training) is expected
+
+
+def test_a_resumed_batch_unlearns_from_the_source_its_registered_attempts_name():
+    registered = {0: SimpleNamespace(tags={"method": "puf-special"}),
+                  1: SimpleNamespace(tags={"source_version": "7"})}
+    assert recorded_source(registered) == "7"
+    assert recorded_source({0: SimpleNamespace(tags={})}) is None
+    assert recorded_source({}) is None
+
+
+@pytest.mark.parametrize("passed, interim, policy, expected", [
+    (True, True, ForgettingPolicy.strict, True),
+    (False, True, ForgettingPolicy.strict, False),     # strict escalates past an interim-only attempt
+    (False, True, ForgettingPolicy.interim, True),
+    (False, False, ForgettingPolicy.interim, False),   # held back on the interim tier too
+])
+def test_the_escalation_stops_at_the_first_attempt_that_may_serve(passed, interim, policy, expected):
+    assert stops(gates(passed, interim), policy) is expected
+
+
+def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():
+    deadlines = {"r0": DUE, "r1": DUE + timedelta(days=3)}
+    fields = tier_fields(deadlines, "empirical", ForgettingPolicy.interim, lambda due: due - timedelta(hours=8))
+    assert fields["forgetting"] == "interim" and fields["policy"] == "interim"
+    assert fields["exact_due"] == DUE and fields["exact_start_by"] == DUE - timedelta(hours=8)
+
+
+def test_tier_fields_of_an_exact_retrain_owe_nothing():
+    fields = tier_fields({"r0": DUE}, EXACT_RETRAIN, ForgettingPolicy.strict, lambda due: pytest.fail("not owed"))
+    assert fields == {"forgetting": "exact", "policy": "strict", "deadlines": {"r0": DUE}}
+
+
+@pytest.mark.parametrize("reference, chosen, expected", [
+    (30.0, 10.0, 3.0), (None, 10.0, None), (math.nan, 10.0, None), (30.0, 0.0, None), (30.0, None, None)])
+def test_speedup_against_retraining(reference, chosen, expected):
+    assert speedup(reference, chosen) == expected
+
+
+def outcome(method: str, with_reference: bool) -> BatchOutcome:
+    chosen = AttemptRecord(attempt=1, method=method, version=ref("5", "unlearned"), certificate="empirical",
+                           gates=gates(False, True), metrics=metrics_of(None, CostRecord(4.0, 1e9, 0)))
+    first = AttemptRecord(attempt=0, method="puf-special", version=ref("4", "unlearned"), certificate="empirical",
+                          gates=gates(False, False), metrics={})
+    reference = VersionMetrics(test_acc=0.9, wall_seconds=20.0, flops=1e10, comm_bytes=5) if with_reference else None
+    return BatchOutcome(ref("3", "original"), VersionMetrics(test_acc=0.95), [first, chosen],
+                        {"method": method, "guarantee": "empirical"}, CostRecord(4.0, 1e9, 0), {"0": 1, "2": 1},
+                        ref("6", "retrained") if with_reference else None, reference)
+
+
+def test_the_receipt_names_the_chosen_attempt_every_model_and_the_cost_against_retraining():
+    receipt = receipt_for(record(), outcome("puf-regular", True),
+                          {"original": ref("3", "original"), "current": ref("5", "unlearned")},
+                          {"verified": True}, {"forgetting": "interim", "policy": "interim"}, "batches/b1.json")
+    assert receipt.method == "puf-regular" and receipt.promoted and receipt.request_ids == ["r0", "r1"]
+    assert receipt.deleted_samples == 2 and receipt.forgotten_per_client == {"0": 1, "2": 1}
+    assert receipt.models["unlearned"].version == "5" and receipt.models["retrained"].version == "6"
+    assert receipt.models["current"].version == "5" and receipt.models["source"].version == "3"
+    assert receipt.costs["speedup_vs_retrain"] == pytest.approx(5.0)
+    assert receipt.costs["retrained"] == {"wall_seconds": 20.0, "flops": 1e10, "comm_bytes": 5}
+    assert receipt.metrics["retrained"]["test_acc"] == 0.9 and len(receipt.attempts) == 2
+    assert receipt.forgetting == "interim" and receipt.data_version_after == "v1"
+
+
+def test_a_receipt_without_a_reference_claims_no_speedup_and_an_exact_retrain_is_its_own_reference():
+    unreferenced = receipt_for(record(), outcome("puf-regular", False), {}, {}, {}, "b")
+    assert unreferenced.costs["speedup_vs_retrain"] is None and unreferenced.models["retrained"] is None
+    assert "retrained" not in unreferenced.costs and "retrained" not in unreferenced.metrics
+    retrained = receipt_for(record(), outcome("retrain", False), {}, {}, {}, "b")
+    assert retrained.models["retrained"].version == "5"
+
+
+def test_a_batch_that_deleted_everything_gets_a_receipt_with_no_model():
+    receipt = receipt_without_model(record(), ref("3", "original"), ref("1", "original"), {"verified": True}, "b")
+    assert receipt.outcome == NO_MODEL and not receipt.promoted and receipt.models["current"] is None
+    assert receipt.models["source"].version == "3" and receipt.deleted_samples == 2
+
+
+def test_metrics_of_report_what_was_not_measured_as_none_and_the_exact_certificate_says_why():
+    metrics = metrics_of(None, CostRecord(2.0, math.nan, 0))
+    assert metrics["wall_seconds"] == 2.0 and metrics["flops"] is None and metrics["test_acc"] is None
+    certificate = exact_certificate(SCENARIO, "b1", "the escalation's last step")
+    assert certificate["guarantee"] == EXACT_RETRAIN and "the escalation's last step" in certificate["notes"][0]
