@@ -55,7 +55,7 @@ from fedunlearn.requests.folders import REQUESTS_DIR, RequestFolders
 from fedunlearn.requests.integrity import check_ledger
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 from stores import erasure
-from stores.workspace import DvcError, _run_dvc, init_workspace
+from stores.workspace import DvcError, init_workspace, run_dvc
 
 STATE_DIR = "fedunlearn-state"
 KEEP_SNAPSHOTS = 3
@@ -103,6 +103,7 @@ def state_files(root: Path) -> list[str]:
 
 def build_snapshot(root: Path) -> Snapshot:
     """The state as one tar, byte-identical for identical files (sorted, no times or owners)."""
+    # Kept rather than `dvc push`: DVC pushes stage outputs; dvc.lock and the like belong in Git, absent here.
     root, buffer = Path(root), io.BytesIO()
     files = state_files(root)
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
@@ -201,6 +202,7 @@ def _write_marker(root: Path, url: str, digest: str, name: str) -> None:
 
 def locked_stages(root: Path) -> list[str]:
     """The stages dvc.lock records (``prepare@<dataset>``, ``partition@<scenario>``): the data versions."""
+    # Read from dvc.lock, DVC's documented record (no repository to open): the stages the snapshot names.
     lock = Path(root) / "dvc.lock"
     if not lock.is_file():
         return []
@@ -227,7 +229,7 @@ def push_state(root: Path, force: bool = False) -> str | None:
                            "remote:\n" + "\n".join(check.lines()))
     where = f"the DVC remote {name!r} ({url})"
     try:
-        _run_dvc(root, ["push", "-q", *stages])
+        run_dvc(root, ["push", "-q", *stages])
         with remote_fs(root) as (fs, base):
             names = snapshot_names(fs, base)
             check_not_behind(root, fs, base, names, url)
@@ -311,6 +313,7 @@ def set_tracking_uri(root: Path, uri: str) -> None:
 def _fetch_versions(root: Path, versions: dict[str, str]) -> list[str]:
     """Fetch earlier data versions (``scenario → DVC hash``) into the cache, by a .dvc file naming each
     (removed after: a leftover would keep them from `dvc gc`). Those the remote lacks are skipped."""
+    # A temporary .dvc file per version: `dvc fetch` takes targets, not hashes.
     fetched = []
     with tempfile.TemporaryDirectory(prefix="restore-", dir=Path(root) / ".tmp") as tmp:
         for scenario, version in versions.items():
@@ -318,7 +321,7 @@ def _fetch_versions(root: Path, versions: dict[str, str]) -> list[str]:
             pin.write_text(yaml.safe_dump({"outs": [{"md5": f"{version}.dir", "path": f"before-{version}",
                                                       "hash": "md5"}]}))
             try:
-                _run_dvc(root, ["fetch", "-q", str(pin.relative_to(root))])
+                run_dvc(root, ["fetch", "-q", str(pin.relative_to(root))])
                 fetched.append(f"{scenario}@{version[:10]}")
             except DvcError:
                 pass  # not on the remote (purged): a resumed batch then says to retrain
@@ -414,8 +417,8 @@ def _owed_versions(folders: RequestFolders, done: set[str]) -> dict[str, str]:
 
 def _restore(root: Path, url: str, tracking_uri: str | None) -> Restored:
     root.mkdir(parents=True, exist_ok=True)
-    _run_dvc(root, ["init", "--no-scm", "-q"])
-    _run_dvc(root, ["remote", "add", "-d", DEFAULT_REMOTE, url])
+    run_dvc(root, ["init", "--no-scm", "-q"])
+    run_dvc(root, ["remote", "add", "-d", DEFAULT_REMOTE, url])
     try:
         with remote_fs(root) as (fs, base):
             names = snapshot_names(fs, base)
@@ -436,14 +439,14 @@ def _restore(root: Path, url: str, tracking_uri: str | None) -> Restored:
         target.write_bytes(content)
     # The snapshot's .dvc/config names the remote as the old workspace reached it: this one reaches it at url.
     remote_name = (erasure.dvc_remote(root) or (DEFAULT_REMOTE, url))[0]
-    _run_dvc(root, ["remote", "add", "-d", "-f", remote_name, url])
+    run_dvc(root, ["remote", "add", "-d", "-f", remote_name, url])
     if tracking_uri:
         set_tracking_uri(root, tracking_uri)
     init_workspace(root)
     folders = RequestFolders.create(root)
     stages = locked_stages(root)
     if stages:
-        _run_dvc(root, ["pull", "-q", *stages])
+        run_dvc(root, ["pull", "-q", *stages])
     receipts = [Receipt.model_validate_json(content) for name, content in files.items()
                 if name.startswith(f"{Path(RECEIPTS_DIR).as_posix()}/")]
     owed = _owed_versions(folders, {r.batch_id for r in receipts})

@@ -67,7 +67,9 @@ def partition_frames(scenario: str, root: Path) -> tuple[pd.DataFrame, pd.DataFr
     return pd.concat(rows, ignore_index=True), pd.DataFrame(counts)
 
 
-def _validate(frame: pd.DataFrame, name: str, expectations: list) -> list[Failure]:
+def validate_frame(frame: pd.DataFrame, name: str, expectations: list) -> list[Failure]:
+    """The expectations that ``frame`` fails, run as one Great Expectations suite ``<name>-suite``
+    in an ephemeral context; empty when all pass."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -90,13 +92,13 @@ def validate_partition(scenario: str, root: Path) -> dict:
 
     manifest = read_manifest(scenario, root)
     rows, counts = partition_frames(scenario, root)
-    failures = _validate(rows, "samples", [
+    failures = validate_frame(rows, "samples", [
         gx.expectations.ExpectColumnValuesToNotBeNull(column="sample_id"),
         gx.expectations.ExpectColumnValuesToBeUnique(column="sample_id"),
         gx.expectations.ExpectColumnValuesToBeBetween(column="label", min_value=0,
                                                       max_value=manifest["num_classes"] - 1),
         gx.expectations.ExpectColumnValuesToBeInSet(column="finite", value_set=[True]),
-    ]) + _validate(counts, "counts", [
+    ]) + validate_frame(counts, "counts", [
         gx.expectations.ExpectColumnPairValuesToBeEqual(column_A="rows", column_B="manifest_count"),
         gx.expectations.ExpectColumnValuesToBeInSet(column="aligned", value_set=[True]),
     ])

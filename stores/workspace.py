@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -54,7 +53,7 @@ def init_workspace(root: Path, template: Path = PROJECT_ROOT) -> Path:
         if not (root / name).exists():
             shutil.copy(template / name, root / name)
     if not (root / ".dvc").is_dir():
-        _run_dvc(root, ["init", "--no-scm", "-q"])
+        run_dvc(root, ["init", "--no-scm", "-q"])
     (root / LEDGER_PATH).parent.mkdir(parents=True, exist_ok=True)
     if not (root / LEDGER_PATH).exists():  # touching an existing ledger would move its mtime: DVC re-hashes it
         (root / LEDGER_PATH).touch()
@@ -91,7 +90,9 @@ def _dvc_failed(root: Path, args: list[str], output: str, status: str) -> Except
     return DvcError(f"`dvc {' '.join(args)}` failed in {root} ({status}): {output or 'DVC printed nothing'}")
 
 
-def _run_dvc(root: Path, args: list[str]) -> str:
+def run_dvc(root: Path, args: list[str]) -> str:
+    """``dvc <args>`` in a ``dvc`` process in the workspace: its standard output; a failure raised as
+    ``DvcError`` with DVC's own output, or as ``NoSpace`` when the filesystem is full."""
     proc = subprocess.run(lifeline.command([sys.executable, "-m", "dvc", *args]), cwd=root, env=_env(),
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -99,8 +100,7 @@ def _run_dvc(root: Path, args: list[str]) -> str:
     return proc.stdout
 
 
-# DVC resolves a stage target against the working directory (its own CLI changes into the repository for
-# `--cd`); the commit below does the same, one at a time in this process.
+# DVC's Python API resolves paths (its stage cache's "dvc.yaml") against the process-wide working directory.
 _IN_WORKSPACE = threading.Lock()
 
 
@@ -110,9 +110,10 @@ def _commit_stages(root: Path, scenario: str) -> None:
 
 
 def commit_stage(root: Path, stage: str) -> None:
-    """``dvc commit -f --with-deps <stage>`` through DVC's Python API, in this process: 0.1–0.25 s
-    against 0.6–0.7 s for a ``dvc`` process (an interpreter start and DVC's imports; the same
-    dvc.lock bytes, tested). The working directory is the repository for the call only."""
+    """``dvc commit -f --with-deps <stage>`` through DVC's Python API (``Repo.commit``), in this process
+    (the same dvc.lock bytes as a ``dvc`` process: tested). The working directory is the repository
+    for the call only."""
+    # In process rather than `dvc commit`: a `dvc` process pays an interpreter start and DVC's imports each time.
     from dvc.repo import Repo
 
     args = ["commit", "-f", "--with-deps", stage]
@@ -129,9 +130,10 @@ def commit_stage(root: Path, stage: str) -> None:
 
 
 # What this process last reproduced, per (workspace, scenario): the fingerprint of the stages' inputs
-# and outputs right after, and the data version. A deletion batch asks for the current data
-# version four times (its new version, the audit references, the retrain and its training sub-flow);
-# while nothing changed, the three later calls have nothing to do (each was ≈ 1 s of stages and `dvc commit`).
+# and outputs right after, and the data version. A deletion batch asks for the current data version
+# several times (its new version, the audit references, the retrain and its training sub-flow); while
+# nothing changed, the later calls have nothing to do.
+# Kept rather than `dvc status`: each call would open the repository and check the stages' files again.
 _REPRODUCED: dict[tuple[Path, str], tuple[tuple, str]] = {}
 
 
@@ -156,10 +158,11 @@ def _stage_fingerprint(root: Path, scenario: str, dataset: str) -> tuple:
 def reproduce(root: Path, scenario: str) -> str:
     """What ``dvc repro partition@<scenario>`` does (its prepare stage included), with the stages run
     in this process; returns the data version. The stage functions are the commands in dvc.yaml
-    (``python -m fedunlearn.stages``), so ``dvc repro`` from a shell writes the same bytes; starting
-    an interpreter per stage took 2 s of a deletion batch's 4 s ``dvc repro``. ``dvc commit`` then
-    hashes the outputs into dvc.lock and the cache, as ``dvc repro`` would: ``dvc status`` is clean.
-    Called again in the same process with nothing changed since, it returns the same version at once."""
+    (``python -m fedunlearn.stages``), so ``dvc repro`` from a shell writes the same bytes. ``dvc
+    commit`` then hashes the outputs into dvc.lock and the cache, as ``dvc repro`` would: ``dvc
+    status`` is clean. Called again in the same process with nothing changed since, it returns the
+    same version at once."""
+    # Kept rather than `dvc repro`: DVC runs each stage's command in a new interpreter.
     root = Path(root).resolve()
     params = load_params(root / "params.yaml")
     dataset = params.scenario(scenario).dataset
@@ -178,6 +181,7 @@ def reproduce(root: Path, scenario: str) -> str:
 
 def data_version(root: Path, scenario: str) -> str:
     """The DVC content hash of the scenario's partition outputs (from dvc.lock)."""
+    # Kept rather than DVC's API: dvc.lock is DVC's documented record of the hashes; no repository to open.
     lock = Path(root) / "dvc.lock"
     stage = f"partition@{scenario}"
     if lock.is_file():
@@ -191,32 +195,39 @@ def data_version(root: Path, scenario: str) -> str:
 def garbage_collect(root: Path, cloud: bool = False) -> str:
     """Remove cache objects not used by the current workspace (earlier data versions); with
     ``cloud``, from the default remote too."""
-    return _run_dvc(root, ["gc", "--workspace", "--force", *(["--cloud"] if cloud else [])])
+    return run_dvc(root, ["gc", "--workspace", "--force", *(["--cloud"] if cloud else [])])
 
 
-def _cache_listing(root: Path, data_version: str) -> Path:
-    return Path(root) / ".dvc" / "cache" / "files" / "md5" / data_version[:2] / f"{data_version[2:]}.dir"
+def _object_db(root: Path):
+    """DVC's local object database of the workspace (``.dvc/cache``, or the configured ``cache.dir``)."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return repo.cache.local
 
 
 def cached(root: Path, data_version: str) -> bool:
     """Whether the DVC cache still holds the data version (not purged)."""
-    return _cache_listing(root, data_version).is_file()
+    return _object_db(root).exists(f"{data_version}.dir")
 
 
 def checkout_from_cache(root: Path, scenario: str, data_version: str, into: Path) -> None:
-    """Link the files of an earlier data version from DVC's cache under ``into`` (DVC 3 layout:
-    ``files/md5/<2>/<rest>``, a directory listed by its ``.dir`` object). Nothing is copied."""
-    listing = _cache_listing(root, data_version)
-    if not listing.is_file():
+    """Link the files of an earlier data version from DVC's cache under ``into``, as DVC's object
+    database lists the directory and places each object. Nothing is copied."""
+    # Kept rather than `dvc checkout` of a pin file: it links by the cache type, by default a copy.
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    odb = _object_db(root)
+    if not odb.exists(f"{data_version}.dir"):
         raise DataVersionGone(f"data version {data_version} of {scenario} is no longer in the DVC cache "
-                              f"({listing.parent.parent}; purged by `ingest --purge`?): the deleted samples cannot be "
+                              f"({odb.path}; purged by `ingest --purge`?): the deleted samples cannot be "
                               "read back to unlearn them; register a model on the current data version with "
                               f"`fedunlearn retrain --scenario {scenario}`, then run the command again")
-    cache = listing.parent.parent
-    for entry in json.loads(listing.read_text()):
-        target = into / PARTITIONS_DIR / scenario / entry["relpath"]
+    for key, _, entry in Tree.load(odb, HashInfo("md5", f"{data_version}.dir")):
+        target = into / PARTITIONS_DIR / scenario / Path(*key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(cache / entry["md5"][:2] / entry["md5"][2:])
+        target.symlink_to(odb.oid_to_path(entry.value))
 
 
 def sample_ids(root: Path, dataset: str, scenarios: list[str]) -> set[str]:

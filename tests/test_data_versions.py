@@ -11,7 +11,7 @@ import yaml
 from fedunlearn.data.store import PARTITIONS_DIR, load_horizontal
 from fedunlearn.requests.ledger import LEDGER_PATH
 from stores.validation import ValidationFailed, validate_partition
-from stores.workspace import _run_dvc, data_version, init_workspace, reproduce
+from stores.workspace import data_version, init_workspace, reproduce, run_dvc
 
 
 def tree_digest(directory) -> dict[str, str]:
@@ -38,11 +38,11 @@ def test_in_process_stages_match_dvc_repro_from_a_shell(tmp_path, workspace):
         ledger.write(line + "\n")
         copy.write(line + "\n")
     reproduce(workspace, "digits-hfl")
-    _run_dvc(other, ["repro", "-q", "partition@digits-hfl"])
+    run_dvc(other, ["repro", "-q", "partition@digits-hfl"])
     assert yaml.safe_load((workspace / "dvc.lock").read_text()) == yaml.safe_load((other / "dvc.lock").read_text())
     assert tree_digest(workspace / PARTITIONS_DIR / "digits-hfl") == tree_digest(other / PARTITIONS_DIR / "digits-hfl")
-    assert "partition@digits-hfl" not in _run_dvc(workspace, ["status", "partition@digits-hfl"])
-    assert "Running stage" not in _run_dvc(workspace, ["repro", "partition@digits-hfl"])
+    assert "partition@digits-hfl" not in run_dvc(workspace, ["status", "partition@digits-hfl"])
+    assert "Running stage" not in run_dvc(workspace, ["repro", "partition@digits-hfl"])
 
 
 def test_ledger_entries_yield_a_new_version_without_the_deleted_samples(workspace):

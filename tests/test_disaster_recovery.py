@@ -27,7 +27,7 @@ from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 from stores import durable
 from stores.durable import STATE_DIR, set_tracking_uri
 from stores.registry import Registry
-from stores.workspace import _run_dvc as run_dvc
+from stores.workspace import run_dvc
 from stores.workspace import data_version
 from test_serve_e2e import BIN, Service, Services, free_port
 
@@ -90,7 +90,7 @@ def test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_con
 
     # 1. The remote fails: the batch stops after its ledger append and new data version, before
     # `current` moves, saying so; a re-run resumes it.
-    monkeypatch.setattr(durable, "_run_dvc", unreachable)
+    monkeypatch.setattr(durable, "run_dvc", unreachable)
     err = cli(workspace, "process", "--scenario", SCENARIO, "--method", "retrain", status=1)
     assert "pushing the data versions and the state to the DVC remote 'storage'" in err and "again" in err, err
     assert [e.request_id for e in Ledger(workspace / LEDGER_PATH).entries()] == [first]
