@@ -26,8 +26,8 @@ def configure_environment(root: Path) -> None:
     """Keep Prefect's state inside the workspace unless the user chose otherwise."""
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A new PREFECT_HOME creates and migrates its database on the first start: on a cold 2-core
-    # machine that passed Prefect's 20 s default and the first `fedunlearn train` failed.
+    # A new PREFECT_HOME creates and migrates its database on the first start: on a cold, small
+    # machine that can pass Prefect's default, and the first `fedunlearn train` would fail.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per weights file buries the log

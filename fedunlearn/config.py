@@ -175,7 +175,7 @@ class Params(_Strict):
 
 
 # params.yaml as parsed, by content: a deletion batch reads it some twenty times (every sub-flow opens
-# the workspace), and YAML's pure-Python parser was 0.3–0.7 s of a served batch.
+# the workspace), and YAML's pure-Python parser is slow.
 _PARSED: dict[bytes, Any] = {}
 
 

@@ -1,10 +1,10 @@
 """One heartbeat per flow-run process: sub-flows beat with their parent's.
 
-Prefect 3.8 gives every flow run — a sub-flow too — a heartbeat thread that sleeps in 1 s steps,
-and a sub-flow's end joins it: up to a second per sub-flow (measured against a `prefect server`:
-1.07 s per empty sub-flow with its heartbeat, 0.08 s without). A deletion batch runs six or more
+Prefect gives every flow run — a sub-flow too — a heartbeat thread that sleeps in steps, and a
+sub-flow's end joins it, so each sub-flow can wait up to one step. A deletion batch runs several
 sub-flows in its own process, whose liveness the top-level run's heartbeat already reports to the
-server (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default, stays in force for it).
+server (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` stays in force for it). Through Prefect's public
+settings API (``temporary_settings``): nothing of Prefect is patched.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The two stages that ``ingest-deletions`` and ``process-deletions`` share, each a task run under
-which its steps' task runs nest (as sub-flows, each stage's creation and two state changes were
-blocking calls to the Prefect server, ≈ 0.1 s per stage in a served batch; a task run's are events):
+which its steps' task runs nest (as sub-flows, each stage's creation and two state changes would be
+blocking calls to the Prefect server; a task run's are events):
 
     intake-requests   ledger checked against the journals ─▶ interrupted batches finished ─▶ the
                       batch owed by an earlier run (process) — or the inbox: validate (GX + domain

@@ -272,7 +272,7 @@ def open_batch(ws: Workspace, plan: BatchPlan, quarantined: list[QuarantineNote]
 
 
 # The fingerprints of the batch this process works on: its receipt's scan uses those its ingest took,
-# instead of reading the deleted rows back from the DVC cache (0.07–0.08 s). In memory only, and
+# instead of reading the deleted rows back from the DVC cache. In memory only, and
 # released once the receipt's scan has used them (``release_fingerprints``).
 _CAPTURED: dict[tuple[Path, str], Fingerprints] = {}
 
@@ -357,7 +357,7 @@ def purge_cache(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) 
 
 
 # Files found clean by this process's scans, per set of fingerprints: a batch's scan before its receipt
-# reads again only what changed since its scan after the ingest (the receipt's, 0.3 s less of ≈ 0.5 s).
+# reads again only what changed since its scan after the ingest.
 _FOUND_CLEAN: dict[bytes, set[tuple]] = {}
 
 

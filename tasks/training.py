@@ -5,8 +5,8 @@ through the flow's task runner.
 Where the task runner has workers of its own (Dask, Ray), every unit is a task run and a round's
 client updates run side by side across them. The default thread runner shares this machine's cores,
 which torch's intra-op threads already use: there a round is one task run that does its units in
-turn. Ten client updates at once on 2 cores took mnist5k-hfl's 20-round retrain 20 s against 10.4 s
-in turn, and each task run adds three events to the Prefect server's writes.
+turn: client updates side by side on a few cores only contend for them (docs/BENCHMARKS.md), and
+each task run adds three events to the Prefect server's writes.
 """
 
 from __future__ import annotations

@@ -57,8 +57,8 @@ def gpu_slot(device: torch.device) -> Iterator[None]:
     to hold); on the CPU there is no GPU to share. A deletion batch takes it once for its whole GPU
     phase — unlearning, evaluation, the retrain — rather than once per tagged task run: each
     acquisition and release is a request whose read-then-write transaction Prefect's sqlite server
-    refuses while it persists events ('database is locked', 503), and the client retries after 2 s
-    (measured: 2–4 s of a served batch)."""
+    refuses while it persists events ('database is locked', 503), and the client backs off before it
+    retries."""
     if device.type == "cpu" or not _gpu_limited():
         yield
         return

@@ -361,8 +361,8 @@ def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path
     edges = np.histogram_bin_edges(np.concatenate([forget_z, nonmember_z]), bins=bins)
     figure = Figure(figsize=(6.0, 3.6))
     axes = figure.subplots()
-    # Filled step outlines and fixed margins draw the same figure as ``hist`` and ``tight_layout`` in
-    # half the time (a bar per bin is an artist; 0.04 s against 0.085 s, five figures per batch).
+    # Filled step outlines and fixed margins draw the same figure as ``hist`` and ``tight_layout``
+    # faster (a bar per bin is an artist), and a batch draws several.
     for z, label in ((nonmember_z, f"never seen (n={result.n_nonmembers})"),
                      (forget_z, f"forget set (n={result.n_forget})")):
         axes.stairs(np.histogram(z, bins=edges, density=True)[0], edges, fill=True, alpha=0.6, label=label)

@@ -46,9 +46,8 @@ On a neural network neither is the retrained model: on the small CNN the curvatu
 indefinite at the trained point, CG meets negative curvature within k = 10 steps and the
 certificate says so (below). On digits-hfl, removing the largest client, the federation's
 curvature moved forget accuracy toward the retrained model's and the client's own did not
-(tests/test_puf.py). Cost on mnist5k-hfl, removing its largest client (627 samples), 1 CPU
-thread on a shared machine: 4.1 s with the client's whole data, 1.6 s with ``hessian_batch=256``,
-retraining 21.5 s.
+(tests/test_puf.py). Its cost against retraining, with the client's whole data and with
+``hessian_batch=256``: docs/BENCHMARKS.md.
 
 Combining clients (``weights``). The removal step of a union of deletions is the SUM of the
 per-client steps (H⁻¹ is linear in g), so ``"sum"`` (w_i = 1; default) is the Newton step on the
