@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import flows.process as process
+import flows.promote as promote_stage
 from cli import main
 from fedunlearn.receipts import read_receipt
 from fedunlearn.requests import erasure
@@ -101,7 +101,7 @@ def test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_con
     def lost(*args, **kwargs):
         raise RuntimeError("the disk is gone")
 
-    monkeypatch.setattr(process, "write_receipt", lost)
+    monkeypatch.setattr(promote_stage, "write_receipt", lost)
     err = cli(workspace, "process", "--scenario", SCENARIO, "--method", "retrain", status=1)
     assert "failed at alias and receipt" in err, err
     monkeypatch.undo()

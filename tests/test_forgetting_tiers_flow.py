@@ -13,7 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.runner import Runner
 
-import flows.process as process
+import flows.unlearn as unlearn_stage
 from cli import main
 from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
@@ -172,7 +172,7 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspa
         return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                      claimed=EMPIRICAL_ONLY)
 
-    monkeypatch.setattr(process, "unlearn_in_gpu_slot", no_op)
+    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", no_op)
     train_memorising_workspace(workspace)
     run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-import flows.process as process
+import flows.unlearn as unlearn_stage
 from cli import main
 from fedunlearn.data.store import load_horizontal
 from fedunlearn.evaluation.records import VERSION_METRICS
@@ -59,7 +59,7 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     ids = cli("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "12").split()
     request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids).strip()
 
-    monkeypatch.setattr(process, "unlearn_in_gpu_slot", crash)
+    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", crash)
     assert main(["--root", str(workspace), "process", "--scenario", SCENARIO, "--retrain"]) == 1
     err = capsys.readouterr().err
     assert "error: batch batch-" in err and "(digits-hfl) failed at unlearn and register:" in err
