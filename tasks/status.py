@@ -17,7 +17,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import load_records
@@ -187,6 +189,7 @@ def status_artifact_key(scenario: str) -> str:
     return "deletion-status-" + re.sub(r"[^a-z0-9-]", "-", scenario.lower())
 
 
+@task(name="publish-status", cache_policy=NO_CACHE)
 def publish_status(ws: Workspace, scenario: str) -> DeletionStatus:
     """The status as the Prefect artifact ``status_artifact_key`` (a new version each batch)."""
     status = deletion_status(ws, scenario)
