@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedunlearn.benchmark.spec import _FORMS, parse_request
+from fedunlearn.benchmark.spec import REQUEST_FORMS, parse_request
 from cli.common import DEFAULT_SCENARIO
 from fedunlearn.device import DEVICE_CHOICES
 from fedunlearn.errors import BenchmarkRegressed
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "certificates; each row is logged as an MLflow run.")
     bench.add_argument("--scenario", default=DEFAULT_SCENARIO)
     bench.add_argument("--request", required=True, metavar="SPEC",
-                       help=f"{_FORMS}; 'largest' may stand for a client id")
+                       help=f"{REQUEST_FORMS}; 'largest' may stand for a client id")
     bench.add_argument("--methods", default="all", metavar="LIST",
                        help="comma-separated method names, or 'all' (every method supporting the setting and kind)")
     bench.add_argument("--out", default="results/benchmark", metavar="DIR", help="output directory")

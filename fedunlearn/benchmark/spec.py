@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.batch import DeletionBatch, resolve_request
 
-_FORMS = "client:<id>[,<id>...] | class:<label>[,<label>...] | samples:<fraction>@<client id|all>"
+REQUEST_FORMS = "client:<id>[,<id>...] | class:<label>[,<label>...] | samples:<fraction>@<client id|all>"
 
 
 @dataclass(frozen=True)
@@ -51,4 +51,4 @@ def parse_request(text: str) -> RequestSpec:
             raise ValueError(f"request {text!r}: the fraction must be in (0, 1]")
         where = match.group(2)
         return RequestSpec(text, "sample", (fraction, where if where in ("all", "largest") else int(where)))
-    raise ValueError(f"cannot parse request {text!r}; use {_FORMS}")
+    raise ValueError(f"cannot parse request {text!r}; use {REQUEST_FORMS}")

@@ -66,7 +66,7 @@ class DeletionBatch:
         """Forget every sample of the given clients."""
         indices = _int_list(client_indices, "client")
         for c in indices:
-            _check_client_index(c, clients)
+            check_client_index(c, clients)
         return cls("client", {c: clients[c].sample_ids for c in indices}, clients=indices, batch_id=batch_id)
 
     @classmethod
@@ -106,7 +106,7 @@ class DeletionBatch:
         indices = _int_list(client_indices, "client")
         forget = {}
         for c in indices:
-            ids = clients[_check_client_index(c, clients)].sample_ids
+            ids = clients[check_client_index(c, clients)].sample_ids
             count = min(len(ids), max(1, round(fraction * len(ids))))
             forget[c] = np.sort(np.random.default_rng([seed, c]).choice(ids, size=count, replace=False))
         return cls("sample", forget, clients=indices, batch_id=batch_id)
@@ -145,7 +145,7 @@ def _int_list(subject: Any, what: str) -> list[int]:
     return sorted({int(v) for v in values})
 
 
-def _check_client_index(client: int, clients: Sequence[Tensors]) -> int:
+def check_client_index(client: int, clients: Sequence[Tensors]) -> int:
     if not 0 <= client < len(clients):
         raise ValueError(f"unknown client {client}: clients are 0..{len(clients) - 1}")
     return client

@@ -29,7 +29,7 @@ from torch import nn
 
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.store import HorizontalPartition
-from fedunlearn.federation.batch import DeletionBatch, _check_client_index
+from fedunlearn.federation.batch import DeletionBatch, check_client_index
 from fedunlearn.federation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
 from fedunlearn.federation.fedavg import FedAvg, MapUpdates, RoundResult, map_inline
 from fedunlearn.federation.local import State, Tensors, accuracy
@@ -82,7 +82,7 @@ class FederatedState:
         """Per affected client, a boolean mask over its samples; checks every ID is held there."""
         masks = {}
         for client, ids in batch.forget_ids.items():
-            held = self.clients[_check_client_index(client, self.clients)].sample_ids
+            held = self.clients[check_client_index(client, self.clients)].sample_ids
             masks[client] = np.isin(held, ids)
             if masks[client].sum() != len(np.unique(ids)):
                 missing = np.setdiff1d(ids, held)[:5].tolist()
