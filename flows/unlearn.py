@@ -227,7 +227,7 @@ def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate:
     reference, reference_metrics = ctx.reference, None
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
-        ctx.ws.registry.logmetrics_of(reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
+        ctx.ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
                                                            "mia_auc": ctx.reference_eval.mia_auc})
         reference_metrics = VersionMetrics.of(ctx.reference_eval, registered_cost(reference))
     return BatchOutcome(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
