@@ -15,18 +15,18 @@ from prefect.runner import Runner
 
 import flows.process as process
 from cli import main
+from workspaces import PROJECT_ROOT, call_cli, copy_workspace
 from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from flows.debt import repay_retrain_debt
 from stores.registry import Registry
-from stores.workspace import data_version
+from stores.workspace import data_version, init_workspace
 
 SCENARIO = "digits-hfl"
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def run(workspace, capsys, monkeypatch):
+def clock_cli(workspace, capsys, monkeypatch):
     """The CLI at a simulated time: ``run(*args, at=..., status=0)`` returns what it printed."""
     def invoke(*args: str, at: datetime = T0, status: int = 0) -> str:
         monkeypatch.setenv(CLOCK_VARIABLE, at.isoformat())
@@ -36,22 +36,26 @@ def run(workspace, capsys, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def module_prefect_server(tmp_path_factory):
-    """One temporary Prefect server for this module's tests (each keeps its own workspace, MLflow
-    store and DVC repository): a server's start is a large share of each test's time."""
-    from prefect.settings import PREFECT_HOME, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: str(home)}):
-        with prefect_test_harness(server_startup_timeout=120):
-            yield home
+def trained_once(module_prefect_server, tmp_path_factory):
+    """digits-hfl trained once for the module (`fedunlearn train --scenario digits-hfl --inline`, at
+    T0), with the module's Prefect server: each test takes a copy."""
+    workspace = init_workspace(tmp_path_factory.mktemp("trained") / "workspace", template=PROJECT_ROOT)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CLOCK_VARIABLE, T0.isoformat())
+        trained = call_cli(workspace, "train", "--scenario", SCENARIO, "--inline")
+    assert trained.status == 0, trained.err
+    return workspace
 
 
 @pytest.fixture
-def trained(workspace, module_prefect_server, run):
-    run("train", "--scenario", SCENARIO, "--inline")
-    return workspace
+def trained(trained_once, module_prefect_server, tmp_path):
+    """A copy of the module's trained digits-hfl workspace."""
+    return copy_workspace(trained_once, tmp_path / "workspace")
+
+
+@pytest.fixture
+def run(trained, capsys, monkeypatch):
+    return clock_cli(trained, capsys, monkeypatch)
 
 
 def request(run, client: int, deadline: datetime | None = None, at: datetime = T0) -> list[str]:
@@ -158,7 +162,7 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
 
 
-def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, module_prefect_server, run,
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, module_prefect_server, capsys,
                                                                         monkeypatch):
     """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
@@ -172,6 +176,7 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspa
         return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                      claimed=EMPIRICAL_ONLY)
 
+    run = clock_cli(workspace, capsys, monkeypatch)
     monkeypatch.setattr(process, "unlearn_in_gpu_slot", no_op)
     train_memorising_workspace(workspace)
     run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
