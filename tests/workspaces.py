@@ -46,7 +46,7 @@ def copy_workspace(source: Path, destination: Path) -> Path:
                     db.execute(f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) '
                                f'WHERE instr("{column}", ?) > 0', (old, new, old))
                     assert not db.execute(f'SELECT count(*) FROM "{table}" WHERE instr("{column}", ?) > 0',
-                                          (str(source),)).fetchone()[0], (table, column)
+                                          (old,)).fetchone()[0], (table, column)
     stale = [str(p) for p in destination.rglob("*") if p.is_file() and p != store and old.encode() in p.read_bytes()]
     assert not stale, f"files of the copy name the original workspace: {stale}"
     return destination
