@@ -20,7 +20,7 @@ os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(tempfile.mkdtemp
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-from workspaces import temporary_prefect_server  # noqa: E402  (after the environment above)
+from workspaces import TrainedWorkspaces, cli_training, copy_workspace, temporary_prefect_server  # noqa: E402
 
 
 @pytest.fixture
@@ -44,6 +44,32 @@ def module_prefect_server(tmp_path_factory):
     store and DVC repository): a server's start (8-20 s) is a large share of a flow test's time."""
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home")) as home:
         yield home
+
+
+@pytest.fixture(scope="session")
+def trained_workspaces(tmp_path_factory):
+    """Workspaces trained once per session (``TrainedWorkspaces.get``): tests take copies."""
+    trained = TrainedWorkspaces(tmp_path_factory.mktemp("trained"))
+    yield trained
+    trained.close()
+
+
+@pytest.fixture
+def trained_digits_hfl(trained_workspaces, tmp_path: Path) -> Path:
+    """A workspace in which `fedunlearn train --scenario digits-hfl --inline` ran: a copy of one
+    trained once per session (it takes the place of the ``workspace`` fixture)."""
+    template, _ = trained_workspaces.get("digits-hfl", cli_training("digits-hfl"))
+    return copy_workspace(template, tmp_path / "workspace")
+
+
+@pytest.fixture
+def trained_canaries(trained_workspaces, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A workspace in which ``memorising.train_memorising_workspace`` ran (digits-canary-hfl trained),
+    and the canary IDs it returned: a copy of one trained once per session."""
+    from memorising import SCENARIO, train_memorising_workspace
+
+    template, ids = trained_workspaces.get(SCENARIO, train_memorising_workspace)
+    return copy_workspace(template, tmp_path / "workspace"), ids
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,12 +15,11 @@ from prefect.runner import Runner
 
 import flows.process as process
 from cli import main
-from workspaces import PROJECT_ROOT, call_cli, copy_workspace
 from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from flows.debt import repay_retrain_debt
 from stores.registry import Registry
-from stores.workspace import data_version, init_workspace
+from stores.workspace import data_version
 
 SCENARIO = "digits-hfl"
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
@@ -35,22 +34,10 @@ def clock_cli(workspace, capsys, monkeypatch):
     return invoke
 
 
-@pytest.fixture(scope="module")
-def trained_once(module_prefect_server, tmp_path_factory):
-    """digits-hfl trained once for the module (`fedunlearn train --scenario digits-hfl --inline`, at
-    T0), with the module's Prefect server: each test takes a copy."""
-    workspace = init_workspace(tmp_path_factory.mktemp("trained") / "workspace", template=PROJECT_ROOT)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CLOCK_VARIABLE, T0.isoformat())
-        trained = call_cli(workspace, "train", "--scenario", SCENARIO, "--inline")
-    assert trained.status == 0, trained.err
-    return workspace
-
-
 @pytest.fixture
-def trained(trained_once, module_prefect_server, tmp_path):
-    """A copy of the module's trained digits-hfl workspace."""
-    return copy_workspace(trained_once, tmp_path / "workspace")
+def trained(trained_digits_hfl, module_prefect_server):
+    """digits-hfl trained (a copy of the session's), with the module's Prefect server."""
+    return trained_digits_hfl
 
 
 @pytest.fixture
@@ -162,23 +149,23 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
 
 
-def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, module_prefect_server, capsys,
-                                                                        monkeypatch):
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained_canaries, module_prefect_server,
+                                                                        capsys, monkeypatch):
     """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
     registry — fails the audit at every attempt and the batch ends on the exact retrain."""
     from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
     from fedunlearn.federation.cost import CostRecord
     from fedunlearn.unlearning.base import Outcome
-    from memorising import SCENARIO as CANARIES, canary_request_ids, train_memorising_workspace
+    from memorising import SCENARIO as CANARIES, canary_request_ids
 
     def no_op(setup, state, method, source_test_acc, options):
         return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                      claimed=EMPIRICAL_ONLY)
 
+    workspace, _ = trained_canaries  # train_memorising_workspace ran in it
     run = clock_cli(workspace, capsys, monkeypatch)
     monkeypatch.setattr(process, "unlearn_in_gpu_slot", no_op)
-    train_memorising_workspace(workspace)
     run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
 
     run("process", "--scenario", CANARIES)

@@ -25,8 +25,8 @@ from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
 from stores.registry import Registry, tracking_uri
-from stores.workspace import data_version, init_workspace
-from workspaces import PROJECT_ROOT, Printed, call_cli, copy_workspace
+from stores.workspace import data_version
+from workspaces import Printed, call_cli, cli_training, copy_workspace
 
 SCENARIO = "digits-hfl"
 
@@ -73,18 +73,19 @@ class Resumed:
 
 
 @pytest.fixture(scope="module")
-def resumed(module_prefect_server, tmp_path_factory) -> Resumed:
-    """digits-hfl trained, 12 IDs of client 1 requested; `process --retrain` fails in unlearning
-    (after its ledger append); the next `process --retrain` resumes the batch, reading the forget
-    samples back from the DVC cache. Tests read it; a test that acts on it takes a copy."""
-    workspace = init_workspace(tmp_path_factory.mktemp("process") / "workspace", template=PROJECT_ROOT)
+def resumed(trained_workspaces, module_prefect_server, tmp_path_factory) -> Resumed:
+    """digits-hfl trained (a copy of the session's), 12 IDs of client 1 requested; `process
+    --retrain` fails in unlearning (after its ledger append); the next `process --retrain` resumes
+    the batch, reading the forget samples back from the DVC cache. Tests read it; a test that acts
+    on it takes a copy."""
+    template, _ = trained_workspaces.get(SCENARIO, cli_training(SCENARIO))
+    workspace = copy_workspace(template, tmp_path_factory.mktemp("process") / "workspace")
 
     def run(*args: str) -> Printed:
         printed = call_cli(workspace, *args)
         assert printed.status == 0, printed.err
         return printed
 
-    run("train", "--scenario", SCENARIO, "--inline")
     before = data_version(workspace, SCENARIO)
     ids = run("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "12").out.split()
     request_id = run("request", "samples", "--scenario", SCENARIO, "--ids", *ids).out.strip()

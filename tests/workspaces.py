@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
+import signal
+import socket
 import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +79,89 @@ def call_cli(workspace: Path, *args: str) -> Printed:
         status = main(["--root", str(workspace), *args])
     return Printed(status, out.getvalue(), err.getvalue())
 
+
+
+class TrainedWorkspaces:
+    """Workspaces trained once per session, by name, that tests copy (``copy_workspace``) instead of
+    training again. Training runs against a Prefect server of this object's own (`prefect server
+    start`, API only), started on first use: whatever server the requesting test module uses is
+    untouched, and the training's flow runs are in no test's Prefect database."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.trained: dict[str, tuple[Path, object]] = {}
+        self.server = None
+        self.api_url = ""
+
+    def get(self, name: str, train: Callable[[Path], object]) -> tuple[Path, object]:
+        """The workspace ``name`` after ``train(workspace)`` ran in it once, and what it returned."""
+        if name not in self.trained:
+            workspace = init_workspace_at(self.directory / name / "workspace")
+            with self.api():
+                result = train(workspace)
+            self.trained[name] = (workspace, result)
+        return self.trained[name]
+
+    @contextlib.contextmanager
+    def api(self):
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+        from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+        if self.server is None:
+            self.start()
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url, PREFECT_HOME: str(self.directory / "home")}):
+            try:
+                yield
+            finally:  # flushed while the server runs: left for later they would wait on it at exit
+                APILogWorker.drain_all(timeout=30)
+                EventsWorker.drain_all(timeout=30)
+
+    def start(self, timeout_s: float = 120) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        home = self.directory / "server-home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        with open(home / "server.log", "wb") as log:
+            self.server = subprocess.Popen(
+                [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                 str(port), "--no-services", "--no-ui", "--analytics-off"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"the Prefect server exited:\n{(home / 'server.log').read_text()}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the Prefect server did not answer:\n{(home / 'server.log').read_text()}")
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait()
+
+
+def init_workspace_at(root: Path) -> Path:
+    from stores.workspace import init_workspace
+
+    return init_workspace(root, template=PROJECT_ROOT)
+
+
+def cli_training(scenario: str) -> Callable[[Path], None]:
+    """``fedunlearn train --scenario <scenario> --inline``, as a ``TrainedWorkspaces`` training."""
+    def train(workspace: Path) -> None:
+        trained = call_cli(workspace, "train", "--scenario", scenario, "--inline")
+        assert trained.status == 0, trained.err
+    return train
