@@ -10,13 +10,17 @@ from pathlib import Path
 import pytest
 
 # Before anything imports Prefect, MLflow or GX: no telemetry, nothing under ~/.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="fedunlearn-prefect-"))
+# A pytest-xdist worker inherits the controller's environment: it gets a Prefect home of its own.
+if "PREFECT_HOME" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="fedunlearn-prefect-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["GX_ANALYTICS_ENABLED"] = "False"
 os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="fedunlearn-mlflow-"),
                                                                 "unused.db")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+from workspaces import TrainedWorkspaces, cli_training, copy_workspace, temporary_prefect_server  # noqa: E402
 
 
 @pytest.fixture
@@ -30,14 +34,42 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.fixture
 def prefect_server(tmp_path: Path):
     """A temporary Prefect server with its own home and database for this test only."""
-    from prefect.settings import PREFECT_HOME, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+    with temporary_prefect_server(tmp_path / "prefect-home") as home:
+        yield home
 
-    home = tmp_path / "prefect-home"
-    home.mkdir()
-    with temporary_settings(updates={PREFECT_HOME: str(home)}):
-        with prefect_test_harness(server_startup_timeout=120):
-            yield home
+
+@pytest.fixture(scope="module")
+def module_prefect_server(tmp_path_factory):
+    """One temporary Prefect server for a module's tests (each keeps its own workspace, MLflow
+    store and DVC repository): a server's start (8-20 s) is a large share of a flow test's time."""
+    with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home")) as home:
+        yield home
+
+
+@pytest.fixture(scope="session")
+def trained_workspaces(tmp_path_factory):
+    """Workspaces trained once per session (``TrainedWorkspaces.get``): tests take copies."""
+    trained = TrainedWorkspaces(tmp_path_factory.mktemp("trained"))
+    yield trained
+    trained.close()
+
+
+@pytest.fixture
+def trained_digits_hfl(trained_workspaces, tmp_path: Path) -> Path:
+    """A workspace in which `fedunlearn train --scenario digits-hfl --inline` ran: a copy of one
+    trained once per session (it takes the place of the ``workspace`` fixture)."""
+    template, _ = trained_workspaces.get("digits-hfl", cli_training("digits-hfl"))
+    return copy_workspace(template, tmp_path / "workspace")
+
+
+@pytest.fixture
+def trained_canaries(trained_workspaces, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A workspace in which ``memorising.train_memorising_workspace`` ran (digits-canary-hfl trained),
+    and the canary IDs it returned: a copy of one trained once per session."""
+    from memorising import SCENARIO, train_memorising_workspace
+
+    template, ids = trained_workspaces.get(SCENARIO, train_memorising_workspace)
+    return copy_workspace(template, tmp_path / "workspace"), ids
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,8 +25,7 @@ SCENARIO = "digits-hfl"
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def run(workspace, capsys, monkeypatch):
+def clock_cli(workspace, capsys, monkeypatch):
     """The CLI at a simulated time: ``run(*args, at=..., status=0)`` returns what it printed."""
     def invoke(*args: str, at: datetime = T0, status: int = 0) -> str:
         monkeypatch.setenv(CLOCK_VARIABLE, at.isoformat())
@@ -35,23 +34,15 @@ def run(workspace, capsys, monkeypatch):
     return invoke
 
 
-@pytest.fixture(scope="module")
-def module_prefect_server(tmp_path_factory):
-    """One temporary Prefect server for this module's tests (each keeps its own workspace, MLflow
-    store and DVC repository): a server's start is a large share of each test's time."""
-    from prefect.settings import PREFECT_HOME, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home = tmp_path_factory.mktemp("prefect-home")
-    with temporary_settings(updates={PREFECT_HOME: str(home)}):
-        with prefect_test_harness(server_startup_timeout=120):
-            yield home
+@pytest.fixture
+def trained(trained_digits_hfl, module_prefect_server):
+    """digits-hfl trained (a copy of the session's), with the module's Prefect server."""
+    return trained_digits_hfl
 
 
 @pytest.fixture
-def trained(workspace, module_prefect_server, run):
-    run("train", "--scenario", SCENARIO, "--inline")
-    return workspace
+def run(trained, capsys, monkeypatch):
+    return clock_cli(trained, capsys, monkeypatch)
 
 
 def request(run, client: int, deadline: datetime | None = None, at: datetime = T0) -> list[str]:
@@ -158,22 +149,23 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
 
 
-def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(workspace, module_prefect_server, run,
-                                                                        monkeypatch):
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained_canaries, module_prefect_server,
+                                                                        capsys, monkeypatch):
     """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
     registry — fails the audit at every attempt and the batch ends on the exact retrain."""
     from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
     from fedunlearn.federation.cost import CostRecord
     from fedunlearn.unlearning.base import Outcome
-    from memorising import SCENARIO as CANARIES, canary_request_ids, train_memorising_workspace
+    from memorising import SCENARIO as CANARIES, canary_request_ids
 
     def no_op(setup, state, method, source_test_acc, options):
         return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                      claimed=EMPIRICAL_ONLY)
 
+    workspace, _ = trained_canaries  # train_memorising_workspace ran in it
+    run = clock_cli(workspace, capsys, monkeypatch)
     monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", no_op)
-    train_memorising_workspace(workspace)
     run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
 
     run("process", "--scenario", CANARIES)

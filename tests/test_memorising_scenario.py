@@ -5,12 +5,11 @@ retrain; the flow-test helper in tests/memorising.py."""
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
 import torch
-from memorising import SCENARIO, canary_request_ids, train_memorising_workspace
+from memorising import SCENARIO, canary_request_ids
 
 from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.data.partition import canary_labels, canary_mask
@@ -19,6 +18,7 @@ from fedunlearn.evaluation.audit import NOT_FORGOTTEN, CanaryRule, audit_forgett
 from fedunlearn.federation.batch import DeletionBatch
 from fedunlearn.federation.local import accuracy
 from fedunlearn.training import load_federation, train
+from stores.registry import Registry
 
 IDS = np.array([f"s-{i:05d}" for i in range(5000)])
 LABELS = np.arange(5000) % 10
@@ -94,12 +94,12 @@ def test_the_scenario_memorises_its_canaries_and_the_audit_tells_a_no_op_from_a_
     assert exact.verdict != NOT_FORGOTTEN and abs(exact.auc - 0.5) < 0.15, exact.interval
 
 
-def test_the_flow_test_helper_trains_the_scenario_and_names_canaries_to_request(workspace, prefect_server):
-    started = time.perf_counter()
-    ids = train_memorising_workspace(workspace)
+def test_the_flow_test_helper_trains_the_scenario_and_names_canaries_to_request(trained_canaries):
+    """``train_memorising_workspace`` ran in the fixture's workspace (once per session, copied)."""
+    workspace, ids = trained_canaries
     assert len(ids) >= 40 and len(canary_request_ids(workspace, 40)) == 40
     assert canary_request_ids(workspace, 40) == canary_request_ids(workspace, 40)
     assert set(canary_request_ids(workspace, 40)) <= set(ids)
     lineage = json.loads(json.dumps(read_manifest(SCENARIO, workspace)["canaries"]))
     assert lineage["fraction"] == 0.08 and lineage["ids"] == ids
-    print(f"train_memorising_workspace: {time.perf_counter() - started:.1f} s")
+    assert Registry(workspace).by_alias(SCENARIO, "original").tags["role"] == "original"  # trained and registered

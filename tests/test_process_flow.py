@@ -1,12 +1,14 @@
-"""The ``process-deletions`` flow on digits-hfl through a temporary Prefect server, a real DVC
-repository and a real sqlite MLflow registry, driven by the CLI: a clean no-op; a batch that fails
-after its ledger append and is resumed from the DVC cache; its attempts gated against a retrained
-reference and escalated until one passes (every attempt registered, the receipt listing the
-chain, ``current`` on a version of the new data version); a re-run that changes nothing. Then the
+"""The ``process-deletions`` flow on digits-hfl through a temporary Prefect server (one for the
+module), a real DVC repository and a real sqlite MLflow registry, driven by the CLI: a clean
+no-op; a batch that fails after its ledger append and is resumed from the DVC cache (arranged once
+for the module: ``resumed``); its attempts gated against a retrained reference and escalated until
+one passes (every attempt registered, the receipt listing the chain, ``current`` on a version of
+the new data version); a re-run that changes nothing; retrain debt listed and repaid. Then the
 typed batch built from the ledger, and the escalation policy, without a server."""
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +20,13 @@ from cli import main
 from fedunlearn.data.store import load_horizontal
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.federation.local import Tensors
-from fedunlearn.receipts import read_receipt, read_receipts, write_receipt
+from fedunlearn.receipts import Receipt, read_receipt, read_receipts, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
 from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
 from stores.registry import Registry, tracking_uri
 from stores.workspace import data_version
+from workspaces import Printed, call_cli, cli_training, copy_workspace
 
 SCENARIO = "digits-hfl"
 
@@ -43,42 +46,87 @@ def crash(*args, **kwargs):
     raise RuntimeError("simulated crash")
 
 
-def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_reruns_change_nothing(
-        workspace, prefect_server, monkeypatch, capsys, tmp_path):
-    def cli(*args: str) -> str:
-        assert main(["--root", str(workspace), *args]) == 0
-        return capsys.readouterr().out
+def cli(workspace, capsys, *args: str) -> str:
+    assert main(["--root", str(workspace), *args]) == 0, capsys.readouterr()
+    return capsys.readouterr().out
 
-    # With nothing pending a run changes nothing: no data version, no registry, no receipt.
-    assert cli("process", "--scenario", SCENARIO).strip().endswith("no pending requests")
+
+@dataclass
+class Resumed:
+    """The module's batch: what the crashed run printed and left, and what the resuming run printed."""
+
+    workspace: Path
+    ids: list[str]             # the 12 sample IDs of client 1 requested
+    request_id: str
+    before: str                # the data version before the batch
+    crashed: Printed           # `process --retrain` with unlearning failing
+    ledger_after_crash: list[str]
+    after: str                 # the data version right after the crash
+    roles_after_crash: list[str]
+    remaining_after_crash: set[str]
+    resumed: Printed           # the next `process --retrain`
+
+    @property
+    def receipt(self) -> Receipt:
+        [receipt] = read_receipts(self.workspace, SCENARIO)
+        return receipt
+
+
+@pytest.fixture(scope="module")
+def resumed(trained_workspaces, module_prefect_server, tmp_path_factory) -> Resumed:
+    """digits-hfl trained (a copy of the session's), 12 IDs of client 1 requested; `process
+    --retrain` fails in unlearning (after its ledger append); the next `process --retrain` resumes
+    the batch, reading the forget samples back from the DVC cache. Tests read it; a test that acts
+    on it takes a copy."""
+    template, _ = trained_workspaces.get(SCENARIO, cli_training(SCENARIO))
+    workspace = copy_workspace(template, tmp_path_factory.mktemp("process") / "workspace")
+
+    def run(*args: str) -> Printed:
+        printed = call_cli(workspace, *args)
+        assert printed.status == 0, printed.err
+        return printed
+
+    before = data_version(workspace, SCENARIO)
+    ids = run("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "12").out.split()
+    request_id = run("request", "samples", "--scenario", SCENARIO, "--ids", *ids).out.strip()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unlearn_stage, "unlearn_in_gpu_slot", crash)
+        crashed = call_cli(workspace, "process", "--scenario", SCENARIO, "--retrain")
+    left = dict(ledger_after_crash=[e.request_id for e in Ledger(workspace / LEDGER_PATH).entries()],
+                after=data_version(workspace, SCENARIO), roles_after_crash=sorted(versions_by_role(workspace)),
+                remaining_after_crash=set(np.concatenate([c.sample_ids
+                                                          for c in load_horizontal(SCENARIO, workspace).clients])))
+    return Resumed(workspace, ids, request_id, before, crashed, resumed=run("process", "--scenario", SCENARIO,
+                                                                              "--retrain"), **left)
+
+
+def test_with_nothing_pending_a_run_changes_nothing(workspace, module_prefect_server, capsys):
+    out = cli(workspace, capsys, "process", "--scenario", SCENARIO)
+
+    assert out.strip().endswith("no pending requests")
     assert not (workspace / "data/receipts").exists() and not (workspace / "mlflow/mlflow.db").exists()
     assert not (workspace / "dvc.lock").exists()
 
-    cli("train", "--scenario", SCENARIO, "--inline")
-    before = data_version(workspace, SCENARIO)
-    ids = cli("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "12").split()
-    request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids).strip()
 
-    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", crash)
-    assert main(["--root", str(workspace), "process", "--scenario", SCENARIO, "--retrain"]) == 1
-    err = capsys.readouterr().err
-    assert "error: batch batch-" in err and "(digits-hfl) failed at unlearn and register:" in err
-    assert "simulated crash; re-run `fedunlearn process --scenario digits-hfl` to resume" in err
+def test_a_batch_failing_after_its_ledger_append_keeps_the_deletion_and_says_how_to_resume(resumed):
+    assert resumed.crashed.status == 1
+    assert "error: batch batch-" in resumed.crashed.err
+    assert "(digits-hfl) failed at unlearn and register:" in resumed.crashed.err
+    assert "simulated crash; re-run `fedunlearn process --scenario digits-hfl` to resume" in resumed.crashed.err
     # The deletion itself happened: the ledger holds it and the data moved on without the samples.
-    assert [e.request_id for e in Ledger(workspace / LEDGER_PATH).entries()] == [request_id]
-    after = data_version(workspace, SCENARIO)
-    assert after != before and sorted(versions_by_role(workspace)) == ["original", "retrained"]
-    assert not set(ids) & set(np.concatenate([c.sample_ids for c in load_horizontal(SCENARIO, workspace).clients]))
+    assert resumed.ledger_after_crash == [resumed.request_id]
+    assert resumed.after != resumed.before and resumed.roles_after_crash == ["original", "retrained"]
+    assert not set(resumed.ids) & resumed.remaining_after_crash
 
-    monkeypatch.undo()  # the next run resumes the batch, reading the forget samples back from the DVC cache
-    out = cli("process", "--scenario", SCENARIO, "--retrain")
+
+def test_the_resumed_batch_escalates_until_an_attempt_passes_registering_each_once(resumed):
+    receipt, workspace = resumed.receipt, resumed.workspace
     roles = versions_by_role(workspace)
     original, [retrained] = roles["original"][0], roles["retrained"]
-    batch_id = retrained.tags["batch_id"]
-    receipt = read_receipt(workspace, batch_id)
     attempts = receipt.attempts
-    assert receipt.request_ids == [request_id] and receipt.forgotten_per_client == {"1": 12}
-    assert (receipt.data_version_before, receipt.data_version_after) == (before, after)
+    assert receipt.batch_id == retrained.tags["batch_id"]
+    assert receipt.request_ids == [resumed.request_id] and receipt.forgotten_per_client == {"1": 12}
+    assert (receipt.data_version_before, receipt.data_version_after) == (resumed.before, resumed.after)
     # Every attempt is registered once, in order, and every one but the last did not pass its gates.
     assert [a.attempt for a in attempts] == list(range(len(attempts))) and attempts[0].method == "puf-special"
     assert all(a.gates.policy == "vs retrained reference" for a in attempts if a.gates)
@@ -87,75 +135,107 @@ def test_a_batch_through_the_cli_failing_after_its_ledger_append_resumes_then_re
     registered = {a.attempt: a.version.version for a in attempts}
     assert {n: str(v.version) for n, v in unlearned.items()} == {n: v for n, v in registered.items()
                                                                 if attempts[n].method != "retrain"}
-    assert all(v.tags["batch_id"] == batch_id and v.tags["data_version"] == after and
+    assert all(v.tags["batch_id"] == receipt.batch_id and v.tags["data_version"] == resumed.after and
                v.tags["source_version"] == str(original.version) for v in unlearned.values())
-    # The invariant: after the batch, `current` is a version of the batch's new data version.
+
+
+def test_current_is_the_passing_attempt_a_version_of_the_new_data_version(resumed, tmp_path):
+    receipt, workspace = resumed.receipt, resumed.workspace
+    attempts, batch_id = receipt.attempts, receipt.batch_id
     current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
-    assert current.tags["data_version"] == after and str(current.version) == attempts[-1].version.version
+    assert current.tags["data_version"] == resumed.after and str(current.version) == attempts[-1].version.version
     assert receipt.promoted and receipt.models["current"].version == str(current.version)
+    out = resumed.resumed.out
     assert f"receipt: data/receipts/{batch_id}.json" in out and f"alias current -> v{current.version}" in out
     artifacts = [a.path for a in registry(workspace).list_artifacts(current.run_id, "receipt")]
     assert artifacts == [f"receipt/{batch_id}.json"]
+    unlearned = {int(v.tags["attempt"]): v for v in versions_by_role(workspace).get("unlearned", [])}
     if attempts[0].version is not None and attempts[0].method != "retrain":
         certificate = registry(workspace).download_artifacts(unlearned[0].run_id, "certificate.json", str(tmp_path))
         assert json.loads(Path(certificate).read_text())["guarantee"] == "empirical only"
-    # Every version's run carries the same metric keys; the reference's forget accuracy is the batch's.
-    for version in [original, retrained, *unlearned.values()]:
-        assert set(VERSION_METRICS) <= set(registry(workspace).get_run(version.run_id).data.metrics)
-    assert math.isnan(registry(workspace).get_run(original.run_id).data.metrics["forget_acc"])
-    assert not math.isnan(registry(workspace).get_run(retrained.run_id).data.metrics["forget_acc"])
-    # Lineage in MLflow: each version's run has its data version as a dataset input (digest = the DVC
-    # hash, source = the partition), and its description says which batch put it there and why.
+
+
+def test_every_version_logs_the_same_metrics_and_the_reference_the_forget_accuracy(resumed):
+    roles = versions_by_role(resumed.workspace)
+    original, [retrained] = roles["original"][0], roles["retrained"]
+    for version in [original, retrained, *roles.get("unlearned", [])]:
+        assert set(VERSION_METRICS) <= set(registry(resumed.workspace).get_run(version.run_id).data.metrics)
+    assert math.isnan(registry(resumed.workspace).get_run(original.run_id).data.metrics["forget_acc"])
+    assert not math.isnan(registry(resumed.workspace).get_run(retrained.run_id).data.metrics["forget_acc"])
+
+
+def test_each_version_names_its_data_version_and_the_batch_that_put_it_there(resumed):
+    """Lineage in MLflow: each version's run has its data version as a dataset input (digest = the
+    DVC hash, source = the partition), and its description says which batch put it there and why."""
+    receipt, workspace, before, after = resumed.receipt, resumed.workspace, resumed.before, resumed.after
+    roles = versions_by_role(workspace)
+    original, [retrained], unlearned = roles["original"][0], roles["retrained"], roles.get("unlearned", [])
     lineage = Registry(workspace)
     partition = f"data/partitions/{SCENARIO}"
     assert lineage.data_inputs(original.run_id) == [(before, partition, "training")]
     assert lineage.data_inputs(retrained.run_id) == [(after, partition, "retraining")]
-    assert all(lineage.data_inputs(v.run_id) == [(after, partition, "unlearning")] for v in unlearned.values())
+    assert all(lineage.data_inputs(v.run_id) == [(after, partition, "unlearning")] for v in unlearned)
     assert "**Original**" in lineage.version(SCENARIO, original.version).description and before in \
         lineage.version(SCENARIO, original.version).description
-    for attempt in attempts:
+    for attempt in receipt.attempts:
         description = lineage.version(SCENARIO, attempt.version.version).description
-        for text in (batch_id, request_id, f"`{attempt.method}`", attempt.certificate, "deleted samples: 12",
-                     f"`{before}` → `{after}`", f"(escalation step {attempt.attempt + 1} of "):
+        for text in (receipt.batch_id, resumed.request_id, f"`{attempt.method}`", attempt.certificate,
+                     "deleted samples: 12", f"`{before}` → `{after}`", f"(escalation step {attempt.attempt + 1} of "):
             assert text in description, f"{text!r} not in the description of v{attempt.version.version}"
         assert (f"gates: **{attempt.gates.verdict}**" if attempt.gates else "gates: none needed") in description
         assert all(c.name in description for c in (attempt.gates.checks if attempt.gates else []))
-        assert not any(i in description for i in ids)  # counts only, never a sample ID
-    assert batch_id in lineage.version(SCENARIO, retrained.version).description
+        assert not any(i in description for i in resumed.ids)  # counts only, never a sample ID
+    assert receipt.batch_id in lineage.version(SCENARIO, retrained.version).description
     [audit_set] = lineage.versions(f"{SCENARIO}-audit")  # trained by the batch on the new data's held-out split
     assert lineage.data_inputs(audit_set.run_id) == [(after, partition, "audit-reference")]
 
-    # The shadow model of the attacks was trained by the failed run and read back by the resumed one.
-    assert len(list((workspace / ".cache/shadow-models").glob(f"{SCENARIO}-*.pt"))) == 1
 
+def test_the_shadow_model_trained_by_the_failed_run_is_read_back_by_the_resumed_one(resumed):
+    assert len(list((resumed.workspace / ".cache/shadow-models").glob(f"{SCENARIO}-*.pt"))) == 1
+
+
+def test_a_rerun_after_the_batch_changes_nothing(resumed, tmp_path, capsys):
+    workspace = copy_workspace(resumed.workspace, tmp_path / "workspace")
     ledger, lock = (workspace / LEDGER_PATH).read_bytes(), (workspace / "dvc.lock").read_bytes()
     count = sum(len(v) for v in versions_by_role(workspace).values())
-    assert "no pending requests" in cli("process", "--scenario", SCENARIO)
+
+    out = cli(workspace, capsys, "process", "--scenario", SCENARIO)
+
+    assert "no pending requests" in out
     assert (workspace / LEDGER_PATH).read_bytes() == ledger and (workspace / "dvc.lock").read_bytes() == lock
     assert sum(len(v) for v in versions_by_role(workspace).values()) == count
 
-    table = cli("compare", "--scenario", SCENARIO).splitlines()
+
+def test_compare_lists_the_versions_and_no_retrain_debt_after_an_exact_reference(resumed, capsys):
+    table = cli(resumed.workspace, capsys, "compare", "--scenario", SCENARIO).splitlines()
+
     assert table[0].startswith("| version | aliases | role | method | data_version | test_acc | forget_acc |")
     assert [row.split("|")[3].strip() for row in table[2:4]] == ["original", "retrained"]
     assert table[-1].startswith("retrain debt: none")
 
-    # Retrain debt: a batch forgotten only approximately (its receipt says so) until an exact retrain serves.
+
+def test_a_batch_forgotten_only_approximately_is_retrain_debt_until_repay_debt_retrains(resumed, tmp_path, capsys):
+    workspace = copy_workspace(resumed.workspace, tmp_path / "workspace")
+    receipt = resumed.receipt
     approximate = receipt.model_copy(update={"batch_id": "batch-approximate", "forgetting": "interim", "certificate": {
         "method": "puf-special", "guarantee": "empirical only"}})
     write_receipt(workspace, approximate)
-    assert cli("compare", "--scenario", SCENARIO).splitlines()[-1].startswith(
+    assert cli(workspace, capsys, "compare", "--scenario", SCENARIO).splitlines()[-1].startswith(
         "retrain debt: 1 request(s), 12 sample(s) in 1 batch(es) forgotten only approximately")
-    assert "repaid 1 batch(es)" in cli("repay-debt", "--scenario", SCENARIO)
+
+    out = cli(workspace, capsys, "repay-debt", "--scenario", SCENARIO)
+
+    assert "repaid 1 batch(es)" in out
     repaid = read_receipt(workspace, "batch-approximate").exactly_forgotten
     current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
     assert repaid.version == str(current.version) and current.tags["role"] == "retrained"
-    assert current.tags["data_version"] == after
-    assert read_receipt(workspace, batch_id).exactly_forgotten is None  # exact already: it owed nothing
-    assert "no retrain debt" in cli("repay-debt", "--scenario", SCENARIO)
+    assert current.tags["data_version"] == resumed.after
+    assert read_receipt(workspace, receipt.batch_id).exactly_forgotten is None  # exact already: it owed nothing
+    assert "no retrain debt" in cli(workspace, capsys, "repay-debt", "--scenario", SCENARIO)
 
 
 def test_a_held_out_deletion_where_the_feature_transform_is_fit_on_the_held_out_split_retrains_exactly(
-        workspace, prefect_server, capsys):
+        workspace, module_prefect_server, capsys):
     """breast_cancer-dfl-ring standardises its features with statistics of the held-out split:
     deleting a held-out row moves every sample's features, so no model of the earlier data version
     may serve the new one (nor keep the deleted row's statistics) — the batch retrains exactly

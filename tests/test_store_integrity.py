@@ -40,14 +40,15 @@ def files_holding(root: Path, rows: set[bytes]) -> list[str]:
             and any(row in p.read_bytes() for row in rows)]
 
 
-def test_erasure_and_integrity_sequences_through_the_cli(workspace, prefect_server, capsys):
+def test_erasure_and_integrity_sequences_through_the_cli(trained_digits_hfl, prefect_server, capsys):
+    workspace = trained_digits_hfl  # `fedunlearn train --scenario digits-hfl --inline` ran in it
+
     def cli(*args: str, status: int = 0) -> tuple[str, str]:
         assert main(["--root", str(workspace), *args]) == status, capsys.readouterr()
         captured = capsys.readouterr()
         return captured.out, captured.err
 
     folders = RequestFolders.create(workspace)
-    cli("train", "--scenario", SCENARIO, "--inline")
     test = load_horizontal(SCENARIO, workspace).test
     test_rows = {test.features[k].tobytes() for k in range(2)}
 

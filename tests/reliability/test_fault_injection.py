@@ -130,14 +130,20 @@ def test_no_process_outlives_a_cli_killed_from_outside(bench, submitted, reliabi
 
 
 # Damage to two stores at once (issue 26): the ledger's last line (a processed batch's) torn, and that
-# batch's record truncated or deleted; or the record deleted under an intact ledger. `make test` runs
-# the torn line with the deleted record, `make reliability` all three.
-DOUBLE_FAULTS = (["truncated record", "deleted record", "record only"] if FULL else ["deleted record"])
+# batch's record truncated or deleted; or the record deleted under an intact ledger. `make reliability`
+# runs all three; `make test` checks the same faults through the CLI in process
+# (tests/test_ledger_double_faults.py), the process path's repair and resume in tests/test_store_integrity.py.
+DOUBLE_FAULTS = ["truncated record", "deleted record", "record only"]
 
 
+@pytest.mark.skipif(not FULL, reason="make reliability only: the same double faults are checked in make test by "
+                                     "tests/test_ledger_double_faults.py (CLI, in process, seconds instead of minutes)")
 @pytest.mark.parametrize("fault", DOUBLE_FAULTS)
 def test_a_double_fault_stops_the_next_batch_and_repair_brings_nothing_back(bench, submitted, fault,
                                                                             reliability_report):
+    """Make reliability only (5 CLI processes per fault, the slowest test of make test's subset):
+    tests/test_ledger_double_faults.py::test_double_faults_through_the_cli_bring_nothing_back covers
+    the same three faults through the CLI in make test."""
     from fedunlearn.data.store import load_horizontal
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
