@@ -6,7 +6,7 @@
 #   SERVE_FLAGS (more flags of `fedunlearn serve`, e.g. --cold-runs),
 #   SERVE_DB: postgres (default) — the Prefect server's database and the MLflow tracking server's store
 #     on the workspace's own PostgreSQL cluster (.postgres/, started here, stopped on Ctrl-C) or on the
-#     server in DATABASE_URL; sqlite — Prefect's .prefect/prefect.db and `mlflow ui` over mlflow/mlflow.db.
+#     server in DATABASE_URL; sqlite — Prefect's .prefect/prefect.db, the MLflow server over mlflow/mlflow.db.
 set -euo pipefail
 set -m  # every background job in its own process group: stopping one stops its workers too
 
@@ -35,7 +35,7 @@ TRACKING="$("$BIN/python" -c 'import sys, yaml
 print(((yaml.safe_load(open(sys.argv[1])) or {}).get("mlflow") or {}).get("tracking_uri") or "")' "$ROOT/params.yaml")"
 case "$TRACKING" in
   http://*|https://*) MLFLOW_UI="${TRACKING%/}" ;;
-  *) TRACKING="" MLFLOW_UI="http://127.0.0.1:$MLFLOW_PORT" ;;
+  *) CONFIGURED_STORE="$TRACKING" TRACKING="" MLFLOW_UI="http://127.0.0.1:$MLFLOW_PORT" ;;  # a database URI, or none
 esac
 
 pids=()
@@ -78,7 +78,7 @@ esac
 pids+=($!)
 if [ -z "$TRACKING" ]; then
   # The UI and, on PostgreSQL, the tracking server the served flows log to (artifacts stay in mlflow/artifacts).
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --backend-store-uri "$STORE" \
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --backend-store-uri "${CONFIGURED_STORE:-$STORE}" \
     --default-artifact-root "$ROOT/mlflow/artifacts" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 2 \
     >"$ROOT/mlflow/ui.log" 2>&1 &
   pids+=($!)

@@ -80,12 +80,12 @@ def prefect_store(root: Path) -> Store:
 
 
 def mlflow_store(root: Path) -> Store:
-    """The workspace's own MLflow store (``mlflow/``), or — with ``mlflow.tracking_uri`` set — what
-    of it this machine can read: nothing of a tracking server (its database and artifact destination
-    are the server's), the database file of a sqlite URI elsewhere."""
-    from stores.registry import is_tracking_server, tracking_uri
-
+    """The workspace's own MLflow store (``mlflow/``; on PostgreSQL its artifacts there, its database
+    the store ``mlflow-database``), or — with ``mlflow.tracking_uri`` set — what of it this machine can
+    read: nothing of a tracking server (its database and artifact destination are the server's), the
+    database file of a sqlite URI elsewhere."""
     from stores.postgres import workspace_config
+    from stores.registry import is_tracking_server, tracking_uri
 
     root = Path(root)
     uri = tracking_uri(root)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 import pwd
 import secrets
@@ -42,8 +41,6 @@ from typing import Iterator
 from urllib.parse import quote, unquote, urlparse
 
 from fedunlearn.errors import InputError
-
-log = logging.getLogger(__name__)
 
 PG_DIR = Path(".postgres")
 ROLE = "fedunlearn"
@@ -126,7 +123,9 @@ class LocalCluster:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         password = secrets.token_urlsafe(24)
         write_private(self.pgpass, f"127.0.0.1:*:*:{ROLE}:{password}\nlocalhost:*:*:{ROLE}:{password}\n")
-        self.data.mkdir(mode=0o700, exist_ok=True)
+        if self.data.exists():  # no PG_VERSION: an initdb that did not finish, which initdb would refuse
+            shutil.rmtree(self.data)
+        self.data.mkdir(mode=0o700)
         pwfile = self.directory / ".initdb-password"
         write_private(pwfile, password + "\n")
         self.log.touch()
@@ -134,6 +133,7 @@ class LocalCluster:
         for path in (self.directory, self.data, pwfile, self.log):
             if owner is not None:
                 os.chown(path, owner.pw_uid, owner.pw_gid)
+        self._check_reachable(owner)
         try:
             self._run([str(binaries() / "initdb"), "-D", str(self.data), "-U", ROLE, f"--pwfile={pwfile}",
                        "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-locale"],
@@ -152,8 +152,14 @@ class LocalCluster:
         if running is not None:
             return running
         port = free_port()
-        self._run([str(binaries() / "pg_ctl"), "start", "-w", "-t", str(START_TIMEOUT_S), "-D", str(self.data),
-                   "-l", str(self.log), "-o", f"-p {port}"], "pg_ctl start")
+        try:
+            self._run([str(binaries() / "pg_ctl"), "start", "-w", "-t", str(START_TIMEOUT_S), "-D", str(self.data),
+                       "-l", str(self.log), "-o", f"-p {port}"], "pg_ctl start")
+        except PostgresFailed:
+            running = self.port()  # another command started it at the same moment
+            if running is None:
+                raise
+            return running
         return port
 
     def stop(self) -> bool:
@@ -162,6 +168,17 @@ class LocalCluster:
             return False
         self._run([str(binaries() / "pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(self.data)], "pg_ctl stop")
         return True
+
+    def _check_reachable(self, owner: pwd.struct_passwd | None) -> None:
+        """The unprivileged user the cluster runs as (for root) must be able to reach its directory."""
+        if owner is None:
+            return
+        probe = subprocess.run(self._as_owner(["test", "-w", str(self.data)]), capture_output=True, check=False)
+        if probe.returncode != 0:
+            raise PostgresFailed(f"PostgreSQL does not run as root, so its cluster runs as the user {owner.pw_name}, "
+                                 f"who cannot reach {self.directory}: give the workspace's parent directories search "
+                                 f"permission (chmod o+x on each of them), run as an unprivileged user, or set "
+                                 "DATABASE_URL to a PostgreSQL server")
 
     def _as_owner(self, args: list[str]) -> list[str]:
         owner = _run_as()
