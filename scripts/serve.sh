@@ -78,8 +78,8 @@ esac
 pids+=($!)
 if [ -z "$TRACKING" ]; then
   # The UI and, on PostgreSQL, the tracking server the served flows log to (artifacts stay in mlflow/artifacts).
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --backend-store-uri "${CONFIGURED_STORE:-$STORE}" \
-    --default-artifact-root "$ROOT/mlflow/artifacts" --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 2 \
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 2 \
+    --backend-store-uri "${CONFIGURED_STORE:-$STORE}" --default-artifact-root "$ROOT/mlflow/artifacts" \
     >"$ROOT/mlflow/ui.log" 2>&1 &
   pids+=($!)
   if [ "$SERVE_DB" = postgres ]; then export FEDUNLEARN_MLFLOW_TRACKING_URI="$MLFLOW_UI"; fi
