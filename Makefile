@@ -19,7 +19,9 @@ demo: $(STAMP)
 	$(BIN)/fedunlearn demo
 
 # Prefect server + UI, the deployments (deletion batches on a cron schedule; CRON="0 2 * * *") and the
-# MLflow UI over mlflow/, all on 127.0.0.1; prints the URLs, Ctrl-C stops all three.
+# MLflow tracking server + UI, all on 127.0.0.1, their databases on the workspace's PostgreSQL cluster
+# (.postgres/, installed by scripts/install-postgres.sh where missing; DATABASE_URL for another server;
+# SERVE_DB=sqlite for SQLite); prints the URLs, Ctrl-C stops them all.
 # The UI screenshot test (tests/test_ui_screenshots.py) needs headless Chromium: apt-get install -y chromium
 serve: $(STAMP)
 	scripts/serve.sh
@@ -35,4 +37,5 @@ reliability: $(STAMP)
 	RELIABILITY_FULL=1 $(BIN)/python -m pytest -q tests/reliability
 
 clean-data:
-	rm -rf data/raw data/partitions dvc.lock .prefect mlflow/mlflow.db mlflow/artifacts
+	-test ! -x $(BIN)/fedunlearn || $(BIN)/fedunlearn db stop >/dev/null  # the cluster stops before its files go
+	rm -rf data/raw data/partitions dvc.lock .prefect mlflow/mlflow.db mlflow/mlflow.db.moved-to-postgres mlflow/artifacts .postgres

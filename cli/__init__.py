@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedunlearn.errors import FedunlearnError, as_no_space, watch_filesystems
 
-COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable")
+COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable", "database")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:

@@ -11,6 +11,16 @@ nobody presses Run: the N-th request's event starts ``process-deletions``. When 
 its log's timing line, its task-run timeline and its wall time are printed and written as JSON.
 
     .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served]
+                                             [--db postgres|sqlite]
+
+``--db`` (issue 28): the databases `make serve` runs on — PostgreSQL (the default, as `make serve`:
+the workspace's own cluster, made before training so the MLflow store is there from the start) or
+SQLite (``SERVE_DB=sqlite``). Whether any event was lost is counted while the servers still run:
+the ``fedunlearn.request.submitted`` and ``processed`` events the Prefect server holds (its API);
+the proactive "waited too long" trigger's buckets, one per submitted request, and how many of them
+counted its ``processed`` event (the database: the automations service keeps them there); in the
+server's log, "database is locked" and dead-letter lines, and the messages in its dead-letter
+queue ($PREFECT_HOME/dlq); in the deployments' log, the client's back-offs after HTTP 503.
 """
 
 from __future__ import annotations
@@ -55,8 +65,11 @@ def wait_for(url: str, process: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def prepare(work: Path, scenario: str, requests: int) -> None:
+def prepare(work: Path, scenario: str, requests: int, db: str) -> None:
     subprocess.run([BIN / "fedunlearn", "init", str(work)], check=True, stdout=subprocess.DEVNULL)
+    if db == "postgres":  # the workspace's cluster made and its MLflow store there before training writes to it
+        work.chmod(0o711)  # as root, the cluster runs as the user postgres, which must reach .postgres/
+        subprocess.run([BIN / "fedunlearn", "--root", str(work), "db", "start"], check=True)
     params_path = work / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
     params["requests"]["batch_threshold"] = requests
@@ -106,6 +119,52 @@ def triggered_run(deployment: str, timeout: float):
     raise TimeoutError(f"no automation-created run of {deployment} finished within {timeout:.0f} s")
 
 
+LOST_SIGNS = {"database_is_locked_lines": "database is locked", "dead_letter_lines": "dead letter queue"}
+
+
+def event_count(api: str, name: str) -> int:
+    body = json.dumps({"filter": {"event": {"name": [name]}}, "limit": 1}).encode()
+    request = urllib.request.Request(f"{api}/events/filter", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(json.load(response)["total"])
+
+
+def waited_too_long_buckets(work: Path, db: str) -> list[int]:
+    """The count of each bucket of the proactive trigger: 1 when it counted its request's ``processed``."""
+    query = ("SELECT b.count FROM automation_bucket b JOIN automation a ON a.id = b.automation_id "
+             "WHERE a.name = 'waited too long'")
+    if db == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(work / ".prefect" / "prefect.db") as connection:
+            return [row[0] for row in connection.execute(query)]
+    from stores.postgres import connect, workspace_server
+
+    connection = connect(workspace_server(work, start=False), "prefect")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            return [row[0] for row in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+def lost_events(work: Path, api: str, db: str) -> dict:
+    """What the servers say of the batch's events, read while they run (the module docstring)."""
+    time.sleep(10)  # the last processed events through the server's event pipeline and triggers
+    buckets = waited_too_long_buckets(work, db)
+    server_log = (work / ".prefect" / "server.log").read_text(errors="replace")
+    serve_log = (work / ".prefect" / "serve.log").read_text(errors="replace")
+    dlq = work / ".prefect" / "dlq"
+    return {"db": db, "submitted_events": event_count(api, "fedunlearn.request.submitted"),
+            "processed_events": event_count(api, "fedunlearn.request.processed"),
+            "waited_too_long_buckets": len(buckets),
+            "buckets_that_counted_processed": sum(1 for count in buckets if count >= 1),
+            **{key: server_log.count(sign) for key, sign in LOST_SIGNS.items()},
+            "dead_letter_messages": len(list(dlq.iterdir())) if dlq.is_dir() else 0,
+            "http_503_backoffs": serve_log.count("retryable status code 503")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
@@ -113,16 +172,17 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/served"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=PROJECT / "results" / "served_batch.json")
+    parser.add_argument("--db", choices=["postgres", "sqlite"], default="postgres",
+                        help="the databases of the Prefect server and the MLflow store (SERVE_DB of make serve)")
     args = parser.parse_args()
     work = args.work.resolve()
     if work.exists():
         raise SystemExit(f"{work} exists; remove it or pass another --work")
     started = time.perf_counter()
-    prepare(work, args.scenario, args.requests)
+    prepare(work, args.scenario, args.requests, args.db)
     prefect_port, mlflow_port = free_port(), free_port()
     env = {**os.environ, "FEDUNLEARN_ROOT": str(work), "PREFECT_PORT": str(prefect_port),
-           "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario,
-           }
+           "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario, "SERVE_DB": args.db}
     os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{prefect_port}/api"
     serve = subprocess.Popen(["bash", str(PROJECT / "scripts" / "serve.sh")], env=env, cwd=PROJECT,
                              stdout=(work / "serve-sh.log").open("w"), stderr=subprocess.STDOUT,
@@ -139,6 +199,7 @@ def main() -> None:
         submit(work, args.scenario, args.requests, seed=0)
         submitted_at = datetime.now(timezone.utc)  # the last request's file is in the inbox
         run, messages = triggered_run("process-deletions/deletion-batches", args.timeout)
+        events = lost_events(work, os.environ["PREFECT_API_URL"], args.db)
     finally:
         os.killpg(serve.pid, signal.SIGTERM)  # serve.sh stops the deployments, then the servers
         try:
@@ -149,7 +210,8 @@ def main() -> None:
     result = {"scenario": args.scenario, "requests": args.requests, "state": run.state.type.value,
               "flow_run": run.name, "run_wall_seconds": run.total_run_time.total_seconds(),
               "from_last_submission_to_end_seconds": round((run.end_time - submitted_at).total_seconds(), 1),
-              "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1)}
+              "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1),
+              "events": events}
     if timing:
         line = timing.string
         by_stage = line.split("orchestration by stage: ", 1)[1] if "orchestration by stage: " in line else ""

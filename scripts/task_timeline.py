@@ -1,5 +1,6 @@
 """The task runs of a workspace's latest ``process-deletions`` flow run (its sub-flows included),
-with their wall seconds, read from the Prefect database the CLI left in the workspace: where a
+with their wall seconds, read from the Prefect database the CLI left in the workspace (or, for a
+workspace served on PostgreSQL, its ``prefect`` database; its cluster must run): where a
 batch's time goes, and whether its evaluation (``build-evaluator``, ``evaluate-*``,
 ``audit-*``) stays within its unlearning (``unlearn-*``).
 
@@ -19,25 +20,45 @@ GROUPS = {"unlearning": ("unlearn-",), "evaluation": ("build-evaluator", "evalua
 STAGES = {"intake-requests", "apply-deletions", "unlearn-and-register", "promote-and-receipt"}
 
 
-def seconds(start: str | None, end: str | None) -> float:
+def seconds(start: str | datetime | None, end: str | datetime | None) -> float:
     if not start or not end:
         return 0.0
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    as_time = lambda value: value if isinstance(value, datetime) else datetime.fromisoformat(value)  # noqa: E731
+    return (as_time(end) - as_time(start)).total_seconds()
 
 
-def flow_runs(db: sqlite3.Connection, name: str, count: int) -> list[tuple[str, str]]:
+class Postgres:
+    """The ``execute(sql, params)`` of sqlite3 over the workspace's PostgreSQL ``prefect`` database."""
+
+    def __init__(self, workspace: Path):
+        from stores.postgres import connect, workspace_server
+
+        self.connection = connect(workspace_server(workspace, start=False), "prefect")
+
+    def execute(self, sql: str, params=()) -> list[tuple]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql.replace("?", "%s"), tuple(params))
+            return cursor.fetchall()
+
+
+def open_database(workspace: Path):
+    return Postgres(workspace) if (workspace / ".postgres" / "workspace.json").is_file() else \
+        sqlite3.connect(workspace / ".prefect" / "prefect.db")
+
+
+def flow_runs(db, name: str, count: int) -> list[tuple[str, str]]:
     return db.execute("SELECT flow_run.id, flow_run.name FROM flow_run JOIN flow ON flow.id = flow_run.flow_id "
                       "WHERE flow.name = ? AND flow_run.parent_task_run_id IS NULL "
-                      "ORDER BY flow_run.start_time DESC LIMIT ?", (name, count)).fetchall()
+                      "ORDER BY flow_run.start_time DESC LIMIT ?", (name, count))
 
 
-def descendants(db: sqlite3.Connection, flow_run_id: str) -> list[str]:
+def descendants(db, flow_run_id: str) -> list[str]:
     """The flow run and its sub-flow runs, recursively."""
     found, frontier = [flow_run_id], [flow_run_id]
     while frontier:
         children = [row[0] for row in db.execute(
             "SELECT flow_run.id FROM flow_run JOIN task_run ON flow_run.parent_task_run_id = task_run.id "
-            f"WHERE task_run.flow_run_id IN ({','.join('?' * len(frontier))})", frontier)]
+            f"WHERE task_run.flow_run_id IN ({','.join('?' * len(frontier))})", list(frontier))]
         found += children
         frontier = children
     return found
@@ -49,11 +70,11 @@ def main() -> None:
     parser.add_argument("--flow", default="process-deletions")
     parser.add_argument("--runs", type=int, default=1, help="the latest N runs (default 1)")
     args = parser.parse_args()
-    db = sqlite3.connect(args.workspace / ".prefect" / "prefect.db")
+    db = open_database(args.workspace)
     for run_id, run_name in flow_runs(db, args.flow, args.runs):
         ids = descendants(db, run_id)
         rows = db.execute("SELECT id, name, start_time, end_time FROM task_run WHERE flow_run_id IN "
-                          f"({','.join('?' * len(ids))}) ORDER BY start_time", ids).fetchall()
+                          f"({','.join('?' * len(ids))}) ORDER BY start_time", ids)
         # A sub-flow appears as a task run of its parent too (``train-federated``): its time is
         # that of the task runs inside it, counted there.
         wrappers = {row[0] for row in db.execute("SELECT parent_task_run_id FROM flow_run WHERE parent_task_run_id "

@@ -9,6 +9,13 @@ a deletion batch can vouch for it.
     mlflow             the tracking database and every version's artifacts (mlflow/); with a tracking
                        server (params.yaml mlflow.tracking_uri) out of scope: the server keeps them
     prefect            Prefect's home: its database, result storage and logs (PREFECT_HOME)
+    prefect-database   on PostgreSQL (make serve, ``stores.postgres``): the Prefect server's and the
+    mlflow-database    MLflow store's databases, every row of every table read through a connection
+                       (text, and bytea columns as bytes); out of scope, with the reason, when this
+                       machine cannot connect or may not read a table
+    postgres-cluster   the workspace's own cluster's files (.postgres/data): listed, not scanned — its
+                       tables are scanned row by row above; a row deleted from a table stays in its
+                       pages and the WAL, in PostgreSQL's binary page format, until vacuumed and recycled
     temporary files    .tmp/ (the CLI's TMPDIR) and .dvc/tmp/
     benchmark outputs  artifacts/ (cached originals) and results/
 
@@ -73,14 +80,19 @@ def prefect_store(root: Path) -> Store:
 
 
 def mlflow_store(root: Path) -> Store:
-    """The workspace's own MLflow store (``mlflow/``), or — with ``mlflow.tracking_uri`` set — what
-    of it this machine can read: nothing of a tracking server (its database and artifact destination
-    are the server's), the database file of a sqlite URI elsewhere."""
+    """The workspace's own MLflow store (``mlflow/``; on PostgreSQL its artifacts there, its database
+    the store ``mlflow-database``), or — with ``mlflow.tracking_uri`` set — what of it this machine can
+    read: nothing of a tracking server (its database and artifact destination are the server's), the
+    database file of a sqlite URI elsewhere."""
+    from stores.postgres import workspace_config
     from stores.registry import is_tracking_server, tracking_uri
 
     root = Path(root)
     uri = tracking_uri(root)
     own = f"sqlite:///{(root / 'mlflow' / 'mlflow.db').resolve()}"
+    if workspace_config(root) is not None and not _configured_elsewhere(root):
+        return Store("mlflow", [root / "mlflow"], note="every version's artifacts (mlflow/artifacts); the tracking "
+                                                       "database is the store mlflow-database")
     if uri == own:
         return Store("mlflow", [root / "mlflow"], note="tracking database and every version's artifacts")
     if is_tracking_server(uri):
@@ -94,6 +106,54 @@ def mlflow_store(root: Path) -> Store:
                      note=f"the tracking database {uri} and every version's artifacts (mlflow/artifacts)")
     return Store("mlflow", [root / "mlflow"], note=f"every version's artifacts (mlflow/artifacts); the tracking "
                                                    f"database at {parsed.scheme}://{parsed.hostname} is not scanned")
+
+
+def _configured_elsewhere(root: Path) -> bool:
+    """params.yaml names an MLflow store (a tracking server): the workspace's database is not it."""
+    from fedunlearn.config import load_params
+
+    params = Path(root) / "params.yaml"
+    return params.is_file() and bool(load_params(params).mlflow.tracking_uri)
+
+
+def database_stores(root: Path) -> list[Store]:
+    """The PostgreSQL databases of a workspace served on them (none otherwise), and its own cluster's files."""
+    from stores import postgres
+
+    config = postgres.workspace_config(root)
+    if config is None:
+        return []
+    databases = [d for d in postgres.DATABASES if d != "mlflow" or not _configured_elsewhere(root)]
+    try:
+        server = postgres.workspace_server(root)
+    except postgres.PostgresFailed as err:
+        return [Store(f"{d}-database", [], in_scope=False, location=f"{config['server']} database {d}",
+                      note=f"not scanned: {err}") for d in databases]
+    stores = [_database_store(server, database) for database in databases]
+    if config.get("server") == "local":
+        cluster = postgres.LocalCluster(Path(root) / postgres.PG_DIR)
+        stores.append(Store("postgres-cluster", [cluster.data], in_scope=False,
+                            note="the cluster's files are not read as files: its databases are scanned row by row "
+                                 "(prefect-database, mlflow-database); a row deleted from a table stays in its pages "
+                                 "and the WAL, in PostgreSQL's page format, until VACUUM and WAL recycling"))
+    return stores
+
+
+def _database_store(server, database: str) -> Store:
+    from stores import postgres
+
+    name, location = f"{database}-database", server.display(database)
+    try:
+        unreadable = postgres.unreadable_tables(server, database)
+    except postgres.PostgresFailed as err:
+        return Store(name, [], in_scope=False, location=location, note=f"not scanned: {err}")
+    if unreadable:
+        return Store(name, [], in_scope=False, location=location,
+                     note=f"not scanned: {server.user} may not read {', '.join(unreadable[:5])}"
+                          f"{' …' if len(unreadable) > 5 else ''}; grant it SELECT on every table")
+    what = "the Prefect server's" if database == "prefect" else "the MLflow tracking store's"
+    return Store(name, [], location=location, contents=lambda: postgres.table_contents(server, database),
+                 note=f"{what} database: every row of every table, as text (bytea columns as bytes)")
 
 
 def erasure_stores(root: Path, purged: bool) -> list[Store]:
@@ -117,6 +177,7 @@ def erasure_stores(root: Path, purged: bool) -> list[Store]:
                                                              else PURGE_NOTE)))
     stores += [mlflow_store(root),
                prefect_store(root),
+               *database_stores(root),
                Store("temporary files", [root / TEMPORARY_DIR, root / ".dvc" / "tmp"]),
                Store("model caches", [root / CACHE_DIR], note="the evaluator's shadow model, trained on held-out "
                                                                "rows; replaced when a request deletes one of them"),

@@ -44,7 +44,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from pydantic import BaseModel
@@ -294,12 +294,16 @@ def remember_erased(root: Path, batch_id: str, fingerprints: Fingerprints) -> No
 
 @dataclass
 class Store:
-    """A place the product writes to: a name, its directories, and whether the scan covers it."""
+    """A place the product writes to: a name, its directories, and whether the scan covers it. A
+    store that is no files (a database) has ``contents`` instead: called at scan time, it yields its
+    parts as (name, bytes) — e.g. a table's rows as text — and ``location`` says where it is."""
 
     name: str
     paths: list[Path]
     in_scope: bool = True
     note: str = ""
+    contents: Callable[[], Iterator[tuple[str, bytes]]] | None = None
+    location: str = ""
 
 
 class StoreScan(BaseModel):
@@ -474,10 +478,12 @@ def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
     search = _Search(fingerprints, erased)
     scans = []
     for store in stores:
-        scan = StoreScan(name=store.name, paths=[_relative(p, base) for p in store.paths], in_scope=store.in_scope,
-                         note=store.note)
+        scan = StoreScan(name=store.name, paths=[store.location] if store.location else
+                         [_relative(p, base) for p in store.paths], in_scope=store.in_scope, note=store.note)
         scans.append(scan)
-        if not store.in_scope:
+        if store.in_scope and store.contents is not None:
+            _scan_contents(store, scan, search)
+        if not store.in_scope or store.contents is not None:
             continue
         holding: set[str] = set()
         for path in _files_under([p for p in store.paths if p.exists()]):
@@ -498,6 +504,24 @@ def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
                 search.found.setdefault(sample_id, set()).add(_relative(path, base))
         scan.found = sorted(holding)
     return _report(fingerprints, erased, search.found, scans)
+
+
+def _scan_contents(store: Store, scan: StoreScan, search: _Search) -> None:
+    """A store read as named parts (a database's tables): each part searched like a text file."""
+    holding: set[str] = set()
+    parts: set[str] = set()
+    for name, data in store.contents():
+        part = name.split("#", 1)[0]  # a large table comes in chunks of whole rows: one part
+        parts.add(part)
+        scan.bytes += len(data)
+        samples = search.samples_in(Path(f"{part}.txt"), data)
+        label = f"{store.name}:{part}"  # e.g. prefect-database:prefect/public.log
+        if samples:
+            holding.add(label)
+        for sample_id in samples:
+            search.found.setdefault(sample_id, set()).add(label)
+    scan.files = len(parts)
+    scan.found = sorted(holding)
 
 
 def _report(fingerprints: Fingerprints, erased: ErasedRows | None, found: dict[str, set[str]],

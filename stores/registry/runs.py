@@ -33,13 +33,16 @@ Steps = list[tuple[dict[str, float | None], int, int]]
 
 def tracking_uri(root: Path) -> str:
     """The workspace's tracking (and registry) URI: ``mlflow.tracking_uri`` of its params.yaml, or its
-    own store ``sqlite:///<root>/mlflow/mlflow.db``. MLflow's process-global ``MLFLOW_TRACKING_URI`` is
-    not read: every workspace names its store itself."""
+    own store — on PostgreSQL once it was served there (``stores.postgres``), else
+    ``sqlite:///<root>/mlflow/mlflow.db``. MLflow's process-global ``MLFLOW_TRACKING_URI`` is not read:
+    every workspace names its store itself."""
     from fedunlearn.config import load_params
+    from stores.postgres import mlflow_tracking_uri
 
     params = Path(root) / "params.yaml"
     configured = load_params(params).mlflow.tracking_uri if params.is_file() else None
-    return configured or f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}"
+    return (configured or mlflow_tracking_uri(root)
+            or f"sqlite:///{(Path(root) / 'mlflow' / 'mlflow.db').resolve()}")
 
 
 def is_tracking_server(uri: str) -> bool:
@@ -55,10 +58,14 @@ class Runs:
     def __init__(self, root: Path):
         from mlflow import MlflowClient
 
+        from stores.postgres import serves_workspace_store
+
         self.root = Path(root)
         (self.root / "mlflow").mkdir(exist_ok=True)
         self.uri = tracking_uri(self.root)
-        self.server = is_tracking_server(self.uri)
+        # A tracking server elsewhere keeps the artifacts; the one `make serve` runs over this workspace's
+        # PostgreSQL store leaves them in mlflow/artifacts, as the workspace's own store does.
+        self.server = is_tracking_server(self.uri) and not serves_workspace_store(self.root, self.uri)
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
 
     def experiment_id(self, name: str) -> str:
