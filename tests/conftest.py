@@ -23,12 +23,18 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 from workspaces import TrainedWorkspaces, cli_training, copy_workspace, temporary_prefect_server  # noqa: E402
 
 
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    """A fresh workspace: the project's params.yaml and dvc.yaml, `dvc init --no-scm`, empty ledger."""
+@pytest.fixture(scope="session")
+def fresh_workspace_template(tmp_path_factory) -> Path:
     from stores.workspace import init_workspace
 
-    return init_workspace(tmp_path / "workspace", template=PROJECT_ROOT)
+    return init_workspace(tmp_path_factory.mktemp("fresh") / "workspace", template=PROJECT_ROOT)
+
+
+@pytest.fixture
+def workspace(fresh_workspace_template, tmp_path: Path) -> Path:
+    """A fresh workspace: the project's params.yaml and dvc.yaml, `dvc init --no-scm`, empty ledger
+    (``init_workspace`` run once per session, copied: `dvc init` is a second a test)."""
+    return copy_workspace(fresh_workspace_template, tmp_path / "workspace")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ naming the request, the file and `fedunlearn ledger repair`, and the repair rebu
 (hash chain included) instead of dropping it."""
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -172,14 +173,44 @@ def test_only_an_unfinished_append_is_dropped_and_renamed_files_are_no_evidence(
 SCENARIO = "digits-hfl"
 
 
-def test_double_faults_through_the_cli_bring_nothing_back(workspace, prefect_server, capsys):
-    """Ingest two IDs of client 1; then each fault in turn: the next `ingest` stops (exit 4) naming
-    the request and `fedunlearn ledger repair`, the IDs stay out of data/raw and the partition;
-    `ledger repair` restores the entry (or the record); `verify` is intact; `ingest` changes nothing."""
+@dataclass
+class Ingested:
+    workspace: Path
+    ids: list[str]     # two IDs of client 1, deleted by the batch
+    request_id: str
+
+
+@pytest.fixture(scope="module")
+def ingested(module_prefect_server, tmp_path_factory) -> Ingested:
+    """Two IDs of client 1 requested and ingested (one Prefect server for the module); each test
+    damages a copy."""
+    from fedunlearn.data.store import load_horizontal
+    from stores.workspace import init_workspace
+    from workspaces import PROJECT_ROOT, call_cli
+
+    workspace = init_workspace(tmp_path_factory.mktemp("double-faults") / "workspace", template=PROJECT_ROOT)
+    assert call_cli(workspace, "prepare", "--scenario", SCENARIO).status == 0
+    ids = load_horizontal(SCENARIO, workspace).clients[1].sample_ids[:2].tolist()
+    requested = call_cli(workspace, "request", "samples", "--scenario", SCENARIO, "--ids", *ids)
+    assert requested.status == 0, requested.err
+    assert call_cli(workspace, "ingest", "--scenario", SCENARIO).status == 0
+    return Ingested(workspace, ids, requested.out.strip())
+
+
+@pytest.mark.parametrize("fault", ["truncated record", "deleted record", "record only"])
+def test_double_faults_through_the_cli_bring_nothing_back(ingested, fault, tmp_path, capsys):
+    """The ingested batch's ledger line torn with its record truncated or deleted, or the record
+    deleted alone: the next `ingest` stops (exit 4) naming the request and `fedunlearn ledger
+    repair`, the IDs stay out of data/raw and the partition; `ledger repair` restores the entry (or
+    the record); `verify` is intact; `ingest` changes nothing."""
     from cli import main
-    from fedunlearn.data.store import PARTITIONS_DIR, RAW_DIR, load_horizontal
+    from fedunlearn.data.store import PARTITIONS_DIR, RAW_DIR
     from fedunlearn.errors import StateDamaged
     from fedunlearn.requests.ledger import LEDGER_PATH
+    from workspaces import copy_workspace
+
+    workspace, ids, request_id = copy_workspace(ingested.workspace, tmp_path / "workspace"), ingested.ids, \
+        ingested.request_id
 
     def cli(*args: str, status: int = 0) -> tuple[str, str]:
         assert main(["--root", str(workspace), *args]) == status, capsys.readouterr()
@@ -191,33 +222,29 @@ def test_double_faults_through_the_cli_bring_nothing_back(workspace, prefect_ser
         parts = {i for f in (workspace / PARTITIONS_DIR / SCENARIO).glob("*/sample_ids.npy") for i in np.load(f)}
         return (raw | parts) & set(ids)
 
-    cli("prepare", "--scenario", SCENARIO)
-    ids = load_horizontal(SCENARIO, workspace).clients[1].sample_ids[:2].tolist()
-    request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids)[0].strip()
-    cli("ingest", "--scenario", SCENARIO)
     folders = RequestFolders.create(workspace)
     ledger = workspace / LEDGER_PATH
     [record] = list(folders.batches.glob("*.json"))
     written, journal_text = ledger.read_bytes(), record.read_text()
     assert not present()
+    if fault != "record only":
+        ledger.write_bytes(written[:-20])
+    if fault == "truncated record":
+        record.write_text(journal_text[:100])
+    else:
+        record.unlink()
+    lock = (workspace / "dvc.lock").read_bytes()
 
-    for fault in ("truncated record", "deleted record", "record only"):
-        if fault != "record only":
-            ledger.write_bytes(written[:-20])
-        if fault == "truncated record":
-            record.write_text(journal_text[:100])
-        else:
-            record.unlink()
-        lock = (workspace / "dvc.lock").read_bytes()
-        _, err = cli("ingest", "--scenario", SCENARIO, status=StateDamaged.exit_code)
-        assert request_id in err and "fedunlearn ledger repair" in err, fault
-        assert (str(folders.processed / f"{request_id}.json") in err) or (str(record) in err), fault
-        assert (workspace / "dvc.lock").read_bytes() == lock and not present(), fault
-        cli("ledger", "verify", status=StateDamaged.exit_code)
-        out, _ = cli("ledger", "repair")
-        assert out.strip().endswith("intact") and ledger.read_bytes() == written, fault  # the entry as written
-        assert set(ids) <= Ledger(ledger).deleted_ids() and record.is_file(), fault
-        cli("ingest", "--scenario", SCENARIO)  # finishes the rebuilt record's batch: nothing comes back
-        assert not present() and (workspace / "dvc.lock").read_bytes() == lock, fault
-        out, _ = cli("ledger", "verify")
-        assert out.strip().endswith("intact"), fault
+    _, err = cli("ingest", "--scenario", SCENARIO, status=StateDamaged.exit_code)
+
+    assert request_id in err and "fedunlearn ledger repair" in err
+    assert (str(folders.processed / f"{request_id}.json") in err) or (str(record) in err)
+    assert (workspace / "dvc.lock").read_bytes() == lock and not present()
+    cli("ledger", "verify", status=StateDamaged.exit_code)
+    out, _ = cli("ledger", "repair")
+    assert out.strip().endswith("intact") and ledger.read_bytes() == written  # the entry as written
+    assert set(ids) <= Ledger(ledger).deleted_ids() and record.is_file()
+    cli("ingest", "--scenario", SCENARIO)  # finishes the rebuilt record's batch: nothing comes back
+    assert not present() and (workspace / "dvc.lock").read_bytes() == lock
+    out, _ = cli("ledger", "verify")
+    assert out.strip().endswith("intact")

@@ -34,14 +34,14 @@ BEFORE, AFTER = (hashlib.md5(name.encode()).hexdigest() for name in ("before", "
 
 
 def render(url: str, screenshot, *options: str) -> str:
-    """Screenshot ``url`` and return its DOM once the single-page app has rendered it."""
+    """Screenshot ``url`` and return its DOM once the single-page app has rendered it: one page
+    load, headless Chromium running both commands on it after the virtual-time budget."""
     browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1600,1000",
                "--virtual-time-budget=15000", *options]
-    subprocess.run([*browser, f"--screenshot={screenshot}", url], check=True, capture_output=True,
-                   timeout=PAGE_TIMEOUT_S)
+    dom = subprocess.run([*browser, f"--screenshot={screenshot}", "--dump-dom", url], check=True, capture_output=True,
+                         text=True, timeout=PAGE_TIMEOUT_S).stdout
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
-    return subprocess.run([*browser, "--dump-dom", url], check=True, capture_output=True, text=True,
-                          timeout=PAGE_TIMEOUT_S).stdout
+    return dom
 
 
 def register_versions(workspace) -> str:
