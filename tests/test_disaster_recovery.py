@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,27 +35,36 @@ from test_serve_e2e import BIN, Service, Services, free_port
 SCENARIO = "digits-hfl"
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path):
-    """`mlflow server` on a free port of 127.0.0.1: sqlite backend, artifacts served (proxied) from a
-    directory of its own. Yields (tracking URI, its store directory, a function waiting until it
-    answers: it starts while the Prefect server does); stopped with its workers."""
+@contextmanager
+def running_mlflow_server(tmp_path: Path, backend_store_uri: str | None = None):
+    """`mlflow server` on a free port of 127.0.0.1 over ``backend_store_uri`` (default: sqlite in its
+    store), artifacts served (proxied) from a directory of its own. Yields (tracking URI, its store
+    directory, a function waiting until it answers: it starts while the Prefect server does);
+    stopped with its workers."""
     store = tmp_path / "mlflow-server"
     store.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no GenAI job runner: two processes fewer
     port, log = free_port(), store / "server.log"
-    server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{store}/mlflow.db",
-                                "--artifacts-destination", str(store / "artifacts"), "--serve-artifacts",
-                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                               stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=store,
-                               start_new_session=True)
+    server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri",
+                               backend_store_uri or f"sqlite:///{store}/mlflow.db",
+                               "--artifacts-destination", str(store / "artifacts"), "--serve-artifacts",
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=store,
+                              start_new_session=True)
     service = Service("mlflow-server", server, log)
     uri = f"http://127.0.0.1:{port}"
     try:
         yield uri, store, lambda: Services(tmp_path, env).wait_for(f"{uri}/health", service)
     finally:
         service.stop()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path):
+    """``running_mlflow_server`` on its sqlite backend."""
+    with running_mlflow_server(tmp_path) as running:
+        yield running
 
 
 def test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_continues_exactly_once(

@@ -28,9 +28,10 @@ import pytest
 
 from stores import postgres
 from test_disaster_recovery import (  # noqa: F401  (collected here with this module's mlflow_server)
+    running_mlflow_server,
     test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_continues_exactly_once)
 from test_postgres import needs_postgres, reachable_dir  # noqa: F401  (a fixture)
-from test_serve_e2e import BIN, PROJECT_ROOT, Service, Services, free_port
+from test_serve_e2e import BIN, PROJECT_ROOT, free_port
 
 SCENARIO = "digits-hfl"
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -45,22 +46,10 @@ def mlflow_server(reachable_dir, tmp_path):  # noqa: F811
     cluster = postgres.LocalCluster(reachable_dir / "cluster")
     server = postgres.Server("127.0.0.1", cluster.start(), postgres.ROLE, cluster.pgpass)
     postgres.create_databases(server)
-    store = tmp_path / "mlflow-server"
-    store.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
-    port, log = free_port(), store / "server.log"
-    process = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", server.url("mlflow"),
-                                "--artifacts-destination", str(store / "artifacts"), "--serve-artifacts",
-                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                               stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=store,
-                               start_new_session=True)
-    service = Service("mlflow-server", process, log)
-    uri = f"http://127.0.0.1:{port}"
     try:
-        yield uri, store, lambda: Services(tmp_path, env).wait_for(f"{uri}/health", service)
+        with running_mlflow_server(tmp_path, server.url("mlflow")) as running:
+            yield running
     finally:
-        service.stop()
         cluster.stop()
 
 
