@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange, load_records
+from fedunlearn.requests.batch import BatchStatus, VersionChange, load_records
 from fedunlearn.requests.folders import RECEIPTS_DIR, RequestFolders
 from fedunlearn.requests.integrity import check_ledger, ensure_intact, repair_ledger
 from fedunlearn.requests.ledger import GENESIS, Ledger, LedgerDamaged, LedgerEntry, content_checksum
