@@ -11,7 +11,7 @@ nobody presses Run: the N-th request's event starts ``process-deletions``. When 
 its log's timing line, its task-run timeline and its wall time are printed and written as JSON.
 
     .venv/bin/python scripts/served_batch.py --requests 100 [--scenario mnist5k-hfl] [--work /tmp/served]
-                                             [--db postgres|sqlite]
+                                             [--db postgres|sqlite] [--clients N]
 
 ``--db`` (issue 28): the databases `make serve` runs on — PostgreSQL (the default, as `make serve`:
 the workspace's own cluster, made before training so the MLflow store is there from the start) or
@@ -65,7 +65,7 @@ def wait_for(url: str, process: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def prepare(work: Path, scenario: str, requests: int, db: str) -> None:
+def prepare(work: Path, scenario: str, requests: int, db: str, clients: int | None) -> None:
     subprocess.run([BIN / "fedunlearn", "init", str(work)], check=True, stdout=subprocess.DEVNULL)
     if db == "postgres":  # the workspace's cluster made and its MLflow store there before training writes to it
         work.chmod(0o711)  # as root, the cluster runs as the user postgres, which must reach .postgres/
@@ -73,6 +73,8 @@ def prepare(work: Path, scenario: str, requests: int, db: str) -> None:
     params_path = work / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
     params["requests"]["batch_threshold"] = requests
+    if clients is not None:  # the same data split among more (or fewer) clients
+        params["scenarios"][scenario]["partition"]["num_clients"] = clients
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     subprocess.run([BIN / "fedunlearn", "--root", str(work), "train", "--scenario", scenario], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
@@ -169,6 +171,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--scenario", default="mnist5k-hfl")
+    parser.add_argument("--clients", type=int, default=None,
+                        help="partition.num_clients of the scenario (default: as params.yaml has it)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/served"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=PROJECT / "results" / "served_batch.json")
@@ -179,7 +183,7 @@ def main() -> None:
     if work.exists():
         raise SystemExit(f"{work} exists; remove it or pass another --work")
     started = time.perf_counter()
-    prepare(work, args.scenario, args.requests, args.db)
+    prepare(work, args.scenario, args.requests, args.db, args.clients)
     prefect_port, mlflow_port = free_port(), free_port()
     env = {**os.environ, "FEDUNLEARN_ROOT": str(work), "PREFECT_PORT": str(prefect_port),
            "MLFLOW_PORT": str(mlflow_port), "SCENARIO": args.scenario, "SERVE_DB": args.db}
@@ -207,7 +211,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(serve.pid, signal.SIGKILL)
     timing = next((TIMING.search(m) for m in messages if TIMING.search(m)), None)
-    result = {"scenario": args.scenario, "requests": args.requests, "state": run.state.type.value,
+    result = {"scenario": args.scenario, "requests": args.requests, "clients": args.clients, "db": args.db,
+              "state": run.state.type.value,
               "flow_run": run.name, "run_wall_seconds": run.total_run_time.total_seconds(),
               "from_last_submission_to_end_seconds": round((run.end_time - submitted_at).total_seconds(), 1),
               "load_average": os.getloadavg(), "total_seconds": round(time.perf_counter() - started, 1),

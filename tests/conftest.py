@@ -37,17 +37,12 @@ def workspace(fresh_workspace_template, tmp_path: Path) -> Path:
     return copy_workspace(fresh_workspace_template, tmp_path / "workspace")
 
 
-@pytest.fixture
-def prefect_server(tmp_path: Path):
-    """A temporary Prefect server with its own home and database for this test only."""
-    with temporary_prefect_server(tmp_path / "prefect-home") as home:
-        yield home
-
-
-@pytest.fixture(scope="module")
-def module_prefect_server(tmp_path_factory):
-    """One temporary Prefect server for a module's tests (each keeps its own workspace, MLflow
-    store and DVC repository): a server's start (8-20 s) is a large share of a flow test's time."""
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A temporary Prefect server (its own home and database in a temporary directory) for the
+    session's flow tests: a server's start (8-20 s) is a large share of a flow test's time. Each
+    test keeps its own workspace, MLflow store and DVC repository; a test that reads the server's
+    state filters it by what it made (its deployment's or flow run's ID)."""
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home")) as home:
         yield home
 
@@ -60,12 +55,18 @@ def trained_workspaces(tmp_path_factory):
     trained.close()
 
 
-@pytest.fixture
-def trained_digits_hfl(trained_workspaces, tmp_path: Path) -> Path:
-    """A workspace in which `fedunlearn train --scenario digits-hfl --inline` ran: a copy of one
-    trained once per session (it takes the place of the ``workspace`` fixture)."""
+@pytest.fixture(scope="session")
+def digits_hfl_template(trained_workspaces) -> Path:
+    """The workspace in which `fedunlearn train --scenario digits-hfl --inline` ran once this
+    session: tests copy it (``copy_workspace``) and never change it."""
     template, _ = trained_workspaces.get("digits-hfl", cli_training("digits-hfl"))
-    return copy_workspace(template, tmp_path / "workspace")
+    return template
+
+
+@pytest.fixture
+def trained_digits_hfl(digits_hfl_template, tmp_path: Path) -> Path:
+    """A copy of ``digits_hfl_template`` (it takes the place of the ``workspace`` fixture)."""
+    return copy_workspace(digits_hfl_template, tmp_path / "workspace")
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ def clock_cli(workspace, capsys, monkeypatch):
 
 
 @pytest.fixture
-def trained(trained_digits_hfl, module_prefect_server):
-    """digits-hfl trained (a copy of the session's), with the module's Prefect server."""
+def trained(trained_digits_hfl, prefect_server):
+    """digits-hfl trained (a copy of the session's), with the session's Prefect server."""
     return trained_digits_hfl
 
 
@@ -149,7 +149,7 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
 
 
-def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained_canaries, module_prefect_server,
+def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained_canaries, prefect_server,
                                                                         capsys, monkeypatch):
     """digits-canary-hfl memorises its mislabelled canaries: the source model's audit finds them
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the

@@ -38,7 +38,7 @@ class Ingested:
 
 
 @pytest.fixture(scope="module")
-def ingested(module_prefect_server, tmp_path_factory) -> Ingested:
+def ingested(prefect_server, tmp_path_factory) -> Ingested:
     """The acceptance scenario: 20 IDs requested through the CLI and a malformed file written to the
     inbox an hour ago, then `fedunlearn ingest`. Tests read it; a test that acts takes a copy."""
     workspace = init_workspace(tmp_path_factory.mktemp("ingest") / "workspace", template=PROJECT_ROOT)
@@ -115,7 +115,7 @@ class Interrupted:
 
 
 @pytest.fixture(scope="module")
-def interrupted(module_prefect_server, tmp_path_factory) -> Interrupted:
+def interrupted(prefect_server, tmp_path_factory) -> Interrupted:
     """A batch (two requests, given as flow parameters) that dies after its ledger append, re-run;
     then a batch (a client request and a malformed class request through the inbox) that dies after
     its new data version, re-run."""

@@ -181,7 +181,7 @@ class Ingested:
 
 
 @pytest.fixture(scope="module")
-def ingested(module_prefect_server, tmp_path_factory) -> Ingested:
+def ingested(prefect_server, tmp_path_factory) -> Ingested:
     """Two IDs of client 1 requested and ingested (one Prefect server for the module); each test
     damages a copy."""
     from fedunlearn.data.store import load_horizontal

@@ -73,7 +73,7 @@ class Resumed:
 
 
 @pytest.fixture(scope="module")
-def resumed(trained_workspaces, module_prefect_server, tmp_path_factory) -> Resumed:
+def resumed(trained_workspaces, prefect_server, tmp_path_factory) -> Resumed:
     """digits-hfl trained (a copy of the session's), 12 IDs of client 1 requested; `process
     --retrain` fails in unlearning (after its ledger append); the next `process --retrain` resumes
     the batch, reading the forget samples back from the DVC cache. Tests read it; a test that acts
@@ -100,7 +100,7 @@ def resumed(trained_workspaces, module_prefect_server, tmp_path_factory) -> Resu
                                                                               "--retrain"), **left)
 
 
-def test_with_nothing_pending_a_run_changes_nothing(workspace, module_prefect_server, capsys):
+def test_with_nothing_pending_a_run_changes_nothing(workspace, prefect_server, capsys):
     out = cli(workspace, capsys, "process", "--scenario", SCENARIO)
 
     assert out.strip().endswith("no pending requests")
@@ -235,7 +235,7 @@ def test_a_batch_forgotten_only_approximately_is_retrain_debt_until_repay_debt_r
 
 
 def test_a_held_out_deletion_where_the_feature_transform_is_fit_on_the_held_out_split_retrains_exactly(
-        workspace, module_prefect_server, capsys):
+        workspace, prefect_server, capsys):
     """breast_cancer-dfl-ring standardises its features with statistics of the held-out split:
     deleting a held-out row moves every sample's features, so no model of the earlier data version
     may serve the new one (nor keep the deleted row's statistics) — the batch retrains exactly

@@ -1,9 +1,10 @@
 """Shared by the fault-injection and concurrency tests (issue #10): one Prefect server for a test
-module, `fedunlearn` CLI processes driven against one trained digits-hfl workspace, and the
+module, `fedunlearn` CLI processes driven against one trained digits-hfl workspace (a copy of the
+session's), and the
 exactly-once invariants read back from the real stores (ledger, batch journal, request folders,
 MLflow registry, receipts).
 
-Every CLI run (training included) is a separate process in its own session (process group), with
+Every CLI run is a separate process in its own session (process group), with
 its own PREFECT_HOME, talking to the module's server. Without PREFECT_API_URL each run would start
 Prefect's ephemeral server, a child process that costs seconds to start and that a SIGKILLed run
 would leave orphaned. The process group shows whether a killed run left any child behind.
@@ -35,7 +36,7 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import submit_request
 from fedunlearn.requests.model import RequestKind, build_request
-from stores.workspace import init_workspace
+from workspaces import copy_workspace
 
 SCENARIO = "digits-hfl"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -356,18 +357,15 @@ def check_exactly_once(workspace: Path, submitted: list[str], may_wait: frozense
 
 
 @contextmanager
-def trained_workspace(scratch: Path) -> Iterator[tuple[Cli, SampleIds]]:
-    """A fresh workspace with digits-hfl trained (alias `original`), a Prefect server for it, the
-    CLI and the workspace's unused sample IDs; the server stops afterwards. Training runs in a CLI
-    process too: a flow run in the pytest process would leave Prefect's log and event workers
-    behind, which at interpreter exit wait forever to flush to the stopped server."""
+def trained_workspace(scratch: Path, template: Path) -> Iterator[tuple[Cli, SampleIds]]:
+    """A copy of ``template`` (a workspace in which digits-hfl was trained, alias `original`: the
+    session's ``trained_workspaces``), a Prefect server for it, the CLI and the workspace's unused
+    sample IDs; the server stops afterwards."""
     server = PrefectServer(scratch)
     cli = None
     try:
-        workspace = init_workspace(scratch / "workspace", template=PROJECT_ROOT)  # while the server starts
+        workspace = copy_workspace(template, scratch / "workspace")  # while the server starts
         cli = Cli(workspace, server.wait_until_healthy(), scratch)
-        trained = cli.run("train", "--scenario", SCENARIO, "--inline")
-        assert trained.returncode == 0, trained.describe()
         yield cli, SampleIds(workspace)
     finally:
         if cli is not None:

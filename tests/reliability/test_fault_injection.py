@@ -36,9 +36,10 @@ IDS_PER_REQUEST = 10
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    """A trained digits-hfl workspace for all stages, with this module's Prefect server."""
-    with trained_workspace(tmp_path_factory.mktemp("fault-injection")) as bench:
+def bench(tmp_path_factory, digits_hfl_template):
+    """A copy of the session's trained digits-hfl workspace for all stages, with this module's
+    Prefect server."""
+    with trained_workspace(tmp_path_factory.mktemp("fault-injection"), digits_hfl_template) as bench:
         yield bench
 
 
