@@ -1,5 +1,6 @@
-"""Shared fixtures. Every test gets its own workspace (params, DVC repository, MLflow store)
-and, when it runs a flow, its own Prefect home and temporary Prefect server."""
+"""Shared fixtures. Every test gets its own workspace (params, DVC repository, MLflow store);
+flow tests share one temporary Prefect server per session, its home and database in a temporary
+directory."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Helpers for flow tests that share expensive arrangement: a temporary Prefect server (per test
-or per module, see conftest.py), a trained workspace copied for each test instead of trained again
+"""Helpers for flow tests that share expensive arrangement: a temporary Prefect server (one
+per session, see conftest.py), a trained workspace copied for each test instead of trained again
 (``copy_workspace``), the CLI called with its output captured where capsys cannot be used
 (module-scoped fixtures)."""
 
