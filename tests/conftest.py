@@ -41,7 +41,7 @@ def workspace(fresh_workspace_template, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A temporary Prefect server (its own home and database in a temporary directory) for the
-    session's flow tests: a server's start (8-20 s) is a large share of a flow test's time. Each
+    session's flow tests (a server's start is a large share of a flow test's time). Each
     test keeps its own workspace, MLflow store and DVC repository; a test that reads the server's
     state filters it by what it made (its deployment's or flow run's ID)."""
     with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home")) as home:

@@ -1,8 +1,7 @@
 """Shared by the fault-injection and concurrency tests (issue #10): one Prefect server for a test
 module, `fedunlearn` CLI processes driven against one trained digits-hfl workspace (a copy of the
-session's), and the
-exactly-once invariants read back from the real stores (ledger, batch journal, request folders,
-MLflow registry, receipts).
+session's), and the exactly-once invariants read back from the real stores (ledger, batch journal,
+request folders, MLflow registry, receipts).
 
 Every CLI run is a separate process in its own session (process group), with
 its own PREFECT_HOME, talking to the module's server. Without PREFECT_API_URL each run would start
