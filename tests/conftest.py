@@ -21,7 +21,8 @@ os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(tempfile.mkdtemp
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-from workspaces import TrainedWorkspaces, cli_training, copy_workspace, temporary_prefect_server  # noqa: E402
+from workspaces import (TrainedWorkspaces, cli_training, copy_workspace, temporary_prefect_server,  # noqa: E402
+                        throwaway_postgres)
 
 
 @pytest.fixture(scope="session")
@@ -39,19 +40,28 @@ def workspace(fresh_workspace_template, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """A temporary Prefect server (its own home and database in a temporary directory) for the
+def prefect_databases():
+    """A throwaway PostgreSQL cluster for the session's test Prefect servers, a database each
+    (``workspaces.PostgresDatabases``); None where PostgreSQL is not installed: SQLite then."""
+    with throwaway_postgres() as databases:
+        yield databases
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory, prefect_databases):
+    """A temporary Prefect server (its own home in a temporary directory, its own database) for the
     session's flow tests (a server's start is a large share of a flow test's time). Each
     test keeps its own workspace, MLflow store and DVC repository; a test that reads the server's
     state filters it by what it made (its deployment's or flow run's ID)."""
-    with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home")) as home:
+    with temporary_prefect_server(tmp_path_factory.mktemp("prefect-home"), prefect_databases) as home:
         yield home
 
 
 @pytest.fixture(scope="session")
-def trained_workspaces(tmp_path_factory):
+def trained_workspaces(tmp_path_factory, prefect_databases):
     """Workspaces trained once per session (``TrainedWorkspaces.get``): tests take copies."""
-    trained = TrainedWorkspaces(tmp_path_factory.mktemp("trained"))
+    trained = TrainedWorkspaces(tmp_path_factory.mktemp("trained"),
+                                prefect_databases.new() if prefect_databases else None)
     yield trained
     trained.close()
 

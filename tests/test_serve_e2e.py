@@ -53,15 +53,17 @@ class Service:
 
 
 class Services:
-    """Subprocesses started for one test; ``stop_all`` (a finalizer) stops every one, in reverse."""
+    """Subprocesses started for one test; ``stop_all`` (a finalizer) stops every one, in reverse.
+    ``prefect_database`` is the database of the Prefect server ``start_prefect`` starts (None: SQLite)."""
 
-    def __init__(self, directory: Path, env: dict[str, str]):
+    def __init__(self, directory: Path, env: dict[str, str], prefect_database: str | None = None):
         self.directory, self.env, self.started = directory, env, []
+        self.prefect_database = prefect_database
 
-    def start(self, name: str, args: list[str]) -> Service:
+    def start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Service:
         log = self.directory / f"{name}.log"
-        process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env,
-                                   cwd=PROJECT_ROOT, start_new_session=True)
+        process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                   env={**self.env, **(extra_env or {})}, cwd=PROJECT_ROOT, start_new_session=True)
         self.started.append(Service(name, process, log))
         return self.started[-1]
 
@@ -86,13 +88,14 @@ class Services:
 
 
 def start_prefect(services: Services) -> tuple[str, Service]:
-    """``prefect server start`` on a free port (about 17 s until healthy: wait with
-    ``services.wait_for(api + "/health", server)``). Every later subprocess, and the UI the server
-    hands to browsers, use its API URL."""
+    """``prefect server start`` on a free port, on ``services.prefect_database`` where there is one
+    (wait until it is healthy with ``services.wait_for(api + "/health", server)``). Every later
+    subprocess, and the UI the server hands to browsers, use its API URL."""
     port = free_port()
     api = services.env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    database = {"PREFECT_API_DATABASE_CONNECTION_URL": services.prefect_database} if services.prefect_database else {}
     return api, services.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                                   "--port", str(port)])
+                                                   "--port", str(port)], database)
 
 
 def serve_deployments(services: Services, workspace: Path) -> Service:
@@ -117,13 +120,13 @@ def wait_for_deployment(name: str, service: Service, timeout: float = START_TIME
 
 
 @pytest.fixture
-def services(tmp_path, request) -> Services:
+def services(tmp_path, request, prefect_databases) -> Services:
     home = tmp_path / "prefect-server-home"
     home.mkdir()
     # One intra-op thread per flow run: the test machine has two cores and the runs are tiny.
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "OMP_NUM_THREADS": "1"}
-    started = Services(tmp_path, env)
+    started = Services(tmp_path, env, prefect_databases.new() if prefect_databases else None)
     request.addfinalizer(started.stop_all)
     request.addfinalizer(drain_prefect_workers)  # finalizers run last-in first-out: this one first
     return started

@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -21,18 +22,6 @@ from pathlib import Path
 from typing import Callable
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def temporary_prefect_server(home: Path):
-    """A temporary Prefect server (its own database) with ``home`` as the Prefect home."""
-    from prefect.settings import PREFECT_HOME, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    home.mkdir(parents=True, exist_ok=True)
-    with temporary_settings(updates={PREFECT_HOME: str(home)}):
-        with prefect_test_harness(server_startup_timeout=120):
-            yield home
 
 
 def copy_workspace(source: Path, destination: Path) -> Path:
@@ -85,12 +74,13 @@ class TrainedWorkspaces:
     """Workspaces trained once per session, by name, that tests copy (``copy_workspace``) instead of
     training again. Training runs against a Prefect server of this object's own (`prefect server
     start`, API only), started on first use: whatever server the requesting test module uses is
-    untouched, and the training's flow runs are in no test's Prefect database."""
+    untouched, and the training's flow runs are in no test's Prefect database. Its database is
+``database_url`` (a ``PostgresDatabases.new()``), else a SQLite file in its home."""
 
-    def __init__(self, directory: Path):
-        self.directory = directory
+    def __init__(self, directory: Path, database_url: str | None = None):
+        self.directory, self.database_url = directory, database_url
         self.trained: dict[str, tuple[Path, object]] = {}
-        self.server = None
+        self.server: PrefectServer | None = None
         self.api_url = ""
 
     def get(self, name: str, train: Callable[[Path], object]) -> tuple[Path, object]:
@@ -117,40 +107,145 @@ class TrainedWorkspaces:
                 APILogWorker.drain_all(timeout=30)
                 EventsWorker.drain_all(timeout=30)
 
-    def start(self, timeout_s: float = 120) -> None:
+    def start(self) -> None:
+        self.server = PrefectServer(self.directory / "server-home", self.database_url, services=False)
+        self.api_url = self.server.start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+# Prefect's server, as the services of an ephemeral one (`prefect_test_harness`) run it: the event
+# services (triggers, actions, the event and task-run recorders), none of the background loops that
+# would act on a test's runs between its steps (scheduler, late runs, foreman, ...).
+NON_EPHEMERAL_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR",
+                          "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER")
+
+
+class PostgresDatabases:
+    """A throwaway PostgreSQL cluster (``stores.postgres.LocalCluster`` in a temporary directory) from
+    which each test Prefect server takes a database of its own. SQLite, the alternative, lets one
+    writer in at a time: a server's task-run recorder that met the lock waited out SQLite's busy
+    timeout (a minute) before a flow run's final state was recorded."""
+
+    def __init__(self, server):
+        self.server, self.count = server, 0
+
+    def new(self) -> str:
+        """The URL (Prefect's asyncpg driver) of a new, empty database on the cluster."""
+        from stores import postgres
+
+        self.count += 1
+        name = f"prefect_{self.count}"
+        connection = postgres.connect(self.server, self.server.maintenance)
+        connection.autocommit = True  # CREATE DATABASE runs outside a transaction
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            connection.close()
+        return self.server.url(name, "asyncpg")
+
+
+@contextlib.contextmanager
+def throwaway_postgres():
+    """``PostgresDatabases`` on a cluster made for the session, stopped and removed at the end; None
+    where PostgreSQL's server binaries are missing (the test servers then keep SQLite)."""
+    from stores import postgres
+
+    try:
+        postgres.binaries()
+    except postgres.PostgresMissing:
+        yield None
+        return
+    directory = Path(tempfile.mkdtemp(prefix="fedunlearn-test-pg-"))
+    directory.chmod(0o711)  # run as root, the cluster runs as the user 'postgres', who must reach it
+    cluster = postgres.LocalCluster(directory / ".postgres")
+    try:
+        port = cluster.start()
+        yield PostgresDatabases(postgres.Server("127.0.0.1", port, postgres.ROLE, cluster.pgpass))
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class PrefectServer:
+    """`prefect server start` (API only) on a free loopback port, its home ``home`` (its log there),
+    its database ``database_url`` or a SQLite file in ``home``; with the ephemeral server's services
+    (``services=True``) or none."""
+
+    def __init__(self, home: Path, database_url: str | None = None, services: bool = True):
+        self.home, self.database_url, self.services = home, database_url, services
+        self.process: subprocess.Popen | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        if self.database_url:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
+        env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in NON_EPHEMERAL_SERVICES})
+        return env
+
+    def start(self, timeout_s: float = 120) -> str:
+        """Start it; its API URL once it answers."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        home = self.directory / "server-home"
-        home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        env.pop("PREFECT_API_URL", None)
-        self.api_url = f"http://127.0.0.1:{port}/api"
-        with open(home / "server.log", "wb") as log:
-            self.server = subprocess.Popen(
-                [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                 str(port), "--no-services", "--no-ui", "--analytics-off"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        log_path = self.home / "server.log"
+        args = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                str(port), "--no-ui", "--analytics-off", *([] if self.services else ["--no-services"])]
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(args, env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        api_url = f"http://127.0.0.1:{port}/api"
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited:\n{(home / 'server.log').read_text()}")
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Prefect server exited:\n{log_path.read_text()}")
             try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
-                    return
+                with urllib.request.urlopen(f"{api_url}/health", timeout=2):
+                    return api_url
             except OSError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the Prefect server did not answer:\n{(home / 'server.log').read_text()}")
+                    raise TimeoutError(f"the Prefect server did not answer:\n{log_path.read_text()}")
                 time.sleep(0.2)
 
-    def close(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            os.killpg(self.server.pid, signal.SIGTERM)
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.server.wait(15)
+                self.process.wait(15)
             except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, signal.SIGKILL)
-                self.server.wait()
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@contextlib.contextmanager
+def temporary_prefect_server(home: Path, databases: PostgresDatabases | None = None):
+    """A temporary Prefect server (its own database) with ``home`` as the Prefect home: on a database
+    of ``databases`` where there is a cluster, else Prefect's test harness (SQLite)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    home.mkdir(parents=True, exist_ok=True)
+    if databases is None:
+        with temporary_settings(updates={PREFECT_HOME: str(home)}):
+            with prefect_test_harness(server_startup_timeout=120):
+                yield home
+        return
+    server = PrefectServer(home / "server", databases.new())
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.start(), PREFECT_HOME: str(home)}):
+            try:
+                yield home
+            finally:  # flushed while the server runs: left for later they would wait on it at exit
+                APILogWorker.drain_all(timeout=30)
+                EventsWorker.drain_all(timeout=30)
+    finally:
+        server.stop()
 
 
 def init_workspace_at(root: Path) -> Path:
