@@ -172,50 +172,63 @@ def throwaway_postgres():
 class PrefectServer:
     """`prefect server start` (API only) on a free loopback port, its home ``home`` (its log there),
     its database ``database_url`` or a SQLite file in ``home``; with the ephemeral server's services
-    (``services=True``) or none."""
+    (``services=True``) or none; its environment ``env`` (default: this process's) otherwise."""
 
-    def __init__(self, home: Path, database_url: str | None = None, services: bool = True):
+    def __init__(self, home: Path, database_url: str | None = None, services: bool = True,
+                 env: dict[str, str] | None = None):
         self.home, self.database_url, self.services = home, database_url, services
+        self.base_env = dict(os.environ if env is None else env)
+        self.log = home / "server.log"
         self.process: subprocess.Popen | None = None
+        self.api_url = ""
 
     def environment(self) -> dict[str, str]:
-        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {**self.base_env, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
         if self.database_url:
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
         env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in NON_EPHEMERAL_SERVICES})
         return env
 
-    def start(self, timeout_s: float = 120) -> str:
-        """Start it; its API URL once it answers."""
+    def launch(self) -> str:
+        """Start it (``wait_until_healthy`` waits for it); its API URL."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self.home.mkdir(parents=True, exist_ok=True)
-        log_path = self.home / "server.log"
         args = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                 str(port), "--no-ui", "--analytics-off", *([] if self.services else ["--no-services"])]
-        with open(log_path, "wb") as log:
+        with open(self.log, "wb") as log:
             self.process = subprocess.Popen(args, env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
-        api_url = f"http://127.0.0.1:{port}/api"
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        return self.api_url
+
+    def wait_until_healthy(self, timeout_s: float = 120) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited:\n{log_path.read_text()}")
+                raise RuntimeError(f"the Prefect server exited ({self.process.returncode}):\n{self.log.read_text()}")
             try:
-                with urllib.request.urlopen(f"{api_url}/health", timeout=2):
-                    return api_url
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
+                    return self.api_url
             except OSError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the Prefect server did not answer:\n{log_path.read_text()}")
+                    raise TimeoutError(f"the Prefect server did not answer in {timeout_s:.0f} s:\n"
+                                       f"{self.log.read_text()}")
                 time.sleep(0.2)
 
-    def stop(self) -> None:
+    def start(self) -> str:
+        """Start it; its API URL once it answers."""
+        self.launch()
+        return self.wait_until_healthy()
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the server's process group (the server and its uvicorn), SIGKILL if it lingers."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(15)
+                self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -35,12 +33,11 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import submit_request
 from fedunlearn.requests.model import RequestKind, build_request
-from workspaces import copy_workspace
+from workspaces import PrefectServer, copy_workspace
 
 SCENARIO = "digits-hfl"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-SERVER_START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 300
 # Metrics that a re-run recomputes: the receipt's must equal those of the registered version's run.
 COMPARED_METRICS = ("test_acc", "retain_acc", "forget_acc", "mia_auc")
@@ -55,12 +52,6 @@ def base_environment(prefect_home: Path) -> dict[str, str]:
     prefect_home.mkdir(parents=True, exist_ok=True)
     return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "GX_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def group_alive(pgid: int) -> bool:
@@ -89,43 +80,6 @@ def wait_until_group_gone(pgid: int, timeout: float = 10.0) -> list[str]:
     while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return group_members(pgid) if group_alive(pgid) else []
-
-
-class PrefectServer:
-    """`prefect server start` (API only, no services) on a free port, with its own home and database."""
-
-    def __init__(self, home: Path):
-        self.log = home / "server.log"
-        port = free_port()
-        self.api_url = f"http://127.0.0.1:{port}/api"
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services",
-                 "--no-ui", "--analytics-off"],
-                env=base_environment(home / "prefect-home"), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-
-    def wait_until_healthy(self) -> str:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited ({self.process.returncode}):\n{self.log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self.api_url
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"the Prefect server did not answer in {SERVER_START_TIMEOUT_S} s:\n{self.log.read_text()}")
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM to the server's process group (the server and its uvicorn), SIGKILL if it lingers."""
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
 
 
 @dataclass
@@ -360,7 +314,8 @@ def trained_workspace(scratch: Path, template: Path) -> Iterator[tuple[Cli, Samp
     """A copy of ``template`` (a workspace in which digits-hfl was trained, alias `original`: the
     session's ``trained_workspaces``), a Prefect server for it, the CLI and the workspace's unused
     sample IDs; the server stops afterwards."""
-    server = PrefectServer(scratch)
+    server = PrefectServer(scratch / "prefect-server", services=False, env=base_environment(scratch / "prefect-home"))
+    server.launch()
     cli = None
     try:
         workspace = copy_workspace(template, scratch / "workspace")  # while the server starts
