@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from workspaces import drain_prefect_workers
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCENARIO = "digits-hfl"
@@ -130,16 +132,6 @@ def services(tmp_path, request, prefect_databases) -> Services:
     request.addfinalizer(started.stop_all)
     request.addfinalizer(drain_prefect_workers)  # finalizers run last-in first-out: this one first
     return started
-
-
-def drain_prefect_workers() -> None:
-    """Flush this process's Prefect log and event workers while the server they were bound to
-    still runs; left for later, the next test's harness would wait on them forever."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=30)
-    EventsWorker.drain_all(timeout=30)
 
 
 def check_batch(workspace: Path, scenario: str, receipt) -> dict:

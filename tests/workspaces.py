@@ -1,7 +1,8 @@
 """Helpers for flow tests that share expensive arrangement: a temporary Prefect server (one
-per session, see conftest.py), a trained workspace copied for each test instead of trained again
-(``copy_workspace``), the CLI called with its output captured where capsys cannot be used
-(module-scoped fixtures)."""
+per session, see conftest.py; every test server is a ``PrefectServer``, its database on a
+throwaway PostgreSQL cluster where one can be made), a trained workspace copied for each test
+instead of trained again (``copy_workspace``), the CLI called with its output captured where
+capsys cannot be used (module-scoped fixtures)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ from pathlib import Path
 from typing import Callable
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def drain_prefect_workers() -> None:
+    """Flush this process's Prefect log and event workers while the server they were bound to
+    still runs; left for later, they would wait on it forever (at the next test's harness, at exit)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    EventsWorker.drain_all(timeout=30)
 
 
 def copy_workspace(source: Path, destination: Path) -> Path:
@@ -75,7 +86,7 @@ class TrainedWorkspaces:
     training again. Training runs against a Prefect server of this object's own (`prefect server
     start`, API only), started on first use: whatever server the requesting test module uses is
     untouched, and the training's flow runs are in no test's Prefect database. Its database is
-``database_url`` (a ``PostgresDatabases.new()``), else a SQLite file in its home."""
+    ``database_url`` (a ``PostgresDatabases.new()``), else a SQLite file in its home."""
 
     def __init__(self, directory: Path, database_url: str | None = None):
         self.directory, self.database_url = directory, database_url
@@ -94,8 +105,6 @@ class TrainedWorkspaces:
 
     @contextlib.contextmanager
     def api(self):
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
         from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
         if self.server is None:
@@ -103,9 +112,8 @@ class TrainedWorkspaces:
         with temporary_settings(updates={PREFECT_API_URL: self.api_url, PREFECT_HOME: str(self.directory / "home")}):
             try:
                 yield
-            finally:  # flushed while the server runs: left for later they would wait on it at exit
-                APILogWorker.drain_all(timeout=30)
-                EventsWorker.drain_all(timeout=30)
+            finally:
+                drain_prefect_workers()
 
     def start(self) -> None:
         self.server = PrefectServer(self.directory / "server-home", self.database_url, services=False)
@@ -114,6 +122,7 @@ class TrainedWorkspaces:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
 
 # Prefect's server, as the services of an ephemeral one (`prefect_test_harness`) run it: the event
 # services (triggers, actions, the event and task-run recorders), none of the background loops that
@@ -238,8 +247,6 @@ class PrefectServer:
 def temporary_prefect_server(home: Path, databases: PostgresDatabases | None = None):
     """A temporary Prefect server (its own database) with ``home`` as the Prefect home: on a database
     of ``databases`` where there is a cluster, else Prefect's test harness (SQLite)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
@@ -254,9 +261,8 @@ def temporary_prefect_server(home: Path, databases: PostgresDatabases | None = N
         with temporary_settings(updates={PREFECT_API_URL: server.start(), PREFECT_HOME: str(home)}):
             try:
                 yield home
-            finally:  # flushed while the server runs: left for later they would wait on it at exit
-                APILogWorker.drain_all(timeout=30)
-                EventsWorker.drain_all(timeout=30)
+            finally:
+                drain_prefect_workers()
     finally:
         server.stop()
 
