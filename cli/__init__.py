@@ -26,9 +26,6 @@ def configure_environment(root: Path) -> None:
     """Keep Prefect's state inside the workspace unless the user chose otherwise."""
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A new PREFECT_HOME creates and migrates its database on the first start: on a cold, small
-    # machine that can pass Prefect's default, and the first `fedunlearn train` would fail.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per weights file buries the log
 
@@ -57,8 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     # A full disk that does not say so (torch's writer, SQLite, the Prefect server's HTTP 500) is
     # confirmed against the filesystems this command writes to.
     watch_filesystems(root, os.environ.get("PREFECT_HOME"), tempfile.gettempdir())
+    from cli.common import end_command
+
     try:
-        return int(args.handler(args, root) or 0)
+        try:
+            return int(args.handler(args, root) or 0)
+        finally:
+            end_command()
     except Exception as err:
         return report_error(err, "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`", root)
 

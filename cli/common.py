@@ -3,20 +3,31 @@ a batch's outcome is printed."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 from datetime import datetime
 
 DEFAULT_SCENARIO = "mnist5k-hfl"
+# What prepare_flow_run started for the command (its Prefect server): closed as the command ends.
+_COMMAND_SCOPE = contextlib.ExitStack()
+atexit.register(_COMMAND_SCOPE.close)
 
 
 def prepare_flow_run() -> None:
     """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
-    and Prefect's ephemeral server (if no PREFECT_API_URL is set) must die with this process."""
-    from runtime.ephemeral_server import install
+    and without PREFECT_API_URL the command's flows need a Prefect server of its own, one that dies
+    with this process (``runtime.local_server``), until ``end_command``."""
+    from runtime.local_server import local_prefect_api
 
     for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    install()
+    _COMMAND_SCOPE.enter_context(local_prefect_api())
+
+
+def end_command() -> None:
+    """Stop what ``prepare_flow_run`` started (cli.main calls it as each command ends)."""
+    _COMMAND_SCOPE.close()
 
 
 def require_data_for_requests(root, scenario: str, command: str) -> None:

@@ -1,7 +1,7 @@
 """Child processes that die with the process that started them.
 
 A process killed with SIGKILL runs no cleanup: its children are re-parented to PID 1 and live on
-(the ephemeral Prefect server kept its port and the workspace's database after 7 of 8 kills of
+(Prefect's temporary server kept its port and the workspace's database after 7 of 8 kills of
 ``fedunlearn process``). Linux's ``PR_SET_PDEATHSIG`` asks the kernel to signal a process when
 its parent dies. It must be set by the child itself, so children are started through this module:
 

@@ -8,7 +8,7 @@ waiting ``requests.max_wait_hours``; the daily cron as backstop); the exact retr
 interim forgetting starts when Prefect would start it — at the latest safe time a batch recorded
 (``exact_start_by``), or at the weekly cron. Time is injected (``FEDUNLEARN_NOW``), so nothing
 waits; every batch and retrain really runs (``fedunlearn process`` / ``repay-debt`` in this
-process, an ephemeral Prefect server, a fresh workspace per policy trained from the same seed).
+process, each with a Prefect server of its own, a fresh workspace per policy trained from the same seed).
 
     .venv/bin/python scripts/month_of_traffic.py --scenario mnist5k-hfl --threads 1 --out /tmp/month-hfl
     .venv/bin/python scripts/month_of_traffic.py --scenario mnist5k-vfl --days 7 --threads 1 --out /tmp/month-vfl

@@ -213,7 +213,7 @@ def setup(spec: Spec, work: Path, train: bool = True) -> tuple[Path, dict]:
                 "from flows.audit import audit_references; print(audit_references(scenario=sys.argv[2], "
                 "root=sys.argv[3]))", PROJECT, spec.scenario, root],
                env={"PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "GX_ANALYTICS_ENABLED": "False",
+                    "GX_ANALYTICS_ENABLED": "False",
                     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"})
     info["audit_references"] = {"rc": refs["rc"], "wall_seconds": refs["wall_seconds"], "out": tail(refs["stdout"], 2)}
     if refs["rc"]:

@@ -87,7 +87,7 @@ def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
 @task(name="schedule-exact-retrain", cache_policy=NO_CACHE)
 def schedule_repayment(ws: Workspace, scenario: str, start_at: datetime) -> str | None:
     """A scheduled flow run of the ``repay-retrain-debt`` deployment at ``start_at`` (one per time:
-    the idempotency key); None when that deployment is not served (the CLI's ephemeral server). A
+    the idempotency key); None when that deployment is not served (a command's own Prefect server). A
     run that finds the debt already repaid does nothing."""
     with get_client(sync_client=True) as client:
         try:

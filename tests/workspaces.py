@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from runtime.local_server import SERVED_ONLY_SERVICES
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -124,13 +126,6 @@ class TrainedWorkspaces:
             self.server.stop()
 
 
-# Prefect's server, as the services of an ephemeral one (`prefect_test_harness`) run it: the event
-# services (triggers, actions, the event and task-run recorders), none of the background loops that
-# would act on a test's runs between its steps (scheduler, late runs, foreman, ...).
-NON_EPHEMERAL_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR",
-                          "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER")
-
-
 class PostgresDatabases:
     """A throwaway PostgreSQL cluster (``stores.postgres.LocalCluster`` in a temporary directory) from
     which each test Prefect server takes a database of its own. SQLite, the alternative, lets one
@@ -196,7 +191,9 @@ class PrefectServer:
         env.pop("PREFECT_API_URL", None)
         if self.database_url:
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
-        env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in NON_EPHEMERAL_SERVICES})
+        # The services of Prefect's temporary server (as the CLI's own server runs them): none of the
+        # loops that would act on a test's runs between its steps (scheduler, late runs, ...).
+        env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in SERVED_ONLY_SERVICES})
         return env
 
     def launch(self) -> str:

@@ -4,9 +4,10 @@ session's), and the exactly-once invariants read back from the real stores (ledg
 request folders, MLflow registry, receipts).
 
 Every CLI run is a separate process in its own session (process group), with
-its own PREFECT_HOME, talking to the module's server. Without PREFECT_API_URL each run would start
-Prefect's ephemeral server, a child process that costs seconds to start and that a SIGKILLed run
-would leave orphaned. The process group shows whether a killed run left any child behind.
+its own PREFECT_HOME, talking to the module's server. Without PREFECT_API_URL each run starts a
+Prefect server of its own (``runtime.local_server``), a child process that costs seconds to start
+and that must die with a SIGKILLed run. The process group shows whether a killed run left any
+child behind.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ class Running:
     started: float = field(default_factory=time.monotonic)
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> Finished:
-        """Wait for the run; then nothing it started may be left in its process group (its
-        ephemeral Prefect server included: a killed run's dies with it, within seconds)."""
+        """Wait for the run; then nothing it started may be left in its process group (its own
+        Prefect server included: a killed run's dies with it, within seconds)."""
         try:
             self.process.wait(timeout)
         finally:
@@ -132,12 +133,12 @@ class Cli:
     numbers: count = field(default_factory=count)
     started: list[Running] = field(default_factory=list)
 
-    def start(self, *args: str, failpoint: str | None = None, ephemeral: bool = False) -> Running:
-        """``ephemeral``: no PREFECT_API_URL, so the run starts its own Prefect server, as a user's
+    def start(self, *args: str, failpoint: str | None = None, own_server: bool = False) -> Running:
+        """``own_server``: no PREFECT_API_URL, so the run starts its own Prefect server, as a user's
         `fedunlearn process` does by default."""
         n = next(self.numbers)
         env = base_environment(self.scratch / f"prefect-home-{n}")
-        if not ephemeral:
+        if not own_server:
             env["PREFECT_API_URL"] = self.api_url
         if failpoint:
             env[FAILPOINT_VARIABLE] = failpoint
@@ -155,11 +156,11 @@ class Cli:
                 os.killpg(run.process.pid, signal.SIGKILL)
                 run.process.wait()
 
-    def run(self, *args: str, failpoint: str | None = None, ephemeral: bool = False) -> Finished:
-        return self.start(*args, failpoint=failpoint, ephemeral=ephemeral).wait()
+    def run(self, *args: str, failpoint: str | None = None, own_server: bool = False) -> Finished:
+        return self.start(*args, failpoint=failpoint, own_server=own_server).wait()
 
-    def process(self, failpoint: str | None = None, ephemeral: bool = False) -> Finished:
-        return self.run("process", "--scenario", SCENARIO, failpoint=failpoint, ephemeral=ephemeral)
+    def process(self, failpoint: str | None = None, own_server: bool = False) -> Finished:
+        return self.run("process", "--scenario", SCENARIO, failpoint=failpoint, own_server=own_server)
 
 
 class SampleIds:

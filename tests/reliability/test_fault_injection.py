@@ -5,8 +5,8 @@ one unlearned model version and one receipt per batch, the alias `current` on an
 the receipts account for, the inbox empty, every request file processed once, the lock free.
 
 Each stage is a new batch in the same workspace, so every batch also starts from whatever the
-killed and resumed batches before it left behind. The killed run starts its own (ephemeral)
-Prefect server, as a user's does: nothing it started may outlive it. The same holds for runs
+killed and resumed batches before it left behind. The killed run starts its own Prefect server
+(`runtime.local_server`), as a user's does: nothing it started may outlive it. The same holds for runs
 killed from outside at random moments. `make test` runs one stage and one outside kill,
 `make reliability` (RELIABILITY_FULL=1) all six stages and eight outside kills.
 """
@@ -82,7 +82,7 @@ def test_a_batch_killed_at_a_stage_is_finished_exactly_once_by_the_next_run(benc
     submitted.extend(requests)
     reliability_report.count("requests submitted", len(requests))
 
-    killed = cli.process(failpoint=stage, ephemeral=True)  # Running.wait: no process of it outlives it
+    killed = cli.process(failpoint=stage, own_server=True)  # Running.wait: no process of it outlives it
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     reliability_report.count("faults injected (SIGKILL)")
     assert what_the_kill_left(Stores.read(cli.workspace), requests) == KILL_LEAVES[stage]
@@ -117,8 +117,8 @@ def test_no_process_outlives_a_cli_killed_from_outside(bench, submitted, reliabi
         requests = [submit(cli.workspace, sample_ids.take(IDS_PER_REQUEST))]
         submitted.extend(requests)
         command = ("ingest" if kill % 2 else "process", "--scenario", "digits-hfl")
-        run = cli.start(*command, ephemeral=True)
-        wait_for(lambda: any("uvicorn" in member for member in group_members(run.process.pid)), [run])
+        run = cli.start(*command, own_server=True)
+        wait_for(lambda: any(" server start " in member for member in group_members(run.process.pid)), [run])
         time.sleep(rng.uniform(0.0, 3.0) if FULL else 0.5)
         os.killpg(run.process.pid, 0)  # still running: the kill below hits a live run
         os.kill(run.process.pid, signal.SIGKILL)  # the CLI alone, as the OOM killer would

@@ -48,7 +48,7 @@ def fill(mount: Path, leave: int) -> Path:
 
 
 def fedunlearn(workspace: Path, *args: str) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it: Prefect's home and its ephemeral server the workspace's own."""
+    """The CLI as a user runs it: Prefect's home and its Prefect server the workspace's own."""
     env = {k: v for k, v in base_environment(workspace.parent / "unused-prefect-home").items()
            if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
     return subprocess.run([str(BIN / "fedunlearn"), "--root", str(workspace), *args], env=env, capture_output=True,
@@ -80,7 +80,8 @@ if FULL:
                 assert "no space left on device (" in line and str(disk) in line, line
                 assert re.search(r"run `fedunlearn (--root \S+ )?process --scenario digits-hfl` again", line), line
                 # The CLI's own last word is the error (Prefect's flow-run log above it may show the traceback);
-                # after it only the ephemeral server's shutdown is logged, no crash of the command itself.
+                # after it only Prefect's INFO lines, no crash of the command itself (the command's own
+                # Prefect server, whose database the full disk also refuses, writes to .prefect/server.log).
                 after = err.split(line, 1)[1].strip().splitlines()
                 assert all(" | INFO " in rest for rest in after), err[-6000:]
                 assert running_runs(workspace) == [], name
