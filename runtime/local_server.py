@@ -51,7 +51,7 @@ def server_environment(home: Path) -> dict[str, str]:
 
     env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True)}
     env.pop("PREFECT_API_URL", None)
-    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    env["PREFECT_HOME"] = str(home)
     env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in SERVED_ONLY_SERVICES})
     return env
 

@@ -324,17 +324,18 @@ def connect(server: Server, database: str):
         raise PostgresFailed(f"cannot connect to {server.display(database)}: {str(err).strip()}") from err
 
 
-def create_databases(server: Server) -> None:
+def create_databases(server: Server, names: tuple[str, ...] = DATABASES) -> None:
+    """The databases ``names`` on ``server``, created where missing."""
     connection = connect(server, server.maintenance)
     connection.autocommit = True  # CREATE DATABASE runs outside a transaction
     try:
         with connection.cursor() as cursor:
-            for name in DATABASES:
+            for name in names:
                 cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
                 if cursor.fetchone() is None:
                     cursor.execute(f'CREATE DATABASE "{name}"')
     except Exception as err:
-        raise PostgresFailed(f"could not create the databases {', '.join(DATABASES)} on {server.display()}: {err}; "
+        raise PostgresFailed(f"could not create the databases {', '.join(names)} on {server.display()}: {err}; "
                              "create them (owned by that user) and start again") from err
     finally:
         connection.close()

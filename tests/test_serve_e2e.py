@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from workspaces import drain_prefect_workers
+from runtime.local_server import flush_clients
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -130,7 +130,7 @@ def services(tmp_path, request, prefect_databases) -> Services:
            "OMP_NUM_THREADS": "1"}
     started = Services(tmp_path, env, prefect_databases.new() if prefect_databases else None)
     request.addfinalizer(started.stop_all)
-    request.addfinalizer(drain_prefect_workers)  # finalizers run last-in first-out: this one first
+    request.addfinalizer(flush_clients)  # finalizers run last-in first-out: this one first
     return started
 
 

@@ -11,30 +11,17 @@ import io
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from runtime.local_server import SERVED_ONLY_SERVICES
+from runtime.local_server import SERVED_ONLY_SERVICES, flush_clients, free_port, wait_until_healthy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def drain_prefect_workers() -> None:
-    """Flush this process's Prefect log and event workers while the server they were bound to
-    still runs; left for later, they would wait on it forever (at the next test's harness, at exit)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    APILogWorker.drain_all(timeout=30)
-    EventsWorker.drain_all(timeout=30)
 
 
 def copy_workspace(source: Path, destination: Path) -> Path:
@@ -115,7 +102,7 @@ class TrainedWorkspaces:
             try:
                 yield
             finally:
-                drain_prefect_workers()
+                flush_clients()  # while the server runs
 
     def start(self) -> None:
         self.server = PrefectServer(self.directory / "server-home", self.database_url, services=False)
@@ -141,13 +128,7 @@ class PostgresDatabases:
 
         self.count += 1
         name = f"prefect_{self.count}"
-        connection = postgres.connect(self.server, self.server.maintenance)
-        connection.autocommit = True  # CREATE DATABASE runs outside a transaction
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            connection.close()
+        postgres.create_databases(self.server, (name,))
         return self.server.url(name, "asyncpg")
 
 
@@ -187,7 +168,7 @@ class PrefectServer:
         self.api_url = ""
 
     def environment(self) -> dict[str, str]:
-        env = {**self.base_env, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {**self.base_env, "PREFECT_HOME": str(self.home)}
         env.pop("PREFECT_API_URL", None)
         if self.database_url:
             env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
@@ -198,9 +179,7 @@ class PrefectServer:
 
     def launch(self) -> str:
         """Start it (``wait_until_healthy`` waits for it); its API URL."""
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         self.home.mkdir(parents=True, exist_ok=True)
         args = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                 str(port), "--no-ui", "--analytics-off", *([] if self.services else ["--no-services"])]
@@ -211,18 +190,8 @@ class PrefectServer:
         return self.api_url
 
     def wait_until_healthy(self, timeout_s: float = 120) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited ({self.process.returncode}):\n{self.log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2):
-                    return self.api_url
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the Prefect server did not answer in {timeout_s:.0f} s:\n"
-                                       f"{self.log.read_text()}")
-                time.sleep(0.2)
+        wait_until_healthy(self.process, self.api_url, self.log, timeout_s)
+        return self.api_url
 
     def start(self) -> str:
         """Start it; its API URL once it answers."""
@@ -259,7 +228,7 @@ def temporary_prefect_server(home: Path, databases: PostgresDatabases | None = N
             try:
                 yield home
             finally:
-                drain_prefect_workers()
+                flush_clients()  # while the server runs
     finally:
         server.stop()
 
