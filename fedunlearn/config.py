@@ -138,6 +138,9 @@ class AuditConfig(_Strict):
                          "called 'not forgotten' with probability ≤ alpha")
     tolerance: float = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
                              "against never-seen samples is ≤ 0.5 + tolerance")
+    equivalence_beta: float = Field(
+        0.01, gt=0, lt=0.5, description="the interim tier's audit: the rate at which a candidate that looks like "
+        "a retrain (true AUC 0.5) may be held back; sizes the equivalence margin to the audit's counts")
     fixed_variance: bool | None = Field(
         None, description="one σ pooled over pool B (True) or a σ per example (False); None: pooled below "
         f"{PER_EXAMPLE_VARIANCE_MIN_REFERENCES} references (Carlini et al. 2022)")

@@ -122,7 +122,7 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     if ctx.reference is not None:
         ctx.reference_eval = evaluate(ctx.evaluator, "retrained", federation.model_from(ctx.reference.state))
     source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=gates,
-                                source_audit=ctx.source_audit.as_check())
+                                source_audit=ctx.source_audit.as_check(), canaries=ctx.source_audit.canaries)
     log_source_audit(ws, source.ref.run_id, batch_id, ctx.source_audit, source_gates)
     attempts, certificate, cost = escalate(ctx, policy, forgetting, device)
     return batch_outcome(ctx, attempts, certificate, cost, source_gates)
@@ -213,7 +213,7 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
         log_audit(ws, ref.run_id, verdict)
         failpoint("after-registration")
     gate = apply_gates(name, evaluation, certificate.guarantee, ctx.source_eval, ctx.reference_eval, ctx.gates,
-                       verdict.as_check(), ctx.source_audit.as_check())
+                       verdict, ctx.source_audit)
     describe_version(ws, scenario, ref.version, batch_description(
         ctx.record, number, steps, attempt.method, attempt.options, certificate.guarantee, ctx.source.ref.version,
         gate))

@@ -152,14 +152,42 @@ def weak_unlearning(federation, state: dict, batch: DeletionBatch, epochs: int, 
     return model
 
 
+def over_forgetting(federation, state: dict, batch: DeletionBatch, epochs: int, seed: int, margin: float = 30.0):
+    """An over-forgetting stand-in: the exact retrain trained ``epochs`` more epochs on the retained
+    data (the scenario's SGD) while every step also pushes each forget sample's labelled-class
+    logit ``margin`` below its best other class (a hinge that does not fade as the probability
+    falls), so that the forget set scores well *below* never-seen samples while utility holds —
+    what an over-eager method shows."""
+    model = federation.model_from(state)
+    forget, config = federation.forget_data(batch), federation.train_config
+    retained = federation.retained_clients(batch)
+    x, y = torch.cat([c.x for c in retained]), torch.cat([c.y for c in retained])
+    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        for rows in torch.randperm(len(y), generator=generator).split(config.batch_size):
+            logits = model(forget.x)
+            labelled = logits.gather(1, forget.y[:, None])[:, 0]
+            best_other = logits.scatter(1, forget.y[:, None], float("-inf")).max(dim=1).values
+            push = torch.nn.functional.softplus(labelled - best_other + margin).mean()
+            optimiser.zero_grad()
+            (torch.nn.functional.cross_entropy(model(x[rows]), y[rows]) + push).backward()
+            optimiser.step()
+    model.eval()
+    return model
+
+
 def audit_record(result: AuditResult, diagnostics: dict[str, float]) -> dict[str, Any]:
+    equivalence = result.equivalence_check()
     return {"verdict": result.verdict, "auc": result.auc, "interval": list(result.interval),
             "n_forget": result.n_forget, "n_nonmembers": result.n_nonmembers, "seconds": result.seconds,
-            **diagnostics}
+            "margin": result.margin, "equivalence": equivalence.verdict if equivalence else None, **diagnostics}
 
 
 def gate_record(outcome) -> dict[str, Any]:
-    return {"verdict": outcome.verdict, "policy": outcome.policy,
+    return {"verdict": outcome.verdict, "policy": outcome.policy, "interim": outcome.interim,
+            "held_back": outcome.held_back,
             "checks": {c.name: {"verdict": c.verdict, "value": c.value, "interval": c.interval, "limit": c.limit}
                        for c in outcome.checks}}
 
@@ -221,6 +249,7 @@ def tables(draws: list[dict[str, Any]], kinds: list[str], with_reference: bool) 
         lines += weak_table(groups)
         policies.append(("gates_weak", "a too-weak method (fine-tuned on retained data only) as the candidate "
                                        "(without reference)"))
+    lines += interim_table(groups)
     for key, title in policies:
         lines += ["", f"Gates, {title}; candidate certificate `empirical only`:", "",
                   "| batch | fail | inconclusive | pass | checks that failed (count) | checks inconclusive (count) |",
@@ -255,6 +284,32 @@ def weak_table(groups: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
         lines.append(f"| {name} | {fmt_rate(weak['not forgotten'], n)} | {weak['inconclusive']}/{n} | "
                      f"{fmt_rate(weak['forgotten'], n)} | {np.mean([d['audit_weak']['auc'] for d in rows]):.3f} | "
                      f"{accuracy} |")
+    return lines
+
+
+CANDIDATES = (("original", "no-op (the source model)"), ("weak", "too-weak method"),
+              ("over", "over-forgetting stand-in"), ("retrain", "exact retrain (as if approximate)"))
+
+
+def interim_table(groups: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """How often each candidate may serve on the interim tier, and the audit read as equivalence."""
+    lines = ["", "Interim tier (without a retrained reference, audit read as equivalence within its margin):", "",
+             "| batch | candidate | serves on the interim tier | audit equivalent / inconclusive / shown apart | "
+             "AUC mean (range) | margin (mean) | why held back (count) |", "|---|---|---|---|---|---|---|"]
+    for name, rows in groups:
+        for key, title in CANDIDATES:
+            rows_k = [d for d in rows if f"gates_{key}" in d and d[f"gates_{key}"].get("interim") is not None]
+            if not rows_k:
+                continue
+            n, audits = len(rows_k), [d[f"audit_{key}"] for d in rows_k]
+            served = sum(bool(d[f"gates_{key}"]["interim"]) for d in rows_k)
+            seen = Counter(a["equivalence"] for a in audits)
+            why = Counter(line.split(":")[0].split(" (")[0] for d in rows_k for line in d[f"gates_{key}"]["held_back"])
+            aucs = [a["auc"] for a in audits]
+            lines.append(f"| {name} | {title} | {fmt_rate(served, n)} | {seen['pass']} / {seen['inconclusive']} / "
+                         f"{seen['fail']} | {np.mean(aucs):.3f} ({min(aucs):.3f}–{max(aucs):.3f}) | "
+                         f"{np.mean([a['margin'] for a in audits]):.3f} | "
+                         f"{', '.join(f'{c} ({k})' for c, k in why.most_common()) or '–'} |")
     return lines
 
 
@@ -333,7 +388,8 @@ def run_draw(setup: Setup, kind: str, seed: int, args: argparse.Namespace, gates
 
     def gated(evaluation, audit: AuditResult, reference=None) -> dict[str, Any]:
         return gate_record(judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=reference, gates=gates,
-                                 audit=audit.as_check(), source_audit=audit_original.as_check()))
+                                 audit=audit.as_check(), source_audit=audit_original.as_check(),
+                                 audit_equivalence=audit.equivalence_check(), canaries=audit.canaries))
 
     record = {"kind": kind, "seed": seed, "partition_seed": params.seed, "n_forget": batch.num_forget,
               "clients": batch.clients or sorted(batch.forget_ids), "retrain_seconds": retrain_seconds,
@@ -347,6 +403,12 @@ def run_draw(setup: Setup, kind: str, seed: int, args: argparse.Namespace, gates
         audit_weak = audit_forgetting(weak, sets.forget, references, seed=params.seed)
         record.update(eval_weak=evaluation_record(weak_eval), audit_weak=audit_record(audit_weak, {}),
                       gates_weak=gated(weak_eval, audit_weak))
+    if args.over_forget_epochs:
+        over = over_forgetting(federation, retrained.state, batch, args.over_forget_epochs, seed)
+        over_eval = evaluator.evaluate(over)
+        audit_over = audit_forgetting(over, sets.forget, references, seed=params.seed)
+        record.update(eval_over=evaluation_record(over_eval), audit_over=audit_record(audit_over, {}),
+                      gates_over=gated(over_eval, audit_over))
     if args.reference_retrain:
         other = train(dataclasses.replace(federation, clients=federation.retained_clients(batch), state={},
                                           seed=params.seed + 1000 + seed))
@@ -377,6 +439,9 @@ def parse_args() -> argparse.Namespace:
                         help="also judge each retrain against a second retrain with another seed (2× the retrains)")
     parser.add_argument("--weak-epochs", type=int, default=0, help="also judge a too-weak method: the source model "
                         "fine-tuned this many epochs on the retained data only (0: not)")
+    parser.add_argument("--over-forget-epochs", type=int, default=0, help="also judge an over-forgetting "
+                        "stand-in: the exact retrain trained this many more epochs on the retained data while "
+                        "pushing the forget samples' labelled-class logits below the others (0: not)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--out", default="/tmp/audit_power", help="writes <out>.json and <out>.md")

@@ -14,7 +14,7 @@ from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge
 from fedunlearn.evaluation.evaluator import (EvaluationSets, Evaluator, evaluation_sets, shadow_key,
                                              train_shadow_model)
 from fedunlearn.evaluation.records import Evaluation
-from fedunlearn.evaluation.uncertainty import Check
+from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.federation import local
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.unlearning.base import DeletionBatch
@@ -67,6 +67,12 @@ def evaluate(evaluator: Evaluator, name: str, model: nn.Module, reference: nn.Mo
 
 @task(name="apply-gates", cache_policy=NO_CACHE, task_run_name="gates-{name}")
 def apply_gates(name: str, candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
-                gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None) -> GateOutcome:
-    return judge(candidate, certificate, source=source, reference=reference, gates=gates, audit=audit,
-                 source_audit=source_audit)
+                gates: PromotionGates, audit: AuditResult | None = None,
+                source_audit: AuditResult | None = None) -> GateOutcome:
+    """The gates with the audit read both ways: one-sided for the strict verdict, as equivalence for
+    the interim tier; a forget set of canaries keeps the population attack out."""
+    return judge(candidate, certificate, source=source, reference=reference, gates=gates,
+                 audit=audit.as_check() if audit else None,
+                 source_audit=source_audit.as_check() if source_audit else None,
+                 audit_equivalence=audit.equivalence_check() if audit else None,
+                 canaries=audit.canaries if audit else 0)

@@ -12,7 +12,7 @@ from fedunlearn.certify.tiers import (ForgettingPolicy, Tier, exact_due, latest_
                                       serves, tier_of)
 from fedunlearn.evaluation.mia import result_from_scores
 from fedunlearn.evaluation.records import Evaluation, Evidence
-from fedunlearn.evaluation.uncertainty import Check
+from fedunlearn.evaluation.uncertainty import Check, judge_within
 
 RNG = np.random.default_rng(1)
 
@@ -89,11 +89,65 @@ def test_a_failing_check_lost_utility_or_a_failed_certificate_hold_the_interim_t
     outcome = judge(broken, "empirical only", source=GENERALISING_SOURCE, reference=None, gates=PromotionGates(),
                     audit=INCONCLUSIVE_AUDIT, source_audit=INCONCLUSIVE_AUDIT)
     assert outcome.verdict == "fail" and not outcome.interim and "test_acc_drop_vs_source fails" in outcome.held_back
-    borderline = evaluation(930, np.arange(10) < 9, FEW_MEMBERS, FEW_NONMEMBERS)  # 2 points lost: at the limit
-    outcome = judge(borderline, "empirical only", source=GENERALISING_SOURCE, reference=None,
+    beyond = evaluation(925, np.arange(10) < 9, FEW_MEMBERS, FEW_NONMEMBERS)  # 2.5 points lost: past the limit
+    outcome = judge(beyond, "empirical only", source=GENERALISING_SOURCE, reference=None,
                     gates=PromotionGates(), audit=INCONCLUSIVE_AUDIT, source_audit=INCONCLUSIVE_AUDIT)
     assert verdicts(outcome)["test_acc_drop_vs_source"] == "inconclusive" and not outcome.interim
-    assert outcome.held_back == ["utility not shown: test_acc_drop_vs_source inconclusive"]
+    assert outcome.held_back == ["utility not shown: test_acc_drop_vs_source inconclusive, its estimate beyond the "
+                                 "limit 0.02"]
+
+
+def test_an_inconclusive_utility_check_whose_estimate_is_within_the_limit_does_not_hold_back():
+    # A retrain's own seed moves test accuracy by a point or so: not shown within 2 points, but not beyond.
+    within = evaluation(935, np.arange(10) < 9, FEW_MEMBERS, FEW_NONMEMBERS)  # 1.5 points lost
+    outcome = judge(within, "empirical only", source=GENERALISING_SOURCE, reference=None,
+                    gates=PromotionGates(), audit=INCONCLUSIVE_AUDIT, source_audit=INCONCLUSIVE_AUDIT)
+    assert verdicts(outcome)["test_acc_drop_vs_source"] == "inconclusive" and outcome.interim
+
+
+def equivalence(estimate: float, interval: tuple[float, float], margin: float = 0.2) -> Check:
+    return judge_within("forget_audit_equivalence", estimate, lambda level: interval, margin, n=324,
+                        method="stratified-delong-logit")
+
+
+MEMORISED = audit("fail", 0.93, (0.85, 0.97))
+
+
+@pytest.mark.parametrize("strict, equivalent, serves_interim, reason", [
+    # a retrain-like forget set the one-sided rule cannot call forgotten: equivalent within the margin
+    (audit("inconclusive", 0.52, (0.44, 0.60)), equivalence(0.52, (0.44, 0.60)), True, None),
+    # remembered: wholly above the margin
+    (MEMORISED, equivalence(0.93, (0.85, 0.97)), False, "forget_audit fails: AUC 0.930 shown above 0.5 ± 0.200"),
+    # over-forgotten: the forget set stands out *below* never-seen samples; the one-sided rule calls it forgotten
+    (audit("pass", 0.12, (0.07, 0.2)), equivalence(0.12, (0.07, 0.2)), False,
+     "forget_audit fails: AUC 0.120 shown below 0.5 ± 0.200"),
+    # straddling the margin where the source fails the audit: not shown gone
+    (audit("fail", 0.7, (0.62, 0.77)), equivalence(0.7, (0.62, 0.77)), False,
+     "forget_audit inconclusive where the source model fails it"),
+])
+def test_on_the_interim_tier_the_audit_is_read_two_sided_within_a_margin(strict, equivalent, serves_interim, reason):
+    candidate = evaluation(950, np.zeros(10, bool), FEW_MEMBERS, FEW_NONMEMBERS)
+    outcome = judge(candidate, "empirical only", source=GENERALISING_SOURCE, reference=None, gates=PromotionGates(),
+                    audit=strict, source_audit=MEMORISED, audit_equivalence=equivalent)
+    assert outcome.interim is serves_interim
+    assert verdicts(outcome)["forget_audit"] == strict.verdict  # the strict tier keeps its own rule
+    assert outcome.audit_equivalence.verdict == equivalent.verdict
+    if reason is not None:
+        assert any(line.startswith(reason) for line in outcome.held_back), outcome.held_back
+
+
+def test_a_forget_set_of_canaries_keeps_the_population_attack_out_of_the_verdict():
+    # Mislabelled members against correctly labelled non-members: a population AUC far below chance
+    # says nothing about membership. The check is left out and the reason said.
+    low_members, nonmembers = RNG.normal(-3, 1, 40), RNG.normal(0, 1, 300)
+    candidate = evaluation(950, np.zeros(40, bool), low_members, nonmembers)
+    plain = judge(candidate, "empirical only", source=candidate, reference=None, gates=PromotionGates())
+    assert "mia_auc_minus_chance" in verdicts(plain)
+    outcome = judge(candidate, "empirical only", source=candidate, reference=None, gates=PromotionGates(),
+                    canaries=40)
+    assert "mia_auc_minus_chance" not in verdicts(outcome)
+    assert any(line.startswith("mia_auc_minus_chance left out: 40 forget sample(s) are mislabelled canaries")
+               for line in outcome.unmeasured)
 
 
 @pytest.mark.parametrize("certificate, tier, owed", [

@@ -14,7 +14,8 @@ from fedunlearn.evaluation.uncertainty import (FAIL, INCONCLUSIVE, PASS, Check, 
                                                check_proportion_gap, check_stratified_auc, judge_at_most,
                                                paired_proportion_difference_interval,
                                                proportion_difference_interval, proportion_interval, stratified_auc,
-                                               stratified_auc_interval, stratified_counts)
+                                               stratified_auc_interval, stratified_counts, STRATIFIED_AUC_METHOD,
+                                               equivalence_margin, judge_within, stratified_null_sd)
 
 ALPHA = 0.05
 DRAWS = 2000
@@ -255,3 +256,52 @@ def test_a_perfectly_separated_forget_set_gets_a_lower_bound_that_rises_with_the
         members = np.where(np.arange(20) % 7 == 0, top, 5.0)
         lows.append(stratified_auc_interval(members, labels, nonmembers, nonmember_labels, confidence=0.9)[0])
     assert lows == sorted(lows) and lows[-1] > 0.9, lows
+
+
+def _stratified_draw(rng, shift: float, strata: int = 10, members: int = 4, nonmembers: int = 27):
+    member_strata = np.repeat(np.arange(strata), members)
+    nonmember_strata = np.repeat(np.arange(strata), nonmembers)
+    return (rng.normal(shift, 1, member_strata.size), member_strata, rng.normal(0, 1, nonmember_strata.size),
+            nonmember_strata)
+
+
+def test_the_stratified_null_sd_is_the_spread_of_the_stratified_auc_of_exchangeable_samples():
+    rng = np.random.default_rng(7)
+    draws = [_stratified_draw(rng, 0.0) for _ in range(3000)]
+    spread = np.std([stratified_auc(*draw) for draw in draws])
+    predicted = stratified_null_sd(draws[0][1], draws[0][3])
+    assert abs(spread - predicted) / predicted < 0.08
+    with pytest.raises(ValueError, match="at least one member and one non-member"):
+        stratified_null_sd(np.array([1]), np.array([2]))
+
+
+def _within_rate(shift: float, draws: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    passed = 0
+    for _ in range(draws):
+        draw = _stratified_draw(rng, shift)
+        margin = equivalence_margin(stratified_null_sd(draw[1], draw[3]), beta=0.01)
+        check = judge_within("eq", stratified_auc(*draw), lambda level: stratified_auc_interval(*draw, confidence=level),
+                             margin, n=draw[0].size + draw[2].size, method=STRATIFIED_AUC_METHOD)
+        passed += check.verdict == PASS
+    return passed / draws
+
+
+def test_a_margin_sized_to_the_counts_passes_exchangeable_samples_and_stops_separated_ones_on_both_sides():
+    # 40 members in 10 strata against 270 non-members: the audit's shape at 40 canaries.
+    assert _within_rate(0.0, 300, 1) >= 0.96                   # true AUC 0.5: passes at about 1 − β
+    assert _within_rate(1.8, 200, 2) <= 0.05                   # true AUC ≈ 0.9: remembered
+    assert _within_rate(-1.8, 200, 3) <= 0.05                  # true AUC ≈ 0.1: over-forgotten
+
+
+def test_judge_within_fails_wholly_outside_passes_wholly_inside_else_inconclusive():
+    def at(interval):
+        return judge_within("eq", sum(interval) / 2, lambda level: interval, 0.2, n=10, method="m")
+    assert at((0.75, 0.9)).verdict == FAIL and at((0.1, 0.25)).verdict == FAIL
+    assert at((0.35, 0.68)).verdict == PASS
+    assert at((0.55, 0.8)).verdict == INCONCLUSIVE and at((0.2, 0.4)).verdict == INCONCLUSIVE
+    assert at((0.35, 0.68)).confidence == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        judge_within("eq", 0.5, lambda level: (0.4, 0.6), 0.0, n=10, method="m")
+    with pytest.raises(ValueError, match="beta must lie in"):
+        equivalence_margin(0.05, beta=1.5)

@@ -41,12 +41,19 @@ therefore judges the source as a no-op candidate too and turns such a pass into 
 Two tiers (``certify.tiers``). The verdict above is the *strict* one: only ``pass`` promotes, so
 on a model that does not memorise every batch escalates to an exact retrain. The *interim* tier
 asks less and says what it could not measure: a version may serve at once when no check fails,
-utility holds (the test-accuracy check passes: it has power on any model), its certificate is not
-``not certified``, and every inconclusive check is one the source model does not fail either (no
-membership signal to remove, nothing measurable). A check the source model *fails* has power —
-the signal is measurable — so there the candidate must not be inconclusive: a no-op or a too-weak
-method is held back. ``GateOutcome.interim`` records that judgement; exact forgetting is owed
-before the requests' deadlines.
+utility holds, its certificate is not ``not certified``, and every inconclusive check is one the
+source model does not fail either (no membership signal to remove, nothing measurable). A check the
+source model *fails* has power — the signal is measurable — so there the candidate must not be
+inconclusive: a no-op or a too-weak method is held back. ``GateOutcome.interim`` records that
+judgement; exact forgetting is owed before the requests' deadlines.
+
+On the interim tier the per-example audit is read as equivalence (``AuditResult.equivalence_check``):
+the forget set must be shown within a margin of never-seen samples on *both* sides, the margin
+sized to the audit's counts so that a retrain-quality candidate passes at a known rate; an
+over-forgotten forget set (shown below never-seen samples) is held back like a remembered one.
+Utility holds unless the test-accuracy check fails or its estimate lies beyond the limit: an exact
+retrain's own seed moves test accuracy by about as much as a small test set's paired interval can
+resolve, so "shown within the limit" would hold back retrain-quality candidates too.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
 from fedunlearn.evaluation.records import Evaluation
-from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, Check, check_auc,
+from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, WITHIN, Check, check_auc,
                                                check_auc_gap, check_paired_proportion_gap, check_proportion,
                                                judge_at_most, paired_proportion_difference_interval,
                                                proportion_difference_interval)
@@ -68,6 +75,7 @@ Guarantee = Enum("Guarantee", {g: g for g in GUARANTEES}, type=str)
 PROVEN = (FORMAL, EXACT_RETRAIN)  # certificates that prove the forgetting itself
 WITH_REFERENCE = "vs retrained reference"
 WITHOUT_REFERENCE = "without reference"
+POPULATION_MIA_CHECK = "mia_auc_minus_chance"
 
 
 class GateCheck(BaseModel):
@@ -81,12 +89,13 @@ class GateCheck(BaseModel):
     interval: list[float] | None = None
     n: int | None = None
     alpha: float | None = None
+    rule_within: bool = Field(False, description="the check is |AUC − 0.5| ≤ limit (two-sided equivalence)")
 
     @classmethod
     def of(cls, check: Check) -> "GateCheck":
         value = None if math.isnan(check.estimate) else check.estimate
         return cls(name=check.name, value=value, limit=check.limit, passed=check.passed, verdict=check.verdict,
-                   interval=list(check.interval), n=check.n, alpha=check.alpha)
+                   interval=list(check.interval), n=check.n, alpha=check.alpha, rule_within=check.rule == WITHIN)
 
 
 class GateOutcome(BaseModel):
@@ -98,6 +107,8 @@ class GateOutcome(BaseModel):
                                                    "not judged")
     unmeasured: list[str] = Field(default_factory=list, description="what could not be measured, and why")
     held_back: list[str] = Field(default_factory=list, description="why the interim tier refused the version")
+    audit_equivalence: GateCheck | None = Field(None, description="the audit as the interim tier read it: "
+                                                "|AUC − 0.5| within a margin sized to its counts")
 
     @classmethod
     def of(cls, policy: str, checks: list[GateCheck], proven: bool = False) -> "GateOutcome":
@@ -180,8 +191,10 @@ def with_reference(candidate: Evaluation, reference: Evaluation, gates: Gates) -
     return checks
 
 
-def without_reference(candidate: Evaluation, source: Evaluation, gates: PromotionGates) -> list[GateCheck]:
-    """The checks against the source model and chance (module docstring)."""
+def without_reference(candidate: Evaluation, source: Evaluation, gates: PromotionGates,
+                      canaries: int = 0) -> list[GateCheck]:
+    """The checks against the source model and chance (module docstring); with ``canaries`` in the
+    forget set, no population attack (``judge``)."""
     mine, alpha = candidate.evidence.correct, gates.alpha
     class_removal = "forgotten_classes_test" in mine
     test = "remaining_classes_test" if class_removal else "test"
@@ -214,8 +227,8 @@ def without_reference(candidate: Evaluation, source: Evaluation, gates: Promotio
             checks.append(GateCheck.of(excess))
         else:
             checks.append(_unmeasured(name, gates.max_forget_acc_excess))
-    if gates.max_mia_auc_excess is not None:
-        name, attacks = "mia_auc_minus_chance", _attacks(candidate)
+    if gates.max_mia_auc_excess is not None and not canaries:
+        name, attacks = POPULATION_MIA_CHECK, _attacks(candidate)
         per_attack = [check_auc(name, *scores, 0.5 + gates.max_mia_auc_excess, alpha=alpha / len(attacks))
                       for scores in attacks.values()]
         check = _worst_attack(name, per_attack) if per_attack else _unmeasured(name, gates.max_mia_auc_excess)
@@ -235,10 +248,12 @@ def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
 
 
 NO_OP_CHECK = "power_vs_no_op"
+AUDIT_CHECK = "forget_audit"
 
 
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
-          gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None) -> GateOutcome:
+          gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None,
+          audit_equivalence: Check | None = None, canaries: int = 0) -> GateOutcome:
     """The gate outcome of an unlearned model: against ``reference`` when there is one, else
     against ``source`` and chance; the certificate class and the per-example audit (``audit``:
     pass = forgotten, fail = not forgotten) in both. Without a reference, a pass also needs the
@@ -246,23 +261,32 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     audit ``source_audit`` — is judged the same way, and if it passes too, the candidate's pass
     shows nothing (the model generalises to the forget set, or the sample is too small to see a
     difference): ``inconclusive``, check ``power_vs_no_op``. The interim judgement
-    (``interim_judgement``) is recorded beside the strict verdict."""
-    outcome = _judged(candidate, certificate, source, reference, gates, audit)
+    (``interim_judgement``) is recorded beside the strict verdict; it reads the audit as
+    ``audit_equivalence`` (``AuditResult.equivalence_check``) where one is given. ``canaries``: how
+    many forget samples are mislabelled canaries; a population attack would compare them with
+    correctly labelled non-members, so its check stays out of the verdict (the audit compares them
+    with non-members relabelled alike)."""
+    outcome = _judged(candidate, certificate, source, reference, gates, audit, canaries)
     no_op = _judged(source, certificate, source, reference if _paired(source, reference) else None, gates,
-                    source_audit)
+                    source_audit, canaries)
     if reference is None and outcome.verdict == PASS and not _proven(certificate, gates) and no_op.verdict == PASS:
         powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
                               limit=None, passed=False, verdict=INCONCLUSIVE)
         outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
-    return interim_judgement(outcome, certificate, no_op)
+    judged = interim_judgement(outcome, certificate, no_op, audit_equivalence)
+    if canaries and reference is None and gates.max_mia_auc_excess is not None:
+        judged.unmeasured.append(f"{POPULATION_MIA_CHECK} left out: {canaries} forget sample(s) are mislabelled "
+                                 "canaries, which a population attack compares with correctly labelled non-members "
+                                 "(the per-example audit compares them with non-members relabelled alike)")
+    return judged
 
 
 def judge_source(source: Evaluation, *, reference: Evaluation | None, gates: PromotionGates,
-                 source_audit: Check | None = None) -> GateOutcome:
+                 source_audit: Check | None = None, canaries: int = 0) -> GateOutcome:
     """The source model (no unlearning) judged by the checks a candidate meets: what the batch's
     checks can measure. A check it fails has power; one it passes cannot tell forgetting from none."""
     return _judged(source, EMPIRICAL_ONLY, source, reference if _paired(source, reference) else None, gates,
-                   source_audit)
+                   source_audit, canaries)
 
 
 def _paired(source: Evaluation, reference: Evaluation | None) -> bool:
@@ -277,30 +301,61 @@ UTILITY_CHECKS = ("test_acc_drop_vs_source", "remaining_classes_test_acc_drop_vs
                   "abs_gap_remaining_classes_test_acc")
 
 
-def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome) -> GateOutcome:
+def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome,
+                      audit_equivalence: Check | None = None) -> GateOutcome:
     """``outcome`` with its interim judgement (module docstring): what holds the version back on
     the interim tier, and what could not be measured. ``no_op``: the source model judged by the
-    same checks — a check it fails has power, so the candidate must not be inconclusive there."""
+    same checks — a check it fails has power, so the candidate must not be inconclusive there.
+    ``audit_equivalence``: the audit read two-sidedly (``AuditResult.equivalence_check``); where
+    given, it stands in for the one-sided ``forget_audit`` check on this tier."""
     source_verdicts = {c.name: c.verdict for c in no_op.checks}
+    equivalence = GateCheck.of(audit_equivalence) if audit_equivalence is not None else None
     held_back, unmeasured = [], []
     if certificate == NOT_CERTIFIED:
         held_back.append("certificate 'not certified': an assumption of its claim failed")
-    unshown = [c for c in outcome.checks if c.name in UTILITY_CHECKS and c.verdict == INCONCLUSIVE]
-    if unshown:  # a failed one is said below
-        held_back.append("utility not shown: " + ", ".join(f"{c.name} inconclusive" for c in unshown))
     for check in outcome.checks:
-        if check.verdict == FAIL:
-            held_back.append(f"{check.name} fails")
-        elif check.verdict == INCONCLUSIVE and check.name not in UTILITY_CHECKS:
-            if source_verdicts.get(check.name) == FAIL:
-                held_back.append(f"{check.name} inconclusive where the source model fails it (a measurable "
-                                 "signal not shown gone)")
-            elif check.name == NO_OP_CHECK:
-                unmeasured.append("no measurable membership signal: the source model passes the same checks")
-            else:
-                unmeasured.append(f"{check.name} inconclusive; the source model does not fail it either (nothing "
-                                  "measurable to remove)")
-    return outcome.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured})
+        if check.name == AUDIT_CHECK and equivalence is not None:
+            check = equivalence.model_copy(update={"name": AUDIT_CHECK})
+        reason = _interim_reason(check, source_verdicts.get(check.name))
+        if reason is not None:
+            (unmeasured if reason.startswith(UNMEASURED) else held_back).append(reason.removeprefix(UNMEASURED))
+    return outcome.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured,
+                                      "audit_equivalence": equivalence})
+
+
+UNMEASURED = "unmeasured: "
+
+
+def _interim_reason(check: GateCheck, source_verdict: str | None) -> str | None:
+    """Why ``check`` holds a version back on the interim tier, or what it could not measure
+    (prefixed ``UNMEASURED``), or None."""
+    if check.name in UTILITY_CHECKS:
+        # Retrains differ from the source by their own seed's spread, which a paired interval on a
+        # small test set cannot always bound: utility holds back on evidence or an estimate beyond it.
+        if check.verdict == INCONCLUSIVE:
+            return (f"utility not shown: {check.name} inconclusive, its estimate beyond the limit {check.limit}"
+                    if _beyond_limit(check) else None)
+        return f"{check.name} fails" if check.verdict == FAIL else None
+    if check.verdict == FAIL:
+        if check.rule_within:
+            side = "above" if check.value > 0.5 else "below"
+            what = "remembered" if side == "above" else "over-forgotten: it stands out below never-seen samples"
+            return f"{check.name} fails: AUC {check.value:.3f} shown {side} 0.5 ± {check.limit:.3f} ({what})"
+        return f"{check.name} fails"
+    if check.verdict != INCONCLUSIVE:
+        return None
+    if source_verdict == FAIL:
+        return f"{check.name} inconclusive where the source model fails it (a measurable signal not shown gone)"
+    if check.name == NO_OP_CHECK:
+        return UNMEASURED + "no measurable membership signal: the source model passes the same checks"
+    return UNMEASURED + (f"{check.name} inconclusive; the source model does not fail it either (nothing "
+                         "measurable to remove)")
+
+
+def _beyond_limit(check: GateCheck) -> bool:
+    value = check.value if isinstance(check.value, float) else math.nan
+    return not math.isfinite(value) or abs(value) > check.limit if check.name.startswith("abs_gap") \
+        else not math.isfinite(value) or value > check.limit
 
 
 def _proven(certificate: str, gates: PromotionGates) -> bool:
@@ -308,15 +363,15 @@ def _proven(certificate: str, gates: PromotionGates) -> bool:
 
 
 def _judged(candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
-            gates: PromotionGates, audit: Check | None) -> GateOutcome:
+            gates: PromotionGates, audit: Check | None, canaries: int = 0) -> GateOutcome:
     allowed = [g.value for g in gates.allowed_certificates]
     checks = [GateCheck(name="certificate", value=certificate, limit=allowed, passed=certificate in allowed,
                         verdict=PASS if certificate in allowed else FAIL)]
     if reference is not None:
         policy, checks = WITH_REFERENCE, checks + with_reference(candidate, reference, gates)
     else:
-        policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates)
-    audited = [GateCheck.of(audit).model_copy(update={"name": "forget_audit"})] if audit is not None else []
+        policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates, canaries)
+    audited = [GateCheck.of(audit).model_copy(update={"name": AUDIT_CHECK})] if audit is not None else []
     return GateOutcome.of(policy, checks + backdoor_check(candidate, gates) + audited,
                           proven=_proven(certificate, gates))
 

@@ -40,6 +40,18 @@ The references decide only the audit's power. An AUC well *below* 0.5 (forget sa
 than never-seen ones: over-unlearning, which can also reveal the forget set) is reported by the AUC
 but is not what this verdict tests.
 
+Two readings of one AUC. The verdict above is the *strict* tier's: "shown ≤ 0.5 + tolerance",
+which at 40 forget samples (an interval about ±0.08 wide) even an exact retrain reaches in a
+minority of draws. The *interim* tier asks a two-sided question instead (``equivalence_check``):
+is the forget set shown to look like never-seen samples within a margin, neither above (the model
+remembers) nor below (over-forgetting, which marks the forget set as well)? The margin is sized to
+the counts compared before any score is seen (``uncertainty.equivalence_margin``:
+(z_{1−α} + z_{1−β/2}) · sd₀, sd₀ the stratified AUC's standard deviation at 0.5), so that a
+candidate exchangeable with never-seen samples passes with probability ≈ 1 − β
+(``AuditConfig.equivalence_beta``) at any batch size; the price is that a margin wide enough for
+that at small n also passes candidates whose true AUC is moderately above 0.5
+(docs/BENCHMARKS.md gives the pass rate against the true AUC).
+
 Marked samples need non-members marked alike, or exchangeability fails: a backdoored forget set
 (``clean_forget_labels``) is compared with pool B triggered the same way, by its clean labels; a
 mislabelled canary (``CanaryRule``, the partition's ``canary_fraction``) with pool-B samples
@@ -71,7 +83,8 @@ from fedunlearn.data.partition import canary_labels, canary_mask
 from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_scaled_confidence
 from fedunlearn.evaluation.uncertainty import (AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, STRATIFIED_AUC_METHOD,
-                                               Check, check_stratified_auc)
+                                               Check, check_stratified_auc, equivalence_margin, judge_within,
+                                               stratified_null_sd)
 from fedunlearn.federation.local import Tensors, sgd_epochs
 
 # INCONCLUSIVE is shared with the gate checks; the other two verdicts are the audit's words for pass/fail.
@@ -80,6 +93,7 @@ _AUDIT_VERDICT = {PASS: FORGOTTEN, FAIL: NOT_FORGOTTEN, INCONCLUSIVE: INCONCLUSI
 _CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
 # Carlini et al.: below about 64 reference models a per-example variance is mostly noise.
 CHECK_NAME = "forget_audit_auc"
+EQUIVALENCE_CHECK = "forget_audit_equivalence"
 # Added to a canary's label to make its stratum: canaries meet only relabelled non-members.
 CANARY_STRATUM = 1 << 20
 
@@ -246,7 +260,9 @@ class AuditResult:
     ``method``: the AUC and its interval (``stratified-delong-logit``: per label against all of
     pool B; ``delong-logit``: records of the earlier audit against one matched subset);
     ``n_compared``: forget samples whose stratum pool B holds (the others have nothing to be
-    compared with; None in earlier records); ``canaries``: forget samples audited as canaries."""
+    compared with; None in earlier records); ``canaries``: forget samples audited as canaries;
+    ``margin``: the equivalence margin of the interim tier's reading (``equivalence_check``), sized
+    to the counts compared (None in earlier records)."""
 
     verdict: str
     auc: float
@@ -264,11 +280,22 @@ class AuditResult:
     method: str = AUC_METHOD
     n_compared: int | None = None
     canaries: int = 0
+    margin: float | None = None
 
     def as_check(self) -> Check:
         """The audit as a gate check ("AUC ≤ limit"; ``pass`` = forgotten, ``fail`` = not forgotten)."""
         return Check(CHECK_NAME, self.auc, self.interval, self.limit, self.n_forget + self.n_nonmembers,
                      _CHECK_VERDICT[self.verdict], self.alpha, AT_MOST, self.method, 1.0 - 2.0 * self.alpha)
+
+    def equivalence_check(self) -> Check | None:
+        """The audit read as equivalence (the interim tier's question): ``pass`` iff the interval lies
+        within ``margin`` of 0.5 on both sides, ``fail`` iff it lies wholly above (the forget set
+        remembered) or wholly below (over-forgotten: it stands out as *less* member-like than
+        never-seen samples), else ``inconclusive``. None for a record without a margin."""
+        if self.margin is None:
+            return None
+        return judge_within(EQUIVALENCE_CHECK, self.auc, lambda level: self.interval, self.margin,
+                            n=self.n_forget + self.n_nonmembers, method=self.method, alpha=self.alpha)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -342,13 +369,16 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSe
     check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
                                  alpha=config.alpha)
     compared = np.isin(pool_strata, forget_strata)
+    margin = equivalence_margin(stratified_null_sd(forget_strata, pool_strata), alpha=config.alpha,
+                                beta=config.equivalence_beta)
     p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
     samples = [{"sample_id": _plain(sample_id), "label": int(label), "z": float(z), "p_value": float(p)}
                for sample_id, label, z, p in zip(forget.sample_ids, forget_labels, forget_z, p_values)]
     return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
                        len(forget), int(compared.sum()), len(references), fixed, samples,
                        [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
-                       STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), int(is_canary.sum()))
+                       STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), int(is_canary.sum()),
+                       margin)
 
 
 def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path:

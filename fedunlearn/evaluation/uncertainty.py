@@ -54,6 +54,12 @@ Verdict rules at level α (default 0.05):
   ``inconclusive``. False-reject rate ≤ α: the two ways to fail (interval above the band, below
   it) are disjoint and each happens with probability ≤ α/2 when the true gap is in the band;
   false-accept rate ≤ α/2.
+- ``within margin of chance`` (|AUC − 0.5| ≤ margin, ``judge_within``): the two one-sided tests
+  of equivalence at level α on the two-sided (1 − 2α) interval. ``pass`` iff the interval lies
+  inside [0.5 − margin, 0.5 + margin], ``fail`` iff entirely outside it (above: the members stand
+  out; below: they stand out as *less* member-like than never-seen samples), otherwise
+  ``inconclusive``. A margin sized to the sample (``equivalence_margin``) makes the pass rate of a
+  candidate whose true AUC is 0.5 at least 1 − β, whatever n.
 
 Every check returns a ``Check`` record that serialises to JSON.
 """
@@ -71,7 +77,7 @@ from scipy import stats
 from scipy.special import expit, logit
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-AT_MOST, ABS_AT_MOST = "at most", "|gap| at most"
+AT_MOST, ABS_AT_MOST, WITHIN = "at most", "|gap| at most", "within margin of chance"
 DEFAULT_ALPHA = 0.05
 AUC_METHOD = "delong-logit"
 
@@ -288,6 +294,54 @@ def stratified_counts(member_strata: np.ndarray, nonmember_strata: np.ndarray) -
     member_strata, nonmember_strata = np.asarray(member_strata), np.asarray(nonmember_strata)
     shared = np.intersect1d(member_strata, nonmember_strata)
     return int(np.isin(member_strata, shared).sum()), int(np.isin(nonmember_strata, shared).sum())
+
+
+def stratified_null_sd(member_strata: np.ndarray, nonmember_strata: np.ndarray) -> float:
+    """The stratified AUC's standard deviation when members and non-members are exchangeable within
+    every stratum (true AUC 0.5): √(Σ_s w_s² (m_s + n_s + 1) / (12 m_s n_s)), the Mann–Whitney
+    permutation variance of each stratum weighted as ``stratified_auc`` weights it. It depends on the
+    counts alone, so a margin built on it is fixed before any score is seen."""
+    member_strata, nonmember_strata = np.asarray(member_strata), np.asarray(nonmember_strata)
+    shared = [key for key in np.unique(member_strata) if (nonmember_strata == key).any()]
+    if not shared:
+        raise ValueError("a stratified AUC needs a stratum with at least one member and one non-member")
+    m = np.array([(member_strata == key).sum() for key in shared], dtype=np.float64)
+    n = np.array([(nonmember_strata == key).sum() for key in shared], dtype=np.float64)
+    weights = m / m.sum()
+    return float(np.sqrt((weights ** 2 * (m + n + 1) / (12 * m * n)).sum()))
+
+
+def equivalence_margin(null_sd: float, *, alpha: float = DEFAULT_ALPHA, beta: float = 0.01) -> float:
+    """The margin of ``judge_within`` for an AUC whose standard deviation at 0.5 is ``null_sd``:
+    (z_{1−α} + z_{1−β/2}) · sd₀. A candidate exchangeable with never-seen samples (an exact
+    retrain) has its estimate within z_{1−β/2} · sd₀ of 0.5 with probability 1 − β, and its (1 − 2α)
+    interval reaches about z_{1−α} · sd₀ further: it passes with probability ≈ 1 − β.
+    ``alpha`` (default 0.05): the test's level; ``beta`` (default 0.01): the rate at which such a
+    candidate may be held back."""
+    _require_alpha(alpha)
+    if not 0.0 < beta < 1.0 or null_sd <= 0:
+        raise ValueError(f"beta must lie in (0, 1) and null_sd be > 0 (got beta={beta}, null_sd={null_sd})")
+    return float((stats.norm.ppf(1 - alpha) + stats.norm.ppf(1 - beta / 2)) * null_sd)
+
+
+def judge_within(name: str, estimate: float, interval_at: IntervalAt, margin: float, *, n: int, method: str,
+                 alpha: float = DEFAULT_ALPHA, centre: float = 0.5) -> Check:
+    """Check "|metric − centre| ≤ margin" by two one-sided tests at level ``alpha`` (module
+    docstring, ``within margin of chance``); ``limit`` records the margin, ``interval`` the
+    two-sided (1 − 2α) interval. ``centre`` (default 0.5, chance for an AUC)."""
+    _require_alpha(alpha)
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin must be > 0, got {margin}")
+    confidence = 1.0 - 2.0 * alpha
+    low, high = interval_at(confidence)
+    if low > centre + margin or high < centre - margin:
+        verdict = FAIL
+    elif centre - margin <= low and high <= centre + margin:
+        verdict = PASS
+    else:
+        verdict = INCONCLUSIVE
+    return Check(name, float(estimate), (float(low), float(high)), float(margin), int(n), verdict, alpha, WITHIN,
+                 method, confidence)
 
 
 def stratified_auc(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
