@@ -172,8 +172,55 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained
 
     [receipt] = read_receipts(workspace, CANARIES)
     *refused, chosen = receipt.attempts
-    assert refused and all(a.gates.interim is False and "forget_audit fails" in a.gates.held_back for a in refused)
+    assert refused and all(a.gates.interim is False and any(line.startswith("forget_audit fails: AUC")
+                                                            for line in a.gates.held_back) for a in refused)
     assert chosen.method == "retrain" and receipt.forgetting == "exact"
     source_checks = {c.name: c.verdict for c in receipt.source_gates.checks}
     assert source_checks["forget_audit"] == "fail"  # the source model's own audit: not forgotten
     assert Registry(workspace).by_alias(CANARIES, "current").tags["role"] == "retrained"
+
+
+def test_where_membership_is_measurable_a_retrain_quality_candidate_serves_on_the_interim_tier(
+        trained_canaries, prefect_server, capsys, monkeypatch):
+    """The other branch of the same gate: a stand-in method whose output *is* an exact retrain on the
+    retained data (a test double registered under the default method's name, certified only
+    ``empirical only``) is read by the audit as equivalent to never-seen samples, so the interim tier
+    serves it although the one-sided audit cannot call it forgotten at 40 canaries."""
+    import dataclasses
+
+    from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
+    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.training import train
+    from fedunlearn.unlearning.base import Outcome
+    from memorising import SCENARIO as CANARIES, canary_request_ids
+
+    def retrain_quality(setup, state, method, source_test_acc, options):
+        federation = setup.fed_state
+        retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(setup.batch), state={}))
+        return Outcome(retrained.state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
+                                                                               claimed=EMPIRICAL_ONLY)
+
+    workspace, _ = trained_canaries
+    run = clock_cli(workspace, capsys, monkeypatch)
+    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", retrain_quality)
+    run("request", "samples", "--scenario", CANARIES, "--ids", *canary_request_ids(workspace, 40))
+
+    run("process", "--scenario", CANARIES)
+
+    [receipt] = read_receipts(workspace, CANARIES)
+    [served] = receipt.attempts
+    assert served.method == "puf-special" and served.gates.interim is True and receipt.forgetting == "interim"
+    assert served.gates.audit_equivalence.verdict == "pass"
+    assert {c.name: c.verdict for c in receipt.source_gates.checks}["forget_audit"] == "fail"
+    assert "mia_auc_minus_chance" not in {c.name for c in served.gates.checks}  # canaries: the audit reads them
+    assert Registry(workspace).by_alias(CANARIES, "current").tags["role"] == "unlearned"
+
+
+def test_an_exact_retrain_per_batch_runs_no_approximate_attempt(trained, run):
+    """The honest baseline of the month of traffic (``process --method retrain``): the batch's one
+    attempt is the exact retrain."""
+    request(run, 1)
+    run("process", "--scenario", SCENARIO, "--method", "retrain")
+    [receipt] = read_receipts(trained, SCENARIO)
+    assert [a.method for a in receipt.attempts] == ["retrain"] and receipt.forgetting == "exact"
+    assert current(trained).tags["role"] == "retrained"

@@ -23,7 +23,7 @@ from fedunlearn.federation.local import Tensors
 from fedunlearn.receipts import Receipt, read_receipt, read_receipts, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
-from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy
+from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy, stronger
 from stores.registry import Registry, tracking_uri
 from stores.workspace import data_version
 from workspaces import Printed, call_cli, cli_training, copy_workspace
@@ -281,3 +281,12 @@ def test_the_escalation_policy_ends_with_exact_retrain_and_refuses_what_does_not
     assert [a.method for a in checked_policy("hfl", "sample", [Attempt(method="finetune")])] == ["finetune", "retrain"]
     with pytest.raises(ValueError, match="does not support"):
         default_policy("vfl", "client", Attempt(method="fedora"))
+
+
+def test_the_stronger_step_scales_what_the_first_attempt_chose_never_weakening_it():
+    chosen = Attempt(method="puf-special", options={"eta_u": 10.0, "unlearn_epochs": 5, "max_recovery_rounds": 20})
+    assert stronger(chosen, "hfl").options == {"eta_u": 20.0, "unlearn_epochs": 10, "max_recovery_rounds": 20}
+    assert stronger(Attempt(method="ga"), "hfl").options == {"epochs": 10}          # from the default, 5
+    kcu = stronger(Attempt(method="hf-kcu", options={"cg_iterations": 30}), "hfl").options
+    assert kcu == {"cg_iterations": 60, "hessian": "federation", "beta": None}
+    assert stronger(Attempt(method="fedora"), "vfl").options == {"iterations": 120, "omega": 4.0}

@@ -9,13 +9,14 @@ holds nothing of the deleted samples by construction, so it needs no gate. A pol
 ``Attempt``s (a form in the Prefect UI); the default one is built by ``default_policy``. Every
 attempt is registered (or logged) and the receipt lists the chain.
 
-"Stronger" settings (``STRONGER``), per method — each moves further along the method's own
-forgetting direction, at more cost:
+"Stronger" (``stronger``) scales what the first attempt chose — its own options, the method's
+defaults where it set none — by ``STRONGER_FACTOR`` along each method's forgetting direction, at
+more cost, so a user's stronger-than-default choice is made stronger still, never weaker:
 
-* puf-special / puf-regular: twice the unlearning step η_u and two unlearning epochs;
-* ga: twice the ascent epochs; hf-kcu: the federation's curvature, 20 CG steps, no β cap;
-* fedora: twice the iterations and ω = 4 (the paper's ω = 2 doubled);
-* certified-dfu: 16 Newton steps (a smaller residual, so more of the budget is left).
+* puf-special / puf-regular: the unlearning step η_u and the unlearning epochs;
+* ga: the ascent epochs; hf-kcu: the CG steps, and the federation's curvature with no β cap;
+* fedora: the iterations and ω;
+* certified-dfu: the Newton steps (a smaller residual, so more of the budget is left).
 """
 
 from __future__ import annotations
@@ -24,18 +25,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedunlearn.unlearning.registry import available_methods, get_method_class
+from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class
 
 EXACT_RETRAIN_METHOD = "retrain"
 DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
-STRONGER: dict[str, dict[str, Any]] = {
-    "puf-special": {"eta_u": 4.0, "unlearn_epochs": 2},
-    "puf-regular": {"eta_u": 40.0, "unlearn_epochs": 2},
-    "ga": {"epochs": 10},
-    "hf-kcu": {"hessian": "federation", "cg_iterations": 20, "beta": None},
-    "fedora": {"iterations": 120, "omega": 4.0},
-    "certified-dfu": {"newton_steps": 16},
+STRONGER_FACTOR = 2
+STRONGER_SCALES: dict[str, tuple[str, ...]] = {
+    "puf-special": ("eta_u", "unlearn_epochs"),
+    "puf-regular": ("eta_u", "unlearn_epochs"),
+    "ga": ("epochs",),
+    "hf-kcu": ("cg_iterations",),
+    "fedora": ("iterations", "omega"),
+    "certified-dfu": ("newton_steps",),
 }
+STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federation", "beta": None}}
 # The other method tried per setting, first one supporting the request kind wins.
 FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
 
@@ -64,13 +67,24 @@ def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
         return [first]
     get_method_class(first.method, setting).check_supported(setting, kind)
     policy = [first]
-    if first.method in STRONGER:
-        policy.append(Attempt(method=first.method, options={**first.options, **STRONGER[first.method]}))
+    if first.method in STRONGER_SCALES:
+        policy.append(stronger(first, setting))
     supported = set(available_methods(setting, kind))
     fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
     if fallback is not None:
         policy.append(Attempt(method=fallback))
     return policy + [Attempt(method=EXACT_RETRAIN_METHOD)]
+
+
+def stronger(attempt: Attempt, setting: str) -> Attempt:
+    """``attempt`` with each of its method's strength settings (``STRONGER_SCALES``) multiplied by
+    ``STRONGER_FACTOR`` from what it chose (the default where it chose nothing), and the method's
+    switches (``STRONGER_SWITCHES``) set."""
+    chosen = get_method(attempt.method, setting=setting, **attempt.options).get_params()
+    options = {**attempt.options, **STRONGER_SWITCHES.get(attempt.method, {})}
+    for key in STRONGER_SCALES[attempt.method]:
+        options[key] = type(chosen[key])(chosen[key] * STRONGER_FACTOR)
+    return Attempt(method=attempt.method, options=options)
 
 
 def checked_policy(setting: str, kind: str, policy: list[Attempt]) -> list[Attempt]:
