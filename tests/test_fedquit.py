@@ -4,10 +4,12 @@ the per-example audit falls from the source's level to near chance, not far belo
 share of the training's FLOPs and without losing test accuracy; deterministic; refuses class requests
 and bad hyperparameters by name."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from memorising import SCENARIO, canary_request_ids
-from workspaces import copy_workspace
 
 from fedunlearn.config import load_params
 from fedunlearn.data.store import partition_scenario, prepare_dataset
@@ -19,6 +21,7 @@ from fedunlearn.unlearning import get_method, resolve_request
 from fedunlearn.unlearning.fedquit import virtual_teacher
 
 CPU = torch.device("cpu")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_virtual_teacher_lowers_only_the_labelled_logit():
@@ -31,10 +34,11 @@ def test_the_virtual_teacher_lowers_only_the_labelled_logit():
 
 
 @pytest.fixture(scope="module")
-def canaries(fresh_workspace_template, tmp_path_factory):
-    """digits-canary-hfl partitioned as the DVC stages do, trained, the audit's references, and a
-    request for 40 of its canaries."""
-    workspace = copy_workspace(fresh_workspace_template, tmp_path_factory.mktemp("fedquit") / "workspace")
+def canaries(tmp_path_factory):
+    """digits-canary-hfl partitioned by the DVC stages' functions (the project's params.yaml; no
+    DVC repository needed), trained, the audit's references, and a request for 40 of its canaries."""
+    workspace = tmp_path_factory.mktemp("fedquit")
+    shutil.copy(PROJECT_ROOT / "params.yaml", workspace / "params.yaml")
     params = load_params(workspace / "params.yaml")
     prepare_dataset("digits", params, workspace, set())
     partition_scenario(SCENARIO, params, workspace)
