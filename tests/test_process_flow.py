@@ -271,10 +271,14 @@ def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind()
 
 def test_the_escalation_policy_ends_with_exact_retrain_and_refuses_what_does_not_apply():
     policy = default_policy("hfl", "sample", Attempt(method="puf-special"))
-    assert [a.method for a in policy] == ["puf-special", "puf-special", "puf-regular", "retrain"]
-    assert policy[1].options == {"eta_u": 4.0, "unlearn_epochs": 2}
+    assert [a.method for a in policy] == ["puf-special", "puf-special", "puf-regular", "fedquit", "retrain"]
+    assert policy[1].options == {"eta_u": 4.0, "unlearn_epochs": 2} and policy[3].options == {}
+    # fedquit takes no class requests, so the class chain goes from the fallback to the retrain.
     assert [a.method for a in default_policy("hfl", "class", Attempt(method="ga"))] == ["ga", "ga", "puf-regular",
                                                                                        "retrain"]
+    # A last resort already chosen first is not tried again with its defaults.
+    assert [a.method for a in default_policy("hfl", "client", Attempt(method="fedquit", options={"rounds": 5}))] == \
+        ["fedquit", "puf-regular", "retrain"]
     assert [a.method for a in default_policy("vfl", "class", Attempt(method="fedora"))] == ["fedora", "fedora", "ga",
                                                                                            "retrain"]
     assert [a.method for a in default_policy("dfl", "client", Attempt(method="certified-dfu"))][-1] == "retrain"

@@ -2,7 +2,8 @@
 no batch ends with the serving model on deleted data, and no version that kept it is promoted.
 
     the method (the setting's default or the one chosen) ─▶ the same method, stronger
-    ─▶ another method for the setting and request kind ─▶ exact retrain
+    ─▶ another method for the setting and request kind ─▶ the setting's last-resort
+    approximate methods for the kind ─▶ exact retrain
 
 Exact retrain is the last step of every policy: retrained from scratch on the retained data it
 holds nothing of the deleted samples by construction, so it needs no gate. A policy is a list of
@@ -41,6 +42,10 @@ STRONGER_SCALES: dict[str, tuple[str, ...]] = {
 STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federation", "beta": None}}
 # The other method tried per setting, first one supporting the request kind wins.
 FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
+# Tried after the fallback, each one supporting the request kind, in order: methods that do not
+# start from the gradient at the forget samples, so they can remove what the seed methods cannot
+# (a memorised sample's gradient is close to zero, DESIGN.md §9), at the risk of over-forgetting.
+LAST_RESORT: dict[str, tuple[str, ...]] = {"hfl": ("fedquit",), "vfl": (), "dfl": ()}
 
 
 class Attempt(BaseModel):
@@ -62,7 +67,8 @@ def default_method(setting: str) -> str:
 
 def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
     """``first`` → ``first`` stronger (if the method has a stronger setting) → the setting's
-    fallback method supporting ``kind`` → exact retrain."""
+    fallback method supporting ``kind`` → its last-resort methods supporting ``kind`` → exact
+    retrain. A method already in the chain is not tried again with its default settings."""
     if first.exact:
         return [first]
     get_method_class(first.method, setting).check_supported(setting, kind)
@@ -73,6 +79,8 @@ def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
     fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
     if fallback is not None:
         policy.append(Attempt(method=fallback))
+    tried = {attempt.method for attempt in policy}
+    policy += [Attempt(method=m) for m in LAST_RESORT[setting] if m in supported and m not in tried]
     return policy + [Attempt(method=EXACT_RETRAIN_METHOD)]
 
 

@@ -1,0 +1,99 @@
+"""FedQUIT (fedunlearn/unlearning/fedquit.py): the virtual teacher on toy logits; on the memorising
+scenario ``digits-canary-hfl`` with 40 canaries requested, it removes what the source memorised —
+the per-example audit falls from the source's level to near chance, not far below it — at a small
+share of the training's FLOPs and without losing test accuracy; deterministic; refuses class requests
+and bad hyperparameters by name."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from memorising import SCENARIO, canary_request_ids
+
+from fedunlearn.config import load_params
+from fedunlearn.data.store import partition_scenario, prepare_dataset
+from fedunlearn.evaluation.audit import CanaryRule, audit_forgetting, train_references
+from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.local import accuracy
+from fedunlearn.training import load_federation, train, trained
+from fedunlearn.unlearning import get_method, resolve_request
+from fedunlearn.unlearning.fedquit import virtual_teacher
+
+CPU = torch.device("cpu")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_virtual_teacher_lowers_only_the_labelled_logit():
+    logits = torch.tensor([[4.0, 1.0, -2.0], [0.0, 3.0, 6.0]])
+    labels = torch.tensor([0, 2])
+    torch.testing.assert_close(virtual_teacher(logits, labels, "min"), torch.tensor([[-2.0, 1.0, -2.0],
+                                                                                     [0.0, 3.0, 0.0]]))
+    torch.testing.assert_close(virtual_teacher(logits, labels, "mean"), torch.tensor([[-0.5, 1.0, -2.0],
+                                                                                      [0.0, 3.0, 1.5]]))
+
+
+@pytest.fixture(scope="module")
+def canaries(tmp_path_factory):
+    """digits-canary-hfl partitioned by the DVC stages' functions (the project's params.yaml; no
+    DVC repository needed), trained, the audit's references, and a request for 40 of its canaries."""
+    workspace = tmp_path_factory.mktemp("fedquit")
+    shutil.copy(PROJECT_ROOT / "params.yaml", workspace / "params.yaml")
+    params = load_params(workspace / "params.yaml")
+    prepare_dataset("digits", params, workspace, set())
+    partition_scenario(SCENARIO, params, workspace)
+    federation = load_federation(SCENARIO, params, workspace, CPU)
+    source = train(federation)
+    federation = trained(federation, source)
+    references = train_references(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
+                                  config=params.audit, seed=params.seed)
+    references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
+    batch = DeletionBatch.for_sample_ids(canary_request_ids(workspace, 40), federation.clients)
+    return federation, source.cost, references, batch
+
+
+def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(canaries):
+    federation, training_cost, references, batch = canaries
+    forget = federation.forget_data(batch)
+    source = federation.model_from(federation.state)
+    outcome = get_method("fedquit").unlearn(federation, batch)
+    unlearned = federation.model_from(outcome.state)
+    before, after = audit_forgetting(source, forget, references), audit_forgetting(unlearned, forget, references)
+    assert before.auc > 0.8, before.interval                     # the source memorised them
+    assert before.auc - after.auc > 0.25, (before.auc, after.auc)
+    assert 0.35 < after.auc < 0.65, after.interval              # near never-seen, not far below it
+    assert accuracy(unlearned, federation.test) >= accuracy(source, federation.test) - 0.02
+    assert outcome.cost.flops < 0.1 * training_cost.flops       # a small share of a retrain's compute
+    assert outcome.certificate_inputs["target_clients"] == sorted(batch.forget_ids)
+
+
+def test_the_same_request_gives_the_same_model(canaries):
+    federation, _, _, batch = canaries
+    method = get_method("fedquit", rounds=1)
+    first, second = method.unlearn(federation, batch), method.unlearn(federation, batch)
+    assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
+
+
+def test_a_whole_client_is_forgotten_by_its_own_forget_steps(canaries):
+    federation, _, _, _ = canaries
+    batch = resolve_request("client", [2], federation.clients)
+    outcome = get_method("fedquit", rounds=1).unlearn(federation, batch)
+    assert outcome.notes["participants_per_round"] == [3] and outcome.cost.flops > 0
+    forget = federation.forget_data(batch)
+    assert accuracy(federation.model_from(outcome.state), forget) < accuracy(federation.model_from(federation.state),
+                                                                             forget)
+
+
+def test_class_requests_and_bad_hyperparameters_are_refused_by_name(canaries):
+    federation = canaries[0]
+    with pytest.raises(ValueError, match="'fedquit'.*kind 'class'"):
+        get_method("fedquit", setting="hfl", kind="class")
+    with pytest.raises(ValueError, match="'fedquit'.*kind 'class'"):
+        get_method("fedquit").unlearn(federation, resolve_request("class", [3], federation.clients, num_classes=10))
+    for bad, message in (({"rounds": 0}, "rounds must be an integer >= 1, got 0"),
+                         ({"forget_weight": -1.0}, "forget_weight must be > 0, got -1.0"),
+                         ({"suppress": "max"}, "suppress must be one of min, mean, got 'max'"),
+                         ({"temperature": 0.0}, "temperature must be > 0 or None, got 0.0"),
+                         ({"recovery_rounds": -1}, "recovery_rounds must be an integer >= 0, got -1")):
+        with pytest.raises(ValueError, match=f"fedquit: {message}"):
+            get_method("fedquit", **bad)
