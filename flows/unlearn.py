@@ -146,6 +146,8 @@ def batch_context(ws: Workspace, record: BatchRecord, source: RegisteredModel, f
     if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
         audit_references(scenario=record.scenario, root=str(ws.root), device=device)
         references = load_references(ws, record.scenario, federation, record.deleted_ids())
+    if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
+        federation.calibration = references.calibration_rows(federation.test)
     source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
                          clean_forget_labels)
     return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,

@@ -6,7 +6,8 @@ its test accuracy against the retrain's.
 The original model, the audit's references and the shadow model are trained once on the
 workspace's partition (``scripts/audit_power.py``'s ``build_setup``); each draw takes ``canaries<N>``
 with its own seed, retrains exactly without them (the registered ``retrain`` method, so its cost is
-counted like every method's), and applies every (method, options) of the grid to the original.
+counted like every method's), and applies every (method, options) of the grid to the original —
+PUF told to stop recovery at the source's test accuracy, as a deletion batch tells it.
 Draws share the original and the references: they vary the forget set, not the training run.
 
     .venv/bin/fedunlearn init /tmp/fr && .venv/bin/fedunlearn --root /tmp/fr prepare --scenario mnist5k-canary-hfl
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import platform
@@ -44,16 +46,17 @@ from fedunlearn.config import load_params  # noqa: E402
 from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
-from fedunlearn.unlearning.registry import available_methods, get_method  # noqa: E402
+from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
 # Each method from its defaults upward; the escalation's "stronger" is the second rung of each.
 GRID: dict[str, list[dict[str, Any]]] = {
     "puf-special": [{}, {"eta_u": 4.0, "unlearn_epochs": 2}, {"eta_u": 10.0, "unlearn_epochs": 5,
-                                                                "max_recovery_rounds": 20}],
+                                                                "max_recovery_rounds": 20}, {"max_doublings": 2}],
     "puf-regular": [{}, {"eta_u": 40.0, "unlearn_epochs": 2}],
-    "hf-kcu": [{}, {"hessian": "federation", "cg_iterations": 20, "beta": None}],
-    "ga": [{}, {"epochs": 10}],
+    "hf-kcu": [{}],
+    "ga": [{}],
     "finetune": [{}],
+    "fedquit": [{"rounds": 2}, {}, {"rounds": 5}],
 }
 
 
@@ -66,6 +69,8 @@ def grid(methods: list[str], extra: dict[str, list[dict[str, Any]]]) -> list[tup
 def run_candidate(setup, evaluator: Evaluator, sets, batch, source_eval, audit_source, method: str,
                   options: dict[str, Any], gates: PromotionGates) -> dict[str, Any]:
     federation, references = setup.federation, setup.references
+    if "target_test_acc" in inspect.signature(get_method_class(method, "hfl")).parameters:
+        options = {"target_test_acc": source_eval.test_acc, **options}  # as a deletion batch tells PUF
     outcome = get_method(method, setting="hfl", kind="sample", **options).unlearn(
         dataclasses.replace(federation, state=setup.original.state), batch)
     model = federation.model_from(outcome.state)
@@ -107,7 +112,7 @@ def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any
 
 
 def label(options: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in options.items()) or "defaults"
+    return ", ".join(f"{k} {v}" for k, v in options.items() if k != "target_test_acc") or "defaults"
 
 
 def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,6 +221,7 @@ def main() -> None:
     params = load_params(root / "params.yaml")
     setup_args = argparse.Namespace(scenario=args.scenario, rounds=None)
     setup = build_setup(setup_args, params, root, resolve_device(args.device))
+    setup.federation.calibration = setup.references.calibration_rows(setup.federation.test)
     methods = grid([m.strip() for m in args.methods.split(",")], args.grid)
     meta = {"scenario": args.scenario, "kind": args.kind, "command": "python scripts/frontier.py " + " ".join(sys.argv[1:]),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "cpus": os.cpu_count(),

@@ -36,3 +36,34 @@ def train_memorising_workspace(workspace: Path) -> list[str]:
     if main(["--root", str(workspace), "train", "--scenario", SCENARIO, "--inline"]) != 0:
         raise RuntimeError(f"training {SCENARIO} in {workspace} failed")
     return canary_request_ids(workspace)
+
+
+def canary_federation(workspace: Path, count: int = 40):
+    """digits-canary-hfl partitioned by the DVC stages' functions in ``workspace`` (the project's
+    params.yaml; no DVC repository needed), trained, the audit's references with the canary rule,
+    and a batch of ``count`` canaries. The federation carries the calibration rows a deletion batch
+    gives methods: the references' pool A, never pool B. Returns (federation, training cost,
+    references, batch)."""
+    import shutil
+
+    import torch
+
+    from fedunlearn.config import load_params
+    from fedunlearn.data.store import partition_scenario, prepare_dataset
+    from fedunlearn.evaluation.audit import CanaryRule, train_references
+    from fedunlearn.federation.batch import DeletionBatch
+    from fedunlearn.training import load_federation, train, trained
+
+    shutil.copy(Path(__file__).resolve().parent.parent / "params.yaml", workspace / "params.yaml")
+    params = load_params(workspace / "params.yaml")
+    prepare_dataset("digits", params, workspace, set())
+    partition_scenario(SCENARIO, params, workspace)
+    federation = load_federation(SCENARIO, params, workspace, torch.device("cpu"))
+    source = train(federation)
+    federation = trained(federation, source)
+    references = train_references(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
+                                  config=params.audit, seed=params.seed)
+    references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
+    federation.calibration = references.calibration_rows(federation.test)
+    batch = DeletionBatch.for_sample_ids(canary_request_ids(workspace, count), federation.clients)
+    return federation, source.cost, references, batch

@@ -4,24 +4,17 @@ the per-example audit falls from the source's level to near chance, not far belo
 share of the training's FLOPs and without losing test accuracy; deterministic; refuses class requests
 and bad hyperparameters by name."""
 
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from memorising import SCENARIO, canary_request_ids
+from memorising import canary_federation
 
-from fedunlearn.config import load_params
-from fedunlearn.data.store import partition_scenario, prepare_dataset
-from fedunlearn.evaluation.audit import CanaryRule, audit_forgetting, train_references
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.evaluation.audit import audit_forgetting
 from fedunlearn.federation.local import accuracy
-from fedunlearn.training import load_federation, train, trained
 from fedunlearn.unlearning import get_method, resolve_request
 from fedunlearn.unlearning.fedquit import virtual_teacher
 
 CPU = torch.device("cpu")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_virtual_teacher_lowers_only_the_labelled_logit():
@@ -35,21 +28,8 @@ def test_the_virtual_teacher_lowers_only_the_labelled_logit():
 
 @pytest.fixture(scope="module")
 def canaries(tmp_path_factory):
-    """digits-canary-hfl partitioned by the DVC stages' functions (the project's params.yaml; no
-    DVC repository needed), trained, the audit's references, and a request for 40 of its canaries."""
-    workspace = tmp_path_factory.mktemp("fedquit")
-    shutil.copy(PROJECT_ROOT / "params.yaml", workspace / "params.yaml")
-    params = load_params(workspace / "params.yaml")
-    prepare_dataset("digits", params, workspace, set())
-    partition_scenario(SCENARIO, params, workspace)
-    federation = load_federation(SCENARIO, params, workspace, CPU)
-    source = train(federation)
-    federation = trained(federation, source)
-    references = train_references(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
-                                  config=params.audit, seed=params.seed)
-    references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
-    batch = DeletionBatch.for_sample_ids(canary_request_ids(workspace, 40), federation.clients)
-    return federation, source.cost, references, batch
+    """digits-canary-hfl trained, the audit's references, and a request for 40 of its canaries."""
+    return canary_federation(tmp_path_factory.mktemp("fedquit"))
 
 
 def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(canaries):

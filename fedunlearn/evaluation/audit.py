@@ -143,6 +143,11 @@ class ReferenceSet:
         ids = np.asarray(list(sample_ids))
         return [k for k, seen in enumerate(self.train_ids) if np.isin(ids, seen).any()]
 
+    def calibration_rows(self, heldout: Tensors) -> Tensors:
+        """The rows of ``heldout`` in pool A: never-seen samples a method may size its strength to
+        (``FederatedState.calibration``) without reading the audit's non-members (pool B)."""
+        return heldout.select(np.isin(heldout.sample_ids, self.pool_a_ids))
+
     def without(self, sample_ids: Iterable[Any]) -> "ReferenceSet":
         """The set after a request named held-out rows: references that trained on any of them are
         retired and the rows leave pool B. Fewer than 2 references left: retrain the set."""

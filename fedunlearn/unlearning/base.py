@@ -32,7 +32,7 @@ from fedunlearn.data.store import HorizontalPartition
 from fedunlearn.federation.batch import DeletionBatch, check_client_index
 from fedunlearn.federation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
 from fedunlearn.federation.fedavg import FedAvg, MapUpdates, RoundResult, map_inline
-from fedunlearn.federation.local import State, Tensors, accuracy
+from fedunlearn.federation.local import State, Tensors, accuracy, predict_logits
 
 SETTINGS = ("hfl", "vfl", "dfl")
 
@@ -44,6 +44,9 @@ class FederatedState:
     ``clients`` are the ORIGINAL clients' data, including the samples to forget; methods ask for
     ``retained_clients(batch)`` or ``forget_data(batch)``. ``map_updates`` runs client-side work
     (inline by default; the flows inject Prefect task mapping), as in ``FedAvg.run_round``.
+    ``calibration``: held-out rows the audit never uses as non-members (its references' pool A),
+    or None: what never-seen samples look like, for a method that sizes its strength per batch
+    (``calibration_reached``). The audit's own non-members (pool B) are never given to a method.
     """
 
     setting: str
@@ -56,6 +59,7 @@ class FederatedState:
     device: torch.device
     num_classes: int
     map_updates: MapUpdates = map_inline
+    calibration: Tensors | None = None
 
     @classmethod
     def from_partition(cls, partition: HorizontalPartition, *, model_fn: Callable[[], nn.Module],
@@ -102,6 +106,34 @@ class FederatedState:
         parts = list(self.forget_by_client(batch).values())
         return Tensors(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
                        np.concatenate([p.sample_ids for p in parts]))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One rung of a strength ladder judged against the calibration rows: the forget samples' mean
+    loss at their labels and the calibration rows' mean loss, both under the candidate state."""
+
+    forget_loss: float
+    calibration_loss: float
+
+    @property
+    def reached(self) -> bool:
+        return self.forget_loss >= self.calibration_loss
+
+
+def calibration_reached(fed_state: FederatedState, state: State, forget: Tensors) -> Calibration:
+    """Whether ``state`` leaves the forget samples at least as unfamiliar as never-seen ones: their
+    mean cross-entropy at their labels against that of ``fed_state.calibration``, both under the
+    same model (the step moves the whole model; what matters is the forget set against never-seen
+    samples under it). Needs ``fed_state.calibration``."""
+    if fed_state.calibration is None or len(fed_state.calibration) == 0:
+        raise ValueError("calibration_reached needs the federation's calibration rows (held-out, outside pool B)")
+    model = fed_state.model_from(state)
+    model.eval()
+    with torch.no_grad():
+        losses = [float(torch.nn.functional.cross_entropy(predict_logits(model, data.x), data.y))
+                  for data in (forget, fed_state.calibration)]
+    return Calibration(*losses)
 
 
 @dataclass

@@ -39,6 +39,30 @@ Hyperparameters (default; the paper's value, §V-A and Appendix A):
         target accuracy is reached, with no stated budget).
     target_test_acc: recovery stops once the global model's test accuracy is at least this
         (None: always run ``max_recovery_rounds``; the paper: the retrained model's).
+    max_doublings: with calibration rows (``FederatedState.calibration``), how many times E_u and,
+        within each E_u, η_u may double (0: the chosen strength, as in the paper). Not in the
+        paper; see "Strength per batch".
+
+Strength per batch (not in the paper; docs/DESIGN.md §8). The paper fixes η_u and E_u; the loss a
+request needs removed differs per batch, and a sample the model has memorised has a near-zero
+gradient, so no fixed step suits every batch. Given calibration rows — held-out samples the audit
+never uses as non-members — the unlearning round climbs a ladder, cheapest first: E_u, 2·E_u, …
+(the targets' updates recomputed) and within each η_u, 2·η_u, … (the server step only), stopping
+at the first rung whose forget samples' mean loss at their labels reaches the calibration rows'
+under the same unlearned model (``base.calibration_reached``). No rung reaching it means the
+negated update cannot move the forget set to the level of never-seen samples: the method stops
+there, before recovery, so the attempt costs only the unlearning rounds, and says so in its notes
+(``strength``); the gates then hold the version back. The step moves the whole model, and recovery
+can bring back what it only blurred: recovery stops as soon as the forget set's loss falls back
+below the calibration rows' (``{"fell_back": true}`` in the ladder), so a step that did not remove
+a memorised sample costs one recovery round, not the whole budget.
+
+The rule is off by default (``max_doublings=0``): the mean loss it reads does not predict the
+per-example audit where forget samples are mislabelled (a step's transient damage lifts their mean
+loss above the calibration rows' while the audit still finds them), and on a model that generalises
+training samples sit below never-seen ones by the generalisation gap, which a negated update does
+not close — there the rule would decline batches the interim tier serves (docs/methods.md). Without calibration rows, or with
+``max_doublings=0``, the chosen η_u and E_u are used as in the paper.
 """
 
 from __future__ import annotations
@@ -54,7 +78,7 @@ from fedunlearn.federation.cost import CostRecord, communication_bytes, training
 from fedunlearn.federation.fedavg import ClientUpdate, FedAvg
 from fedunlearn.federation.local import State, accuracy
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
-                                        fedavg_rounds, num_params)
+                                        calibration_reached, fedavg_rounds, num_params)
 from fedunlearn.unlearning.registry import register
 
 
@@ -104,56 +128,99 @@ class _PUF(UnlearningMethod):
                       "max_recovery_rounds", "an integer >= 0")
         self._require(self.target_test_acc is None or 0 <= self.target_test_acc <= 1, "target_test_acc",
                       "in [0, 1] or None")
+        self._require(isinstance(self.max_doublings, int) and self.max_doublings >= 0, "max_doublings",
+                      "an integer >= 0")
 
     def _remaining_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> list[ClientUpdate]:
         """S⁺: the remaining clients' updates in the unlearning round (PUF-Special: none)."""
         return []
 
-    def _server_step(self, state: State, remaining: list[ClientUpdate], targets: list[ClientUpdate]) -> State:
-        return puf_aggregate(state, remaining, targets, eta_u=self.eta_u)
+    def _server_step(self, state: State, remaining: list[ClientUpdate], targets: list[ClientUpdate],
+                     eta_u: float) -> State:
+        return puf_aggregate(state, remaining, targets, eta_u=eta_u)
 
     def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
         round_idx = fed_state.train_config.rounds  # the round after training: fresh shuffling seeds
         start, watched = time.perf_counter(), monitor.seconds
-        targets = self._target_updates(fed_state, batch, round_idx)
-        remaining = self._remaining_updates(fed_state, batch, round_idx)
-        unlearned = self._server_step(fed_state.state, remaining, targets)
-        unlearn_cost = self._round_cost(fed_state, remaining, targets, _seconds_since(start, watched, monitor))
-        monitor.record("unlearn", 1, unlearned)
+        step = self._unlearning_step(fed_state, batch, round_idx)
+        unlearn_cost = dataclasses.replace(step.cost, wall_seconds=_seconds_since(start, watched, monitor))
+        monitor.record("unlearn", 1, step.state)
 
         start, watched = time.perf_counter(), monitor.seconds
-        state, recovery_cost, rounds, reached = self._recover(fed_state, batch, unlearned, round_idx + 1, monitor)
+        if step.declined:
+            state, recovery_cost, rounds, reached = step.state, CostRecord(), 0, None
+        else:
+            state, recovery_cost, rounds, reached = self._recover(fed_state, batch, step.state, round_idx + 1, monitor,
+                                                                  step.ladder)
         recovery_cost = dataclasses.replace(recovery_cost, wall_seconds=_seconds_since(start, watched, monitor))
 
+        targets, remaining = step.targets, step.remaining
         numbers = {**self.get_params(), "normalising_samples": sum(u.num_samples for u in remaining + targets),
                    "target_samples": sum(u.num_samples for u in targets), "remaining_participants": len(remaining),
-                   "recovery_rounds": rounds, "target_reached": reached}
-        notes = {"target_clients": [u.client for u in targets], "recovery_rounds": rounds,
+                   "recovery_rounds": rounds, "target_reached": reached, "eta_u_used": step.eta_u,
+                   "unlearn_epochs_used": step.epochs}
+        notes = {"target_clients": [u.client for u in targets], "recovery_rounds": rounds, "strength": step.ladder,
                  "phases": {"unlearn": dataclasses.asdict(unlearn_cost),
                             "recovery": dataclasses.asdict(recovery_cost)}}
         return Outcome(state, unlearn_cost + recovery_cost, certificate_inputs=numbers, notes=notes)
 
-    def _target_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> list[ClientUpdate]:
-        """S⁻: each target client trains E_u epochs from the global model on its forget data only."""
-        config = fed_state.train_config.model_copy(update={"local_epochs": self.unlearn_epochs})
+    def _rungs(self, fed_state: FederatedState) -> list[tuple[int, float]]:
+        """(E_u, η_u) cheapest first: the chosen pair alone without calibration rows."""
+        doublings = self.max_doublings if fed_state.calibration is not None else 0
+        return [(self.unlearn_epochs * 2 ** j, self.eta_u * 2 ** i) for j in range(doublings + 1)
+                for i in range(doublings + 1)]
+
+    def _unlearning_step(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> "_Step":
+        """The unlearning round at the first rung that reaches the calibration level (the chosen
+        strength without calibration rows); ``declined`` when none does."""
+        rungs = self._rungs(fed_state)
+        computed_for = rungs[0][0]
+        targets = self._target_updates(fed_state, batch, round_idx, computed_for)
+        remaining = self._remaining_updates(fed_state, batch, round_idx)
+        cost = self._round_cost(fed_state, remaining, targets, computed_for, 0.0)
+        calibrated = fed_state.calibration is not None and self.max_doublings > 0
+        forget = fed_state.forget_data(batch) if calibrated else None
+        ladder: list[dict] = []
+        for epochs, eta_u in rungs:
+            if epochs != computed_for:  # a longer local run: the targets' updates again
+                targets, computed_for = self._target_updates(fed_state, batch, round_idx, epochs), epochs
+                cost = cost + self._round_cost(fed_state, [], targets, epochs, 0.0)
+            unlearned = self._server_step(fed_state.state, remaining, targets, eta_u)
+            if forget is None:
+                return _Step(unlearned, targets, remaining, cost, epochs, eta_u, [], declined=False)
+            judged = calibration_reached(fed_state, unlearned, forget)
+            ladder.append({"unlearn_epochs": epochs, "eta_u": eta_u, "forget_loss": judged.forget_loss,
+                           "calibration_loss": judged.calibration_loss, "reached": judged.reached})
+            if judged.reached:
+                return _Step(unlearned, targets, remaining, cost, epochs, eta_u, ladder, declined=False)
+        return _Step(unlearned, targets, remaining, cost, epochs, eta_u, ladder, declined=True)
+
+    def _target_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int,
+                        epochs: int) -> list[ClientUpdate]:
+        """S⁻: each target client trains ``epochs`` (E_u) epochs from the global model on its forget data only."""
+        config = fed_state.train_config.model_copy(update={"local_epochs": epochs})
         engine = FedAvg(fed_state.model_fn, config, fed_state.seed, fed_state.device)
         jobs = [{"global_state": fed_state.state, "data": data, "client": c, "round_idx": round_idx}
                 for c, data in fed_state.forget_by_client(batch).items()]
         return fed_state.map_updates(engine.local_update, jobs)
 
     def _round_cost(self, fed_state: FederatedState, remaining: list[ClientUpdate], targets: list[ClientUpdate],
-                    seconds: float) -> CostRecord:
+                    epochs: int, seconds: float) -> CostRecord:
         per_sample = fed_state.flops_per_sample()
         flops = (training_flops(per_sample, sum(u.num_samples for u in remaining), fed_state.train_config.local_epochs)
-                 + training_flops(per_sample, sum(u.num_samples for u in targets), self.unlearn_epochs))
+                 + training_flops(per_sample, sum(u.num_samples for u in targets), epochs))
         comm = communication_bytes(num_params(fed_state.state), len(remaining) + len(targets))
         return CostRecord(seconds, flops, comm)
 
     def _recover(self, fed_state: FederatedState, batch: DeletionBatch, state: State, first_round: int,
-                 monitor: Monitor) -> tuple[State, CostRecord, int, bool | None]:
+                 monitor: Monitor, ladder: list[dict] | None = None) -> tuple[State, CostRecord, int, bool | None]:
         """FedAvg on the retained data, one round at a time, until the target accuracy or the budget.
+        With a calibration ``ladder``, recovery also stops once the forget set's loss falls back
+        below the calibration rows' (what the step removed is coming back: a memorised sample the
+        negated update did not reach), and the ladder records it (``fell_back``).
         Returns the state, the cost, the rounds run and whether the target was reached (None: no target)."""
         retained = fed_state.retained_clients(batch)
+        forget = fed_state.forget_data(batch) if ladder else None
         cost, rounds = CostRecord(), 0
         reached = self._reached(fed_state, state)
         while not reached and rounds < self.max_recovery_rounds:
@@ -162,11 +229,29 @@ class _PUF(UnlearningMethod):
                                               monitor=_NumberedFrom(monitor, rounds))
             cost, rounds = cost + round_cost, rounds + 1
             reached = self._reached(fed_state, state)
+            if forget is not None and not calibration_reached(fed_state, state, forget).reached:
+                ladder.append({"fell_back": True, "recovery_round": rounds})
+                break
         return state, cost, rounds, reached if self.target_test_acc is not None else None
 
     def _reached(self, fed_state: FederatedState, state: State) -> bool:
         return self.target_test_acc is not None and \
             accuracy(fed_state.model_from(state), fed_state.test) >= self.target_test_acc
+
+
+@dataclasses.dataclass
+class _Step:
+    """The unlearning round as run: its state, updates, cost (FLOPs and bytes of every rung
+    computed), the strength used and the ladder climbed (empty without calibration rows)."""
+
+    state: State
+    targets: list[ClientUpdate]
+    remaining: list[ClientUpdate]
+    cost: CostRecord
+    epochs: int
+    eta_u: float
+    ladder: list[dict]
+    declined: bool
 
 
 def _seconds_since(start: float, watched: float, monitor: Monitor) -> float:
@@ -181,11 +266,12 @@ class PUFSpecial(_PUF):
     name = "puf-special"
 
     def __init__(self, *, eta_u: float = 2.0, unlearn_epochs: int = 1, max_recovery_rounds: int = 10,
-                 target_test_acc: float | None = None):
+                 target_test_acc: float | None = None, max_doublings: int = 0):
         self.eta_u = eta_u
         self.unlearn_epochs = unlearn_epochs
         self.max_recovery_rounds = max_recovery_rounds
         self.target_test_acc = target_test_acc
+        self.max_doublings = max_doublings
         self._check_common()
 
 
@@ -196,12 +282,13 @@ class PUFRegular(_PUF):
     name = "puf-regular"
 
     def __init__(self, *, eta_u: float = 20.0, eta_r: float = 1.0, unlearn_epochs: int = 1,
-                 max_recovery_rounds: int = 10, target_test_acc: float | None = None):
+                 max_recovery_rounds: int = 10, target_test_acc: float | None = None, max_doublings: int = 0):
         self.eta_u = eta_u
         self.eta_r = eta_r
         self.unlearn_epochs = unlearn_epochs
         self.max_recovery_rounds = max_recovery_rounds
         self.target_test_acc = target_test_acc
+        self.max_doublings = max_doublings
         self._check_common()
         self._require(eta_r > 0, "eta_r", "> 0")
 
@@ -214,5 +301,6 @@ class PUFRegular(_PUF):
                 for c in engine.select_clients(round_idx, others)]
         return fed_state.map_updates(engine.local_update, jobs)
 
-    def _server_step(self, state: State, remaining: list[ClientUpdate], targets: list[ClientUpdate]) -> State:
-        return puf_aggregate(state, remaining, targets, eta_u=self.eta_u, eta_r=self.eta_r)
+    def _server_step(self, state: State, remaining: list[ClientUpdate], targets: list[ClientUpdate],
+                     eta_u: float) -> State:
+        return puf_aggregate(state, remaining, targets, eta_u=eta_u, eta_r=self.eta_r)
