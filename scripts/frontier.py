@@ -46,6 +46,7 @@ from fedunlearn.config import load_params  # noqa: E402
 from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
+from fedunlearn.unlearning.escalation import Attempt, default_method, default_policy  # noqa: E402
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
 # Each method from its defaults upward; the escalation's "stronger" is the second rung of each.
@@ -115,6 +116,31 @@ def label(options: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in options.items() if k != "target_test_acc") or "defaults"
 
 
+def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "sample") -> dict[str, Any] | None:
+    """What a deletion batch's default escalation would have run on this draw, rebuilt from the
+    draw's runs: the attempts of ``default_policy`` in order until one may serve on the interim tier,
+    their costs summed (orchestration and evaluation not counted); the exact retrain if none may.
+    None when the grid lacks an attempt of the chain."""
+    runs = {(r["method"], label(r["options"])): r for r in draw["candidates"]}
+    policy = default_policy(setting, kind, Attempt(method=default_method(setting)))
+    seconds = flops = 0.0
+    for attempt in policy:
+        if attempt.exact:
+            served = draw["retrain"]
+        else:
+            served = runs.get((attempt.method, label(attempt.options)))
+            if served is None:
+                return None
+        seconds, flops = seconds + served["seconds"], flops + served["flops"]
+        if attempt.exact or served["interim"]:
+            break
+    retrain = draw["retrain"]
+    return {"method": "escalation", "options": " → ".join(a.method for a in policy), "served_by": served["method"],
+            "seconds": seconds, "flops": flops, "interim": served is not retrain, "auc": served["auc"],
+            "equivalence": served["equivalence"], "seconds_ratio": retrain["seconds"] / seconds,
+            "flops_ratio": retrain["flops"] / flops, "test_acc_vs_retrain": served["test_acc"] - retrain["test_acc"]}
+
+
 def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (method, options) over the draws, the retrain judged as a candidate first."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -123,6 +149,9 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                       "test_acc_vs_retrain": 0.0})
         for row in draw["candidates"]:
             groups[(row["method"], label(row["options"]))].append(row)
+        chain = escalation_run(draw)
+        if chain is not None:
+            groups[("escalation (a batch's default policy)", chain["options"])].append(chain)
     rows = []
     for (method, options), runs in groups.items():
         served = sum(bool(r["interim"]) for r in runs)
