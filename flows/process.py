@@ -61,10 +61,11 @@ MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in a
 BATCH_LOCK_TIMEOUT_S = 1800.0
 
 
-def choose_method(method: MethodChoice | str, setting: str) -> str:
-    """``auto`` is the setting's default: PUF-Special (HFL), FedORA (VFL), certified DFU (DFL)."""
+def choose_method(method: MethodChoice | str, setting: str, kind: str | None = None) -> str:
+    """``auto`` is the default for the setting and request kind: PUF-Special (HFL), FedORA (VFL; ``ga``
+    for VFL sample requests), certified DFU (DFL)."""
     name = MethodChoice(method).value
-    return default_method(setting) if name == "auto" else name
+    return default_method(setting, kind) if name == "auto" else name
 
 
 @contextmanager
@@ -120,7 +121,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     ws = Workspace.open(root)
     cfg = ws.scenario(scenario)
     tier_policy = ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy)
-    first = Attempt(method=choose_method(method, cfg.setting), options=method_options or {})
+    choose_method(method, cfg.setting)  # an unknown name fails before anything is taken
     gates = gates or PromotionGates()
     if requests:
         submit_requests(ws, scenario, requests)
@@ -138,6 +139,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
                                      "inbox wait for the next run", record.batch_id)
         # An unsupported method stops here, before the ledger moves on.
+        first = Attempt(method=choose_method(method, cfg.setting, record.kind), options=method_options or {})
         policy = (checked_policy(cfg.setting, record.kind, escalation) if escalation
                   else default_policy(cfg.setting, record.kind, first))
         with stage(record, "ingest (ledger, new data version, erasure check)"):

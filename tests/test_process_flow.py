@@ -287,6 +287,13 @@ def test_the_escalation_policy_ends_with_exact_retrain_and_refuses_what_does_not
         default_policy("vfl", "client", Attempt(method="fedora"))
 
 
+def test_fedora_is_the_vfl_default_for_its_own_setting_and_ga_for_sample_requests():
+    from flows.process import choose_method
+
+    assert choose_method("auto", "vfl", "class") == "fedora" and choose_method("auto", "vfl", "sample") == "ga"
+    assert choose_method("auto", "hfl", "sample") == "puf-special" and choose_method("fedora", "vfl", "sample") == "fedora"
+
+
 def test_the_stronger_step_scales_what_the_first_attempt_chose_never_weakening_it():
     chosen = Attempt(method="puf-special", options={"eta_u": 10.0, "unlearn_epochs": 5, "max_recovery_rounds": 20})
     assert stronger(chosen, "hfl").options == {"eta_u": 20.0, "unlearn_epochs": 10, "max_recovery_rounds": 20}

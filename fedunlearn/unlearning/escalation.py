@@ -30,6 +30,9 @@ from fedunlearn.unlearning.registry import available_methods, get_method, get_me
 
 EXACT_RETRAIN_METHOD = "retrain"
 DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
+# FedORA's sample objective pushes the forget samples to uncertainty: its own setting is a share of
+# chosen classes; arbitrary samples of a model that generalises it over-forgets (docs/methods.md).
+DEFAULT_BY_KIND = {("vfl", "sample"): "ga"}
 STRONGER_FACTOR = 2
 STRONGER_SCALES: dict[str, tuple[str, ...]] = {
     "puf-special": ("eta_u", "unlearn_epochs"),
@@ -61,8 +64,9 @@ class Attempt(BaseModel):
         return self.method == EXACT_RETRAIN_METHOD
 
 
-def default_method(setting: str) -> str:
-    return DEFAULT_METHODS[setting]
+def default_method(setting: str, kind: str | None = None) -> str:
+    """The setting's default method, or the one for its request kind where that differs."""
+    return DEFAULT_BY_KIND.get((setting, kind), DEFAULT_METHODS[setting])
 
 
 def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
