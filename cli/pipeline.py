@@ -24,9 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "With nothing pending it changes nothing; after a failure, running it again resumes the batch.")
     process.add_argument("--scenario", default=DEFAULT_SCENARIO)
     process.add_argument("--method", default="auto",
-                         help="unlearning method (default auto: puf-special for HFL, fedora for VFL class requests and ga for VFL "
-                              "sample requests, certified-dfu "
-                              "for DFL)")
+                         help="unlearning method (default auto: puf-special for HFL, fedora for VFL class "
+                              "requests and ga for VFL sample requests, certified-dfu for DFL)")
     process.add_argument("--method-options", type=json.loads, default={}, metavar="JSON",
                          help='the method\'s hyperparameters, e.g. \'{"max_recovery_rounds": 5}\'')
     process.add_argument("--retrain", action="store_true",
