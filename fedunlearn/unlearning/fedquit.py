@@ -69,6 +69,7 @@ from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, 
 from fedunlearn.unlearning.registry import register
 
 SUPPRESSIONS = ("min", "mean")
+DISTANCES = ("squared", "huber")
 
 
 @dataclass
@@ -98,7 +99,8 @@ class FedQUIT(UnlearningMethod):
     guarantee = EMPIRICAL_ONLY
 
     def __init__(self, *, rounds: int = 3, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
-                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 0):
+                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 0,
+                 distance: str = "squared", clip_norm: float | None = None):
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.forget_weight = forget_weight
@@ -106,6 +108,10 @@ class FedQUIT(UnlearningMethod):
         self.temperature = temperature
         self.lr = lr
         self.recovery_rounds = recovery_rounds
+        self.distance = distance
+        self.clip_norm = clip_norm
+        self._require(distance in DISTANCES, "distance", f"one of {', '.join(DISTANCES)}")
+        self._require(clip_norm is None or clip_norm > 0, "clip_norm", "> 0 or None")
         self._require(isinstance(rounds, int) and rounds >= 1, "rounds", "an integer >= 1")
         self._require(isinstance(local_epochs, int) and local_epochs >= 1, "local_epochs", "an integer >= 1")
         self._require(isinstance(forget_weight, (int, float)) and forget_weight > 0, "forget_weight", "> 0")
@@ -176,6 +182,8 @@ class FedQUIT(UnlearningMethod):
                     processed += len(picked)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if self.clip_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
                 optimizer.step()
                 total, step = float(loss.detach()), step + 1
         n_forget = 0 if forget is None else len(forget)
@@ -189,6 +197,8 @@ class FedQUIT(UnlearningMethod):
         return virtual_teacher(logits, forget.y.to(logits.device), self.suppress)
 
     def _distance(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        if self.temperature is None and self.distance == "huber":
+            return F.smooth_l1_loss(student, teacher, reduction="sum", beta=1.0) / len(student)
         if self.temperature is None:
             return F.mse_loss(student, teacher, reduction="sum") / len(student)
         t = self.temperature
