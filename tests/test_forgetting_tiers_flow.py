@@ -116,6 +116,32 @@ def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(t
     assert f"| {urgent} | exact |" in run("status", "--scenario", SCENARIO, at=later + timedelta(hours=2))
 
 
+def test_with_nothing_pending_a_debt_past_its_latest_safe_start_is_warned_of_and_repaid(trained, run):
+    """No served deployment, so nothing runs at the latest safe start: ``status`` warns from then on
+    (exit 0 until the deadline), and the next ``process`` with nothing pending repays the debt."""
+    workspace = trained
+    deadline = T0 + timedelta(days=2)
+    request(run, client=1, deadline=deadline)
+    run("process", "--scenario", SCENARIO)
+    [receipt] = read_receipts(workspace, SCENARIO)
+    late = receipt.exact_start_by + timedelta(minutes=5)
+    assert receipt.forgetting == "interim" and late < deadline
+
+    assert "WARNING" not in run("status", "--scenario", SCENARIO, at=receipt.exact_start_by - timedelta(minutes=5))
+    warned = run("status", "--scenario", SCENARIO, at=late)
+    assert (f"**WARNING**: the exact retrain that repays the retrain debt should have started by "
+            f"{receipt.exact_start_by:%Y-%m-%d %H:%M}Z" in warned and f"`fedunlearn repay-debt --scenario {SCENARIO}`"
+            in warned)
+
+    out = run("process", "--scenario", SCENARIO, at=late)
+
+    assert "no pending requests" in out and "exact retrain repaid in this run" in out
+    repaid = read_receipt(workspace, receipt.batch_id).exactly_forgotten
+    assert repaid is not None and repaid.at == late < deadline
+    assert current(workspace).tags["forgetting"] == "exact" and current(workspace).tags["role"] == "retrained"
+    assert "WARNING" not in run("status", "--scenario", SCENARIO, at=late)
+
+
 def test_strict_escalates_until_a_version_passes_every_check(trained, run):
     workspace = trained
     request(run, client=1)
