@@ -44,7 +44,7 @@ from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_me
 from flows.debt import repay
 from flows.heartbeat import parent_heartbeat
 from flows.ingest import summarize
-from flows.intake import apply_deletions, intake_requests
+from flows.intake import Intake, apply_deletions, intake_requests
 from flows.promote import promote_and_receipt
 from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
@@ -132,9 +132,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
-            exact_run = repay_if_late(ws, scenario, device)
-            return {**summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
-                                taken.already_applied), **({"exact_run": exact_run} if exact_run else {})}
+            return nothing_to_process(ws, scenario, taken, device)
         record = taken.batch
         if taken.owed:
             get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
@@ -184,6 +182,13 @@ def batch_result(ws: Workspace, receipt: Receipt, path) -> dict:
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
             "receipt": ws.relative(path), "forgetting": receipt.forgetting,
             "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
+
+
+def nothing_to_process(ws: Workspace, scenario: str, taken: Intake, device: str | None) -> dict:
+    """No batch to run: what intake did, and the retrain debt repaid if it could not wait."""
+    exact_run = repay_if_late(ws, scenario, device)
+    return {**summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied), **({"exact_run": exact_run} if exact_run else {})}
 
 
 def repay_if_late(ws: Workspace, scenario: str, device: str | None) -> str | None:
