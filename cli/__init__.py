@@ -73,6 +73,12 @@ def report_error(err: Exception, command: str, root: Path) -> int:
     if full is not None:
         print(f"error: {full}", file=sys.stderr)
         return full.exit_code
+    from cli.common import lost_service
+
+    lost = lost_service(err, command, root)
+    if lost is not None:  # a server went away: one line naming it and the fix, not its traceback
+        print(f"error: {lost}", file=sys.stderr)
+        return getattr(lost, "exit_code", 1)
     if isinstance(err, FedunlearnError):  # each meaning its exit status
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
