@@ -54,7 +54,19 @@ def quiet_connection_tracebacks() -> None:
             handler.addFilter(ConnectionTracebacks())
 
 
-def lost_service(err: BaseException, command: str, root: Path) -> Exception | None:
+class ServiceLost(Exception):
+    """A server the command depends on went away: exit status 1, as for ``BatchFailed`` (the command run
+    again resumes); ``prefect_gone`` when it was the Prefect server, whose clients then hold logs and
+    events that nothing can take any more."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, prefect_gone: bool):
+        super().__init__(message)
+        self.prefect_gone = prefect_gone
+
+
+def lost_service(err: BaseException, command: str, root: Path) -> ServiceLost | None:
     """The error to report when ``err`` came from a server the command depends on going away, naming
     it and the fix: the workspace's PostgreSQL stopped (`fedunlearn db start`, then the command again),
     the command's own Prefect server exited, or a Prefect server stopped answering (the command again).
@@ -72,18 +84,18 @@ def lost_service(err: BaseException, command: str, root: Path) -> Exception | No
     again = (f"run {command} again: a deletion batch resumes where it stopped and nothing is applied twice")
     database = stopped_database(root)
     if database is not None:
-        return BatchFailed(f"the workspace's PostgreSQL ({database}) stopped while the command ran ({why}). Start it "
-                           f"with `fedunlearn --root {root} db start`, then {again}")
+        return ServiceLost(f"the workspace's PostgreSQL ({database}) stopped while the command ran ({why}). Start it "
+                           f"with `fedunlearn --root {root} db start`, then {again}", prefect_gone=exited is not None)
     if exited is not None:
         status, log = exited
-        return BatchFailed(f"the command's own Prefect server stopped while the command ran (exit status {status}; "
-                           f"its log: {log}) ({why}). It starts anew with the command: {again}")
+        return ServiceLost(f"the command's own Prefect server stopped while the command ran (exit status {status}; "
+                           f"its log: {log}) ({why}). It starts anew with the command: {again}", prefect_gone=True)
     if connection_lost(err) is not None:
         from prefect.settings import PREFECT_API_URL
 
         server = PREFECT_API_URL.value() or "its address"
-        return BatchFailed(f"lost the connection to the Prefect server at {server} ({why}). Make sure it runs "
-                           f"(`make serve` starts one), then {again}")
+        return ServiceLost(f"lost the connection to the Prefect server at {server} ({why}). Make sure it runs "
+                           f"(`make serve` starts one), then {again}", prefect_gone=True)
     return None
 
 
