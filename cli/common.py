@@ -70,12 +70,13 @@ def lost_service(err: BaseException, command: str, root: Path) -> ServiceLost | 
     """The error to report when ``err`` came from a server the command depends on going away, naming
     it and the fix: the workspace's PostgreSQL stopped (`fedunlearn db start`, then the command again),
     the command's own Prefect server exited, or a Prefect server stopped answering (the command again).
-    None for any other error, and for one whose class already says what it means and what to do."""
-    from fedunlearn.errors import BatchFailed, FedunlearnError
+    None for any other error, and — unless the database stopped, which explains any failure but bad
+    input — for one whose class already says what it means and what to do."""
+    from fedunlearn.errors import BatchFailed, FedunlearnError, InputError
     from runtime.local_server import LocalServerFailed, connection_lost, exited_early
 
     exited = exited_early()
-    if isinstance(err, LocalServerFailed) or (isinstance(err, FedunlearnError) and not isinstance(err, BatchFailed)):
+    if isinstance(err, (InputError, LocalServerFailed)):
         return None
     cause = connection_lost(err) or err
     why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else 'no message'}"
@@ -86,6 +87,8 @@ def lost_service(err: BaseException, command: str, root: Path) -> ServiceLost | 
     if database is not None:
         return ServiceLost(f"the workspace's PostgreSQL ({database}) stopped while the command ran ({why}). Start it "
                            f"with `fedunlearn --root {root} db start`, then {again}", prefect_gone=exited is not None)
+    if isinstance(err, FedunlearnError) and not isinstance(err, BatchFailed):
+        return None
     if exited is not None:
         status, log = exited
         return ServiceLost(f"the command's own Prefect server stopped while the command ran (exit status {status}; "
@@ -103,8 +106,11 @@ def stopped_database(root: Path) -> Path | None:
     """The workspace's own PostgreSQL cluster when the workspace is on it and it does not run now."""
     from stores import postgres
 
-    config = postgres.workspace_config(root)
-    if config is None or config.get("server") != "local":
+    try:
+        config = postgres.workspace_config(root)
+    except (OSError, ValueError):  # an unreadable marker is another error's business, not this message's
+        return None
+    if not isinstance(config, dict) or config.get("server") != "local":
         return None
     cluster = postgres.LocalCluster(Path(root) / postgres.PG_DIR)
     return cluster.directory if cluster.initialized and cluster.port() is None else None

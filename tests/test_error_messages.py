@@ -154,6 +154,12 @@ def test_a_lost_postgresql_says_to_start_it_first_then_rerun(tmp_path, capsys):
     assert f"the workspace's PostgreSQL ({cluster}) stopped" in err and "batch b1 (digits-hfl) failed at" in err
     assert f"Start it with `fedunlearn --root {tmp_path} db start`, then run `fedunlearn process --scenario " \
            "digits-hfl` again" in err
+    # A registry read failing on the stopped database is no damaged state; bad input keeps its own message.
+    unreadable = StateDamaged("digits-hfl v3: its weights cannot be read")
+    assert report_error(unreadable, "`fedunlearn process`", tmp_path) == 1
+    assert "db start" in one_error_line(capsys.readouterr().err)
+    assert report_error(InputError("no such scenario"), "`fedunlearn process`", tmp_path) == 2
+    assert capsys.readouterr().err == "error: no such scenario\n"
 
 
 def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path, capsys):
