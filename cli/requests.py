@@ -35,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
         parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
         parser.add_argument("--reason", help="optional note kept with the request")
-        parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, e.g. "
-                            "2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after submission)")
+        parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, an ISO 8601 time "
+                            "after now, e.g. 2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after "
+                            "submission); a number, a time before now or one with no UTC form is refused (exit 2)")
         parser.set_defaults(handler=run_request, request_kind=kind)
 
     ingest = sub.add_parser("ingest", help="apply pending deletion requests: a new, verified data version",
