@@ -12,6 +12,7 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 from fedunlearn.errors import FedunlearnError, as_no_space, watch_filesystems
 
@@ -62,10 +63,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             end_command()
     except Exception as err:
-        return report_error(err, "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`", root)
+        return report_error(err, "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`", root,
+                            leave_at_once=argv is None)
 
 
-def report_error(err: Exception, command: str, root: Path) -> int:
+def leave_now(code: int) -> NoReturn:
+    """End the process without the interpreter's shutdown. Once the Prefect server is gone, Prefect's log
+    and event workers would spend minutes at exit retrying it, printing each failure after the command's
+    error line; nothing they hold can be delivered. The command's own servers are stopped already."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def report_error(err: Exception, command: str, root: Path, leave_at_once: bool = False) -> int:
     """``error: <message>`` and the exit status of its meaning (``fedunlearn.errors``). A full disk
     anywhere in the error's chain — a flow's wrapped error, the Prefect server's HTTP 500 — is
     ``NoSpace``, whatever else it was wrapped in."""
@@ -73,6 +84,14 @@ def report_error(err: Exception, command: str, root: Path) -> int:
     if full is not None:
         print(f"error: {full}", file=sys.stderr)
         return full.exit_code
+    from cli.common import lost_service
+
+    lost = lost_service(err, command, root)
+    if lost is not None:  # a server went away: one line naming it and the fix, not its traceback
+        print(f"error: {lost}", file=sys.stderr)
+        if lost.prefect_gone and leave_at_once:  # the real command line only: tests call main() in-process
+            leave_now(lost.exit_code)
+        return lost.exit_code
     if isinstance(err, FedunlearnError):  # each meaning its exit status
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import logging
 from datetime import datetime
+from pathlib import Path
 
 DEFAULT_SCENARIO = "mnist5k-hfl"
 # What prepare_flow_run started for the command (its Prefect server): closed as the command ends.
@@ -22,7 +23,97 @@ def prepare_flow_run() -> None:
 
     for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_connection_tracebacks()
     _COMMAND_SCOPE.enter_context(local_prefect_api())
+
+
+class ConnectionTracebacks(logging.Filter):
+    """A server that stops answering makes Prefect log the same connection error, with its traceback, at
+    every layer (task run, flow run, the log and event workers). The command ends with one ``error:`` line
+    that says what stopped and what to run (``lost_service``), so these keep their line and lose the
+    traceback, which would bury it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from runtime.local_server import connection_lost
+
+        error = record.exc_info[1] if record.exc_info else None
+        cut = connection_lost(error) if error is not None else None
+        if cut is not None:
+            record.msg, record.args = f"{record.getMessage()} ({type(cut).__name__}: {cut})", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_connection_tracebacks() -> None:
+    """``ConnectionTracebacks`` on every handler this process logs through (Prefect's console and its
+    internal workers' handler included)."""
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for handler in {handler for logger in loggers for handler in logger.handlers}:
+        if not any(isinstance(f, ConnectionTracebacks) for f in handler.filters):
+            handler.addFilter(ConnectionTracebacks())
+
+
+class ServiceLost(Exception):
+    """A server the command depends on went away: exit status 1, as for ``BatchFailed`` (the command run
+    again resumes); ``prefect_gone`` when it was the Prefect server, whose clients then hold logs and
+    events that nothing can take any more."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, prefect_gone: bool):
+        super().__init__(message)
+        self.prefect_gone = prefect_gone
+
+
+def lost_service(err: BaseException, command: str, root: Path) -> ServiceLost | None:
+    """The error to report when ``err`` came from a server the command depends on going away, naming
+    it and the fix: the workspace's PostgreSQL stopped (`fedunlearn db start`, then the command again),
+    the command's own Prefect server exited, or a Prefect server stopped answering (the command again).
+    None for any other error, and — unless the database stopped, which explains any failure but bad
+    input — for one whose class already says what it means and what to do."""
+    from fedunlearn.errors import BatchFailed, FedunlearnError, InputError
+    from runtime.local_server import LocalServerFailed, connection_lost, exited_early
+
+    exited = exited_early()
+    if isinstance(err, (InputError, LocalServerFailed)):
+        return None
+    cause = connection_lost(err) or err
+    why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else 'no message'}"
+    if isinstance(err, BatchFailed):  # where it stopped: "batch <id> (<scenario>) failed at <step>"
+        why = f"{str(err).split(': ')[0]}; {why}"
+    again = (f"run {command} again: a deletion batch resumes where it stopped and nothing is applied twice")
+    database = stopped_database(root)
+    if database is not None:
+        return ServiceLost(f"the workspace's PostgreSQL ({database}) stopped while the command ran ({why}). Start it "
+                           f"with `fedunlearn --root {root} db start`, then {again}", prefect_gone=exited is not None)
+    if isinstance(err, FedunlearnError) and not isinstance(err, BatchFailed):
+        return None
+    if exited is not None:
+        status, log = exited
+        return ServiceLost(f"the command's own Prefect server stopped while the command ran (exit status {status}; "
+                           f"its log: {log}) ({why}). It starts anew with the command: {again}", prefect_gone=True)
+    if connection_lost(err) is not None:
+        from prefect.settings import PREFECT_API_URL
+
+        server = PREFECT_API_URL.value() or "its address"
+        return ServiceLost(f"lost the connection to the Prefect server at {server} ({why}). Make sure it runs "
+                           f"(`make serve` starts one), then {again}", prefect_gone=True)
+    return None
+
+
+def stopped_database(root: Path) -> Path | None:
+    """The workspace's own PostgreSQL cluster when the workspace is on it and it does not run now."""
+    from stores import postgres
+
+    try:
+        config = postgres.workspace_config(root)
+    except (OSError, ValueError):  # an unreadable marker is another error's business, not this message's
+        return None
+    if not isinstance(config, dict) or config.get("server") != "local":
+        return None
+    cluster = postgres.LocalCluster(Path(root) / postgres.PG_DIR)
+    return cluster.directory if cluster.initialized and cluster.port() is None else None
 
 
 def end_command() -> None:

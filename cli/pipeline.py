@@ -85,6 +85,8 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
                                device=args.device, forgetting_policy=args.forgetting_policy)
     print_summary(result)
     if "receipt" not in result:
+        if result.get("exact_run"):  # nothing pending, but the retrain debt could not wait
+            print(f"exact retrain {result['exact_run']}")
         return 0
     print(describe_batch(result))
     return erasure_status(result["erasure"])

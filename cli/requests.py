@@ -35,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
         parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
         parser.add_argument("--reason", help="optional note kept with the request")
-        parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, e.g. "
-                            "2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after submission)")
+        parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, an ISO 8601 time "
+                            "after now, e.g. 2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after "
+                            "submission); a number, a time before now or one with no UTC form is refused (exit 2)")
         parser.set_defaults(handler=run_request, request_kind=kind)
 
     ingest = sub.add_parser("ingest", help="apply pending deletion requests: a new, verified data version",
@@ -60,7 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "deadline) and exact ones; the serving version (alias current), its "
                                         "certificate and tier; the retrain debt; the last batch and its verdict. "
                                         "Changes nothing. Exit status 9 when a request is not exactly forgotten by its "
-                                        "deadline (pending or interim past it), for monitors. Each batch also "
+                                        "deadline (pending or interim past it), for monitors; before that, a "
+                                        "WARNING line (also on stderr) once the latest safe start of the exact "
+                                        "retrain that repays the debt has passed. Each batch also "
                                         "publishes it as the Prefect artifact deletion-status-<scenario>.")
     status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
     status.set_defaults(handler=run_status)
@@ -121,4 +124,7 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
     ws.params.scenario(args.scenario)
     status = deletion_status(ws, args.scenario)
     print(status.markdown())
+    warning = status.repayment_warning()
+    if warning:  # a warning, not an exit status: status exits non-zero only once a deadline is missed (9)
+        print(f"warning: {warning}", file=sys.stderr)
     return RequestOverdue.exit_code if status.overdue else 0

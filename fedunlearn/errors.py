@@ -161,6 +161,11 @@ def _chain(err: BaseException | None) -> Iterator[BaseException]:
         pending += [err.__cause__, err.__context__, *(err.exceptions if isinstance(err, BaseExceptionGroup) else ())]
 
 
+def causes(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and every error behind it (``_chain``): for callers that look for a cause of their own."""
+    return _chain(err)
+
+
 def _kind(err: BaseException) -> str | None:
     """``certain`` for ENOSPC itself, ``suspect`` for what a full disk may be behind, else None."""
     if isinstance(err, NoSpace) or isinstance(err, OSError) and err.errno == errno.ENOSPC:

@@ -44,12 +44,13 @@ from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_me
 from flows.debt import repay
 from flows.heartbeat import parent_heartbeat
 from flows.ingest import summarize
-from flows.intake import apply_deletions, intake_requests
+from flows.intake import Intake, apply_deletions, intake_requests
 from flows.promote import promote_and_receipt
 from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
 from stores.workspace import Workspace
-from tasks.debt import REPAY_DEPLOYMENT, Debt, repayment_time, retrain_debt, schedule_repayment
+from tasks.debt import (REPAY_DEPLOYMENT, Debt, late_repayment, repayment_time, retrain_debt,
+                        schedule_repayment)
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
 from tasks.status import publish_status
@@ -132,8 +133,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
-            return summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
-                             taken.already_applied)
+            return nothing_to_process(ws, scenario, taken, device)
         record = taken.batch
         if taken.owed:
             get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
@@ -184,6 +184,33 @@ def batch_result(ws: Workspace, receipt: Receipt, path) -> dict:
             "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
             "receipt": ws.relative(path), "forgetting": receipt.forgetting,
             "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
+
+
+def nothing_to_process(ws: Workspace, scenario: str, taken: Intake, device: str | None) -> dict:
+    """No batch to run: what intake did, and the retrain debt repaid if it could not wait."""
+    exact_run = repay_if_late(ws, scenario, device)
+    return {**summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied), **({"exact_run": exact_run} if exact_run else {})}
+
+
+def repay_if_late(ws: Workspace, scenario: str, device: str | None) -> str | None:
+    """With no batch to run: a retrain debt whose latest safe start has passed is repaid now, as after a
+    batch. Waiting for a new request (or for a schedule no served deployment runs) could miss the
+    deadline. A failed repayment exits non-zero and names `fedunlearn repay-debt`."""
+    start_by = late_repayment(ws, scenario)
+    if start_by is None:
+        return None
+    get_run_logger().warning("the retrain debt of %s is past its latest safe start (%s): repaying it now", scenario,
+                             f"{start_by:%Y-%m-%d %H:%M}Z")
+    try:
+        repay(ws, scenario, device)
+    except Exception as err:
+        meaning = next((c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
+                        if isinstance(err, c)), BatchFailed)
+        raise meaning(f"the retrain debt of {scenario} is past its latest safe start ({start_by:%Y-%m-%d %H:%M}Z) "
+                      f"and repaying it failed: {err}. Once the cause is fixed, run `fedunlearn repay-debt --scenario "
+                      f"{scenario}` (or `fedunlearn process --scenario {scenario}` again)") from err
+    return f"repaid in this run: its latest safe start ({start_by:%Y-%m-%d %H:%M}Z) had passed"
 
 
 def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt, str | None]:

@@ -5,19 +5,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.batch_decisions import BatchOutcome, receipt_for, tier_fields
+from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.certify.tiers import Tier
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.faults import failpoint
-from fedunlearn.receipts import Receipt
-from fedunlearn.requests.batch import load_records, record_path
+from fedunlearn.receipts import ExactForgetting, ModelRef, Receipt
+from fedunlearn.requests.batch import BatchRecord, load_records, record_path
+from fedunlearn.requests.model import utc_now
+from stores.registry import version_ref
 from stores.workspace import Workspace
 from tasks.backup import sync_state
 from tasks.debt import FORGETTING_TAG, mark_repaid, safe_start
 from tasks.receipts import write_receipt
 from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
+
+
+def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
+    """An exact retrain on the batch's data version that the batch did not make (`fedunlearn retrain`
+    while the batch ran): it forgets exactly what the batch's interim version forgets approximately, so
+    it serves, and the batch owes nothing. The batch's own reference (``--retrain``) stays a reference."""
+    found = [v for v in ws.registry.versions(record.scenario, role="retrained", data_version=record.data_version_after)
+             if v.tags.get("batch_id") != record.batch_id]
+    return version_ref(max(found, key=lambda v: int(v.version))) if found else None
 
 
 @task(name="promote-and-receipt", task_run_name="promote-and-receipt", cache_policy=NO_CACHE)
@@ -33,10 +46,17 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
     # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.
     sync_state(ws.root, f"batch {batch_id}: before alias current moves")
-    tier = tier_fields(record.deadlines(ws.params.requests.deadline_days), chosen.certificate, policy,
-                       lambda due: safe_start(ws, scenario, due))
+    deadlines = record.deadlines(ws.params.requests.deadline_days)
+    tier = tier_fields(deadlines, chosen.certificate, policy, lambda due: safe_start(ws, scenario, due))
     ws.registry.set_version_tag(scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
-    ws.registry.set_alias(scenario, "current", chosen.version.version)
+    exact = exact_retrain_on(ws, record) if tier["forgetting"] == Tier.interim.value else None
+    if exact is not None:
+        tier = tier_fields(deadlines, EXACT_RETRAIN, policy, lambda due: safe_start(ws, scenario, due))
+        ws.registry.set_version_tag(scenario, exact.version, FORGETTING_TAG, tier["forgetting"])
+        get_run_logger().warning("%s v%s, an exact retrain on the batch's data version %s, was registered while the "
+                                 "batch ran: it serves instead of the interim v%s", scenario, exact.version,
+                                 record.data_version_after, chosen.version.version)
+    ws.registry.set_alias(scenario, "current", (exact or chosen.version).version)
     failpoint("after-alias-move")
     erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
     release_fingerprints(ws, batch_id)
@@ -44,9 +64,11 @@ def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchO
                "current": ws.registry.alias_ref(scenario, "current")}
     receipt = receipt_for(record, outcome, aliases, erasure.model_dump(mode="json"), tier,
                           ws.relative(record_path(ws.folders, batch_id)))
+    if exact is not None:
+        receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=exact.version, by="retrain-reference")
     path = write_receipt(ws, receipt)
-    if chosen.method == "retrain":  # an exact retrain serves: it repays what earlier batches forgot approximately
-        mark_repaid(ws, scenario, chosen.version.version, f"batch {batch_id}")
+    if chosen.method == "retrain" or exact is not None:  # an exact retrain serves: it repays earlier batches' debt
+        mark_repaid(ws, scenario, (exact or chosen.version).version, f"batch {batch_id}")
     sync_state(ws.root, f"batch {batch_id}: receipt")
     failpoint("after-receipt")
     return receipt, path

@@ -46,7 +46,9 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
                                         batch_id=batch_id), "reused": False}
     if close_open and batch_id is None and open_batches(ws, scenario):
         with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
-            if ws.data_version(scenario) == result["data_version"]:  # no batch moved the data meanwhile
+            # Asked again under the lock: a batch that held it meanwhile moved the data, or finished (and
+            # chose what serves) the batch it found open. Then this retrain is a reference, nothing more.
+            if ws.data_version(scenario) == result["data_version"] and open_batches(ws, scenario):
                 result["closed"] = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
                                                     "retrain-reference")
                 print(f"alias current -> {scenario} v{result['model_version']}: it closes the batch(es) applied "

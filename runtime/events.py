@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from prefect.events import emit_event
@@ -44,9 +44,9 @@ def resource(request_id: str, scenario: str, urgent: bool = False) -> dict[str, 
 def _parse_time(value: object) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
+        return parsed.astimezone(timezone.utc) if parsed.tzinfo else None
+    except (ValueError, OverflowError):  # no UTC form (year 0 or 10000 there): the batch quarantines the file
         return None
-    return parsed if parsed.tzinfo else None
 
 
 def announce_file(path: Path, default_scenario: str, deadline_days: float, urgent_hours: float) -> bool:
@@ -62,7 +62,10 @@ def announce_file(path: Path, default_scenario: str, deadline_days: float, urgen
     document = document if isinstance(document, dict) else {}
     scenario = str(document.get("scenario") or default_scenario)
     submitted = _parse_time(document.get("submitted_at")) or utc_now()
-    deadline = _parse_time(document.get("deadline")) or submitted + timedelta(days=deadline_days)
+    try:
+        deadline = _parse_time(document.get("deadline")) or submitted + timedelta(days=deadline_days)
+    except OverflowError:  # submitted in year 9999: the batch refuses it; announced as urgent, to be seen soon
+        deadline = submitted
     urgent = deadline - utc_now() <= timedelta(hours=urgent_hours)
     request_id = str(document.get("request_id") or path.name.removesuffix(".json"))
     emit_event(SUBMITTED, resource=resource(request_id, scenario, urgent),

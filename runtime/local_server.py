@@ -14,23 +14,26 @@ only served deployments need (scheduler, late runs, ...). Its database is the Pr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from fedunlearn import lifeline
-from fedunlearn.errors import FedunlearnError
+from fedunlearn.errors import FedunlearnError, causes
 
 START_TIMEOUT_S = 120  # a new Prefect home migrates its database on the first start: slow on a cold, small machine
 STOP_GRACE_S = 10
 LOG_NAME = "server.log"
+PORT_LOCK_NAME = "fedunlearn-prefect-port"
 # The loops of a full server that act on served deployments' runs; the temporary server does not run them either.
 SERVED_ONLY_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR",
                         "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER")
@@ -38,6 +41,26 @@ SERVED_ONLY_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS"
 
 class LocalServerFailed(FedunlearnError):
     """The command's Prefect server exited or did not answer: the message names its log."""
+
+
+# The command's own server once it exited before the command stopped it (killed, crashed): its exit
+# status and log, which explain the connection errors the command's flows then meet.
+_EXITED: list[tuple[int, Path]] = []
+
+
+def exited_early() -> tuple[int, Path] | None:
+    """The exit status and log of this process's own Prefect server if it exited by itself before the
+    command stopped it; None otherwise. Read once: the record goes with the command that asked."""
+    return _EXITED.pop() if _EXITED else None
+
+
+def connection_lost(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain (causes, contexts, exception groups) that says a server stopped
+    answering — connection refused, reset or cut off mid-reply — or None."""
+    import httpx
+
+    lost = (httpx.NetworkError, httpx.RemoteProtocolError, ConnectionError)
+    return next((e for e in causes(err) if isinstance(e, lost)), None)
 
 
 def prefect_executable() -> str:
@@ -78,14 +101,57 @@ def wait_until_healthy(process: subprocess.Popen, api_url: str, log: Path, timeo
             time.sleep(0.2)
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+def stop(process: subprocess.Popen, log: Path | None = None) -> None:
+    """Stop the server; one that already exited on its own is recorded (``exited_early``)."""
+    if process.poll() is not None:
+        if log is not None:
+            _EXITED.append((process.returncode, log))
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def port_choice_lock(timeout_s: float) -> Iterator[None]:
+    """This user's lock from choosing a free port until the server listens on it. The probe that finds
+    a free port closes it again, and the kernel hands the same port to the next probe, so two commands
+    starting at once would otherwise both start a server on it and one would fail."""
+    path = Path(tempfile.gettempdir()) / f"{PORT_LOCK_NAME}-{os.getuid()}.lock"
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LocalServerFailed(f"another command held {path} for {timeout_s:.0f} s while starting its "
+                                            "Prefect server: run the command again, or set PREFECT_API_URL to use "
+                                            "a running server") from None
+                time.sleep(0.1)
         try:
-            process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_listening(start: Callable[[int], subprocess.Popen], ready: Callable[[subprocess.Popen, int], None],
+                    timeout_s: float, choose: Callable[[], int] = free_port) -> tuple[int, subprocess.Popen]:
+    """A server started on a free port (``start``) and listening there (``ready`` returns), the port
+    chosen and taken under ``port_choice_lock``; one that does not get ready is stopped."""
+    with port_choice_lock(timeout_s):
+        port = choose()
+        process = start(port)
+        try:
+            ready(process, port)
+        except BaseException:
+            stop(process)
+            raise
+        return port, process
 
 
 @contextlib.contextmanager
@@ -99,22 +165,31 @@ def local_prefect_api(timeout_s: float = START_TIMEOUT_S) -> Iterator[str | None
         return
     home = Path(PREFECT_HOME.value()).expanduser()
     home.mkdir(parents=True, exist_ok=True)
-    port, log = free_port(), home / LOG_NAME
-    command = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-               "--analytics-off"]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(lifeline.command(command), env=server_environment(home), stdout=out,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    api_url = f"http://127.0.0.1:{port}/api"
+    log = home / LOG_NAME
+    _EXITED.clear()
+
+    def start(port: int) -> subprocess.Popen:
+        command = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
+                   "--analytics-off"]
+        with open(log, "ab") as out:
+            return subprocess.Popen(lifeline.command(command), env=server_environment(home), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    port, process = start_listening(
+        start, lambda process, port: wait_until_healthy(process, api_url_of(port), log, timeout_s), timeout_s)
     try:
-        wait_until_healthy(process, api_url, log, timeout_s)
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: api_url_of(port)}):
             try:
-                yield api_url
+                yield api_url_of(port)
             finally:
-                flush_clients()
+                if process.poll() is None:  # a server that is gone takes nothing: the drain would wait and fail
+                    flush_clients()
     finally:
-        stop(process)
+        stop(process, log)
+
+
+def api_url_of(port: int) -> str:
+    return f"http://127.0.0.1:{port}/api"
 
 
 def flush_clients() -> None:

@@ -18,7 +18,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Scheduled
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN
-from fedunlearn.certify.tiers import exact_due, latest_safe_time
+from fedunlearn.certify.tiers import exact_due, latest_safe_time, repay_now
 from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrain, read_receipt, read_receipts,
                                  write_receipt)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
@@ -82,6 +82,14 @@ def safe_start(ws: Workspace, scenario: str, due: datetime) -> datetime:
 def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
     """When the exact retrain that repays ``debt`` must start (``safe_start``); None when nothing is owed."""
     return None if debt.due is None else safe_start(ws, scenario, debt.due)
+
+
+def late_repayment(ws: Workspace, scenario: str, now: datetime | None = None) -> datetime | None:
+    """The latest safe start of the exact retrain that repays ``scenario``'s debt, once it has passed:
+    from then on a schedule cannot be trusted to serve in time (none runs without a served deployment),
+    so whoever finds this repays at once or says so. None while there is time, or nothing is owed."""
+    start_by = repayment_time(ws, scenario, retrain_debt(ws, scenario))
+    return start_by if repay_now(start_by, now or utc_now()) else None
 
 
 @task(name="schedule-exact-retrain", cache_policy=NO_CACHE)

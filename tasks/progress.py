@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.receipts import read_receipt
-from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, in_journal_order, load_records
 from tasks.debt import close_by_retrain
 from tasks.models import SOURCE_ALIASES
 from stores.workspace import Workspace, cached
@@ -39,8 +39,9 @@ def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int
 
 @task(name="find-owed-batch", cache_policy=NO_CACHE)
 def owed_batch(ws: Workspace, scenario: str) -> BatchRecord | None:
-    """The batch of ``scenario`` a run must finish before taking new requests, or None."""
-    records = [r for r in load_records(ws.folders) if r.scenario == scenario]
+    """The batch of ``scenario`` a run must finish before taking new requests, or None. The last batch
+    is the last one the ledger applied (``in_journal_order``), whatever the clock said when it ran."""
+    records = [r for r in in_journal_order(load_records(ws.folders), ws.ledger.entries()) if r.scenario == scenario]
     unfinished = [r for r in records if r.status is not BatchStatus.COMPLETE]
     if unfinished:
         return unfinished[0]

@@ -152,7 +152,23 @@ def check_subjects(pending: list[PendingRequest], catalog: Catalog, deleted: set
         for request_id, lines in found.items():
             reasons.setdefault(request_id, []).extend(lines)
         remaining = [p for p in remaining if p.request.request_id not in found]
+    for item in pending:
+        note = live_ids_note(item.request, catalog, deleted) if item.request.request_id in reasons else None
+        if note:
+            reasons[item.request.request_id].append(note)
     return {request_id: "; ".join(lines) for request_id, lines in reasons.items()}
+
+
+def live_ids_note(request: DeletionRequestModel, catalog: Catalog, deleted: set[str]) -> str | None:
+    """For a sample request refused because some of its IDs are already deleted: a request is applied
+    whole or not at all, so its live IDs stay in the data — said, with what to do about them."""
+    if request.kind is not RequestKind.SAMPLE or not deleted.intersection(request.sample_ids):
+        return None
+    live = [i for i in request.sample_ids if i not in deleted and i in catalog.labels]
+    if not live:
+        return "every ID it names is already deleted: nothing is left to delete"
+    return (f"its other {len(live)} ID(s) are live and stay in the data, since a request is applied whole or not "
+            f"at all: {_listing(live)}. To delete them, submit a new request naming only those IDs")
 
 
 # --- Steps -----------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.model import utc_now
-from tasks.debt import retrain_debt
+from tasks.debt import late_repayment, retrain_debt
 from tasks.requests import read_inbox
 from stores.workspace import Workspace
 
@@ -65,6 +65,18 @@ class DeletionStatus:
     unreadable: list[str] = field(default_factory=list)  # inbox files the next batch will quarantine
 
     forgotten: list[PendingRequest] = field(default_factory=list)  # interim and exact
+    repay_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed, once passed
+    exact_due: datetime | None = None  # when that retrain must serve: the earliest deadline it repays
+
+    def repayment_warning(self) -> str | None:
+        """Said before the deadline, while a repayment started now may still meet it: the latest safe
+        start has passed, and no scheduled run can be counted on (without a served deployment none runs)."""
+        if self.repay_by is None:
+            return None
+        due = f" to serve by {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else ""
+        return (f"the exact retrain that repays the retrain debt should have started by {self.repay_by:%Y-%m-%d %H:%M}Z"
+                f" (its latest safe start){due}: run `fedunlearn repay-debt --scenario {self.scenario}` now (or "
+                f"`fedunlearn process --scenario {self.scenario}`, which repays it)")
 
     @property
     def overdue(self) -> list[PendingRequest]:
@@ -97,6 +109,9 @@ class DeletionStatus:
                       f"forgetting {serving['forgetting']}, data version {serving['data_version'][:10]})" if serving else "serving: no version has alias "
                                                                                      "`current`",
                   self.debt]
+        warning = self.repayment_warning()
+        if warning:
+            lines.append(f"**WARNING**: {warning}")
         batch = self.last_batch
         if batch is None:
             lines.append("last batch: none yet")
@@ -166,9 +181,11 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
         "version": str(current.version), "method": current.tags.get("method", current.tags.get("role", "?")),
         "certificate": current.tags.get("certificate", "?"), "data_version": current.tags.get("data_version", "?"),
         "forgetting": current.tags.get("forgetting", "?")}
-    return DeletionStatus(scenario, now, pending, serving, retrain_debt(ws, scenario).line(
-        ws.params.requests.max_retrain_debt), receipts[-1] if receipts else None,
-        [item.name for rejection in triage.rejected for item in rejection.items], forgotten)
+    debt = retrain_debt(ws, scenario)
+    return DeletionStatus(scenario, now, pending, serving, debt.line(ws.params.requests.max_retrain_debt),
+                          receipts[-1] if receipts else None,
+                          [item.name for rejection in triage.rejected for item in rejection.items], forgotten,
+                          late_repayment(ws, scenario, now), debt.due)
 
 
 def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingRequest]:

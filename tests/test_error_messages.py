@@ -121,3 +121,85 @@ def test_a_bad_csv_stops_prepare_with_exit_2(workspace, tmp_path, capsys):
     assert str(csv) in err and "'pid'" in err and "line(s) 3" in err and "Traceback" not in err
     with pytest.raises(InputError):
         load_source("people", params["datasets"]["people"])
+
+
+def one_error_line(err: str) -> str:
+    """What the command printed on stderr: exactly one line, an ``error:`` one, no traceback."""
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_a_lost_postgresql_says_to_start_it_first_then_rerun(tmp_path, capsys):
+    import json
+    import subprocess
+    import sys
+
+    from cli import report_error
+    from fedunlearn.errors import BatchFailed
+
+    cluster = tmp_path / ".postgres"
+    (cluster / "data").mkdir(parents=True)
+    (cluster / "workspace.json").write_text(json.dumps({"server": "local"}))
+    (cluster / "data/PG_VERSION").write_text("16\n")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # postmaster.pid of a server killed with SIGKILL: it names a process that is gone
+    (cluster / "data/postmaster.pid").write_text(f"{gone.pid}\n{cluster}/data\n1700000000\n54321\n")
+    failed = BatchFailed("batch b1 (digits-hfl) failed at unlearn and register: (psycopg2.OperationalError) "
+                         "connection to server at 127.0.0.1 failed: Connection refused; re-run `fedunlearn process "
+                         "--scenario digits-hfl` to resume")
+
+    assert report_error(failed, "`fedunlearn process --scenario digits-hfl`", tmp_path) == 1
+
+    err = one_error_line(capsys.readouterr().err)
+    assert f"the workspace's PostgreSQL ({cluster}) stopped" in err and "batch b1 (digits-hfl) failed at" in err
+    assert f"Start it with `fedunlearn --root {tmp_path} db start`, then run `fedunlearn process --scenario " \
+           "digits-hfl` again" in err
+    # A registry read failing on the stopped database is no damaged state; bad input keeps its own message.
+    unreadable = StateDamaged("digits-hfl v3: its weights cannot be read")
+    assert report_error(unreadable, "`fedunlearn process`", tmp_path) == 1
+    assert "db start" in one_error_line(capsys.readouterr().err)
+    assert report_error(InputError("no such scenario"), "`fedunlearn process`", tmp_path) == 2
+    assert capsys.readouterr().err == "error: no such scenario\n"
+
+
+def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path, capsys):
+    import io
+    import logging
+    import subprocess
+    import sys
+
+    import httpx
+
+    from cli import report_error
+    from cli.common import ConnectionTracebacks
+    from runtime.local_server import stop
+
+    server = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    server.wait()
+    stop(server, tmp_path / "server.log")  # the command's own server, found dead as the command ends
+    try:
+        try:
+            raise httpx.ConnectError("All connection attempts failed")
+        except httpx.ConnectError as cut:
+            raise RuntimeError("the flow run's state could not be set") from cut
+    except RuntimeError as err:
+        lost = err
+
+    assert report_error(lost, "`fedunlearn process --scenario digits-hfl`", tmp_path) == 1
+
+    err = one_error_line(capsys.readouterr().err)
+    assert "the command's own Prefect server stopped while the command ran" in err and "server.log" in err
+    assert "ConnectError: All connection attempts failed" in err
+    assert "run `fedunlearn process --scenario digits-hfl` again: a deletion batch resumes" in err
+
+    # What Prefect logs on the way (task run, flow run, workers) keeps its line but not its traceback.
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(ConnectionTracebacks())
+    logger = logging.getLogger("test-lost-server")
+    logger.addHandler(handler)
+    try:
+        logger.error("Task run failed", exc_info=(type(lost), lost, lost.__traceback__))
+    finally:
+        logger.removeHandler(handler)
+    assert stream.getvalue() == ("Task run failed (ConnectError: All connection attempts failed)\n")

@@ -11,7 +11,7 @@ import runtime.events as events
 from cli import main
 from fedunlearn.config import RequestsConfig
 from fedunlearn.errors import RequestOverdue
-from fedunlearn.requests.model import utc_now
+from fedunlearn.requests.model import CLOCK_VARIABLE, utc_now
 
 SCENARIO = "digits-hfl"
 
@@ -54,7 +54,8 @@ def test_the_batch_triggers_follow_params(monkeypatch):
     assert waited.for_each == {"prefect.resource.id"} and waited.within == timedelta(hours=12)
 
 
-def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_overdue(workspace, capsys):
+def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_overdue(workspace, capsys,
+                                                                                     monkeypatch):
     def cli(*args: str) -> tuple[int, str]:
         code = main(["--root", str(workspace), *args])
         return code, capsys.readouterr().out
@@ -63,10 +64,21 @@ def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_ove
     assert code == 0 and "no pending requests" in out and "last batch: none yet" in out
     _, on_time = cli("request", "client", "--scenario", SCENARIO, "--client", "1")
     past = (utc_now() - timedelta(hours=2)).isoformat()
+    monkeypatch.setenv(CLOCK_VARIABLE, (utc_now() - timedelta(hours=3)).isoformat())  # submitted before its deadline
     _, late = cli("request", "client", "--scenario", SCENARIO, "--client", "2", "--deadline", past)
+    monkeypatch.delenv(CLOCK_VARIABLE)
     code, out = cli("status", "--scenario", SCENARIO)
     assert code == RequestOverdue.exit_code == 9
     rows = [line for line in out.splitlines() if line.startswith("| req-")]
     assert [row.split("|")[1].strip() for row in rows] == [late.strip(), on_time.strip()]  # overdue first
     assert "OVERDUE by 2.0 h" in rows[0] and "**2 pending request(s)**, **1 OVERDUE**" in out
     assert "29.9 d" in rows[1] or "30.0 d" in rows[1]  # the default deadline: one month after submission
+
+
+@pytest.mark.parametrize("deadline", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00Z", "12345"])
+def test_request_refuses_a_deadline_that_cannot_be_met_with_exit_2_and_one_error_line(workspace, capsys, deadline):
+    code = main(["--root", str(workspace), "request", "client", "--scenario", SCENARIO, "--client", "1",
+                 "--deadline", deadline])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: deadline") and err.count("\n") == 1 and "Traceback" not in err
+    assert not list((workspace / "data/deletion_requests/inbox").glob("*.json"))

@@ -116,6 +116,32 @@ def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(t
     assert f"| {urgent} | exact |" in run("status", "--scenario", SCENARIO, at=later + timedelta(hours=2))
 
 
+def test_with_nothing_pending_a_debt_past_its_latest_safe_start_is_warned_of_and_repaid(trained, run):
+    """No served deployment, so nothing runs at the latest safe start: ``status`` warns from then on
+    (exit 0 until the deadline), and the next ``process`` with nothing pending repays the debt."""
+    workspace = trained
+    deadline = T0 + timedelta(days=2)
+    request(run, client=1, deadline=deadline)
+    run("process", "--scenario", SCENARIO)
+    [receipt] = read_receipts(workspace, SCENARIO)
+    late = receipt.exact_start_by + timedelta(minutes=5)
+    assert receipt.forgetting == "interim" and late < deadline
+
+    assert "WARNING" not in run("status", "--scenario", SCENARIO, at=receipt.exact_start_by - timedelta(minutes=5))
+    warned = run("status", "--scenario", SCENARIO, at=late)
+    assert (f"**WARNING**: the exact retrain that repays the retrain debt should have started by "
+            f"{receipt.exact_start_by:%Y-%m-%d %H:%M}Z" in warned and f"`fedunlearn repay-debt --scenario {SCENARIO}`"
+            in warned)
+
+    out = run("process", "--scenario", SCENARIO, at=late)
+
+    assert "no pending requests" in out and "exact retrain repaid in this run" in out
+    repaid = read_receipt(workspace, receipt.batch_id).exactly_forgotten
+    assert repaid is not None and repaid.at == late < deadline
+    assert current(workspace).tags["forgetting"] == "exact" and current(workspace).tags["role"] == "retrained"
+    assert "WARNING" not in run("status", "--scenario", SCENARIO, at=late)
+
+
 def test_strict_escalates_until_a_version_passes_every_check(trained, run):
     workspace = trained
     request(run, client=1)
@@ -147,6 +173,44 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     status = run("status", "--scenario", SCENARIO)
     assert "no pending requests" in status and f"| {ingested} | exact |" in status
     assert "no pending requests" in run("process", "--scenario", SCENARIO)
+
+
+def test_an_exact_retrain_made_while_a_batch_ran_serves_and_a_late_retrain_changes_nothing(trained, run,
+                                                                                            monkeypatch):
+    """`fedunlearn retrain` racing `process`: a retrain registered on the batch's data version while the
+    batch unlearned serves (the batch owes nothing); a retrain that found the batch open and got the lock
+    only after the batch finished neither moves `current` nor claims to close an empty list."""
+    import flows.reference as reference_flow
+    from flows.reference import retrain_reference
+
+    workspace = trained
+    unlearn, raced = unlearn_stage.unlearn_in_gpu_slot, []
+
+    def retrain_meanwhile(*args, **kwargs):
+        if not raced:  # as `fedunlearn retrain` registers it from another process, without the batch lock
+            raced.append(retrain_reference(scenario=SCENARIO, root=str(workspace), close_open=False))
+        return unlearn(*args, **kwargs)
+
+    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", retrain_meanwhile)
+    request(run, client=1)
+    run("process", "--scenario", SCENARIO)
+
+    [receipt] = read_receipts(workspace, SCENARIO)
+    serving = current(workspace)
+    assert raced and str(serving.version) == raced[0]["model_version"] and serving.tags["role"] == "retrained"
+    assert receipt.forgetting == "exact" and receipt.exact_due is None and receipt.models["current"].version == \
+        str(serving.version) and receipt.exactly_forgotten.version == str(serving.version)
+    assert receipt.models["unlearned"].version != str(serving.version)  # the interim version, registered, not served
+    assert "retrain debt: none" in run("status", "--scenario", SCENARIO)
+
+    open_batches, found_open = reference_flow.open_batches, []
+    monkeypatch.setattr(unlearn_stage, "unlearn_in_gpu_slot", unlearn)
+    monkeypatch.setattr(reference_flow, "open_batches",  # open when asked first, closed once the lock is held
+                        lambda ws, scenario: open_batches(ws, scenario) if found_open else found_open.append(1) or [1])
+    registry = Registry(workspace)
+    registry.set_alias(SCENARIO, "current", receipt.models["unlearned"].version)  # as if the batch had served it
+    out = run("retrain", "--scenario", SCENARIO)
+    assert "closes the batch" not in out and str(current(workspace).version) == receipt.models["unlearned"].version
 
 
 def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained_canaries, prefect_server,

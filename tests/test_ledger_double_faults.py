@@ -6,7 +6,10 @@ naming the request, the file and `fedunlearn ledger repair`, and the repair rebu
 (hash chain included) instead of dropping it."""
 
 import json
+import os
+import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +86,26 @@ def test_a_torn_line_and_a_truncated_record_stop_the_run_and_repair_rebuilds_the
     report = repair_ledger(folders, ledger, {"toy-hfl": "toy"}, {}, resolve)
     assert report.rebuilt == {"r2": str(folders.processed / "r2.json")} and not report.dropped_tail
     assert report.rebuilt_records == ["b2"] and not report.set_aside_records
+    assert_rebuilt(folders, ledger, written)
+
+
+def test_a_file_without_submitted_at_is_rebuilt_against_its_file_time_so_a_passed_deadline_still_reads(tmp_path):
+    """Ingest took the file time as `submitted_at` of a file without one; repair checks the deadline
+    against the same time, not against the time of the repair (which a passed deadline precedes)."""
+    folders, ledger, written = two_completed_batches(tmp_path)
+    ledger.path.write_bytes(written[:-30])
+    record = folders.batches / "b2.json"
+    record.write_text(record.read_text()[:60])
+    passed = (datetime.now(timezone.utc) - timedelta(days=1)).isoformat()
+    processed = folders.processed / "r2.json"
+    processed.write_text(json.dumps({"kind": "sample", "scenario": "toy-hfl", "sample_ids": IDS[10:13],
+                                     "deadline": passed}))
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(processed, (two_days_ago, two_days_ago))
+
+    report = repair_ledger(folders, ledger, {"toy-hfl": "toy"}, {}, resolve)
+
+    assert report.rebuilt == {"r2": str(processed)} and not report.unrepairable
     assert_rebuilt(folders, ledger, written)
 
 

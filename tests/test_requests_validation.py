@@ -120,6 +120,34 @@ def test_a_request_dated_more_than_a_day_ahead_is_refused():
                          {"request_id": "r", "scenario": SCENARIO}).client == 0
 
 
+HOSTILE_DEADLINES = {
+    "9999-12-31T23:59:59-23:59": "out of range once converted to UTC",  # year 10000 in UTC
+    "0001-01-01T00:00:00+01:00": "out of range once converted to UTC",  # year 0 in UTC
+    "0001-01-01T00:00:00Z": "is not after the request was submitted",  # comparable, but never met
+    "2020-01-01T00:00:00Z": "is not after the request was submitted",
+    0: "is a number, not a date",  # read by pydantic as 1970
+    "12345": "is a number, not a date",  # `--deadline 12345`
+}
+
+
+@pytest.mark.parametrize("deadline", list(HOSTILE_DEADLINES), ids=str)
+def test_a_deadline_that_cannot_be_compared_or_met_is_refused_with_its_reason(deadline):
+    with pytest.raises(RequestError, match=HOSTILE_DEADLINES[deadline]):
+        build_request({"kind": "client", "client": 0, "scenario": SCENARIO, "deadline": deadline})
+
+
+def test_an_inbox_file_with_an_overflowing_deadline_is_quarantined_and_the_others_proceed(folders):
+    (folders.inbox / "req-overflow.json").write_text(json.dumps(
+        {"kind": "client", "client": 0, "deadline": "9999-12-31T23:59:59-23:59"}))
+    (folders.inbox / "req-ancient.json").write_text(json.dumps({"kind": "client", "client": 1, "deadline": 0}))
+    (folders.inbox / "req-fine.json").write_text(json.dumps({"kind": "client", "client": 2}))
+    triaged = triage(scan_inbox(folders, SCENARIO), {}, SCENARIO, [SCENARIO])
+    assert [p.request.request_id for p in triaged.pending] == ["req-fine"]
+    reasons = {r.items[0].name: r.reason for r in triaged.rejected}
+    assert "deadline: 9999-12-31T23:59:59-23:59 is out of range once converted to UTC" in reasons["req-overflow.json"]
+    assert "deadline: 0 is a number, not a date" in reasons["req-ancient.json"]
+
+
 def test_names_that_try_to_leave_the_inbox_are_never_followed(folders, tmp_path):
     outside = tmp_path / "outside.json"
     outside.write_text('{"kind": "client", "client": 0}')
@@ -188,7 +216,11 @@ def test_subject_checks_reject_bad_requests_and_let_the_valid_ones_proceed(folde
                             negative_class.request_id}
     assert reasons[unknown.request_id].startswith("unknown sample IDs, not in data version")
     assert reasons[unknown.request_id].endswith(": digits-99999")
-    assert reasons[deleted.request_id] == f"already deleted (listed in {LEDGER_PATH}): {gone[0]}"
+    # Partly deleted: refused whole, and the reason says the live ID stays and what to do about it.
+    assert reasons[deleted.request_id] == (f"already deleted (listed in {LEDGER_PATH}): {gone[0]}; its other 1 ID(s) "
+                                           "are live and stay in the data, since a request is applied whole or not at "
+                                           f"all: {client_ids[1][11]}. To delete them, submit a new request naming "
+                                           "only those IDs")
     assert reasons[bad_client.request_id] == "unknown client 7: digits-hfl has clients 0..2"
     assert reasons[bad_class.request_id] == "class 12 is out of range: digits-hfl has classes 0..9"
     assert "class -1 is out of range" in reasons[negative_class.request_id]

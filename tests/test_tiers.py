@@ -168,3 +168,11 @@ def test_the_exact_retrain_starts_by_the_earliest_deadline_less_its_measured_dur
     assert not repay_now(None, start)
     with pytest.raises(ValueError, match="safety_factor >= 1"):
         latest_safe_time(due, retrain_seconds=600, safety_factor=0.5, margin=timedelta(0))
+
+
+def test_a_deadline_too_early_for_the_retrain_gives_a_start_time_already_passed_not_an_overflow():
+    """A year-1 deadline (requests accepted it before they were refused) must not stop the batch's
+    receipt on every re-run: its exact retrain is simply due at once."""
+    due = datetime(1, 1, 1, tzinfo=timezone.utc)
+    start = latest_safe_time(due, retrain_seconds=600, safety_factor=2.0, margin=timedelta(hours=6))
+    assert start == datetime.min.replace(tzinfo=timezone.utc) and repay_now(start, datetime.now(timezone.utc))

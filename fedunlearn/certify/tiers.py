@@ -58,7 +58,10 @@ def latest_safe_time(due: datetime, retrain_seconds: float, safety_factor: float
     if retrain_seconds < 0 or safety_factor < 1:
         raise ValueError(f"retrain_seconds must be >= 0 and safety_factor >= 1 (got {retrain_seconds}, "
                          f"{safety_factor})")
-    return due - timedelta(seconds=retrain_seconds * safety_factor) - margin
+    try:
+        return due - timedelta(seconds=retrain_seconds * safety_factor) - margin
+    except OverflowError:  # a deadline in year 1 (accepted before such deadlines were refused): start at once
+        return datetime.min.replace(tzinfo=due.tzinfo)
 
 
 def repay_now(safe_time: datetime | None, now: datetime) -> bool:

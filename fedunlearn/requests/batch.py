@@ -260,6 +260,22 @@ def read_records(folders: RequestFolders) -> tuple[list[BatchRecord], list[Batch
     return sorted(records, key=lambda r: r.created_at), damaged
 
 
+def in_journal_order(records: Sequence[BatchRecord], ledger: Sequence[LedgerEntry]) -> list[BatchRecord]:
+    """``records`` in the order their batches were applied: by where their requests stand in the
+    append-only, hash-chained ledger. Batch IDs and ``created_at`` carry the clock's time, and a clock
+    can run ahead (``FEDUNLEARN_NOW``) or be stepped back (NTP): the batch dated latest need not be the
+    last applied. Records whose requests the ledger does not hold yet (journaled, not appended) come
+    after, oldest first."""
+    position = {entry.request_id: index for index, entry in enumerate(ledger)}
+
+    def first_entry(record: BatchRecord) -> int | None:
+        return min((position[e.request_id] for e in record.requests if e.request_id in position), default=None)
+
+    placed = [(first_entry(record), record) for record in records]
+    appended = sorted(((at, record) for at, record in placed if at is not None), key=lambda pair: pair[0])
+    return [record for _, record in appended] + [record for at, record in placed if at is None]
+
+
 def load_records(folders: RequestFolders) -> list[BatchRecord]:
     """All batch records, oldest first; a damaged one raises ``BatchRecordDamaged``."""
     records, damaged = read_records(folders)

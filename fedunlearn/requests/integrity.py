@@ -322,7 +322,11 @@ def _parse_processed(processed, evidence: AppliedElsewhere, check: LedgerCheck, 
         datetime.fromtimestamp(processed.path.stat().st_mtime, timezone.utc)
     scenario = (receipt.scenario if receipt else None) or (field_in(tail, "scenario") if tail_is_it else None)
     try:
+        # The defaults ingest gave it, the file time as `submitted_at` included: its deadline is checked
+        # against the same submission time as when it was accepted.
+        submitted = datetime.fromtimestamp(processed.path.stat().st_mtime, timezone.utc)
         request = parse_request(processed.path.read_bytes(), {"request_id": processed.request_id,
+                                                              "submitted_at": submitted,
                                                               **({"scenario": scenario} if scenario else {})})
     except RequestError as err:
         report.unrepairable.append(f"{evidence}; its file does not read back as a request ({err}): restore "

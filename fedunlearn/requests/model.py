@@ -20,7 +20,8 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 # A submitted_at further ahead than this is not clock skew but a wrong date (a deadline computed from it
@@ -54,6 +55,20 @@ SUBJECT_FIELDS = {RequestKind.SAMPLE: "sample_ids", RequestKind.CLASS: "label", 
 # An injected clock for simulations and tests (scripts/month_of_traffic.py replays a month in minutes):
 # ISO 8601 UTC. Request times, deadlines, receipts and `status` read it; Prefect and MLflow keep real time.
 CLOCK_VARIABLE = "FEDUNLEARN_NOW"
+
+
+# A deadline given as a plain number (a JSON number, or digits on the command line).
+NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def in_utc(value: datetime) -> datetime:
+    """An aware time in UTC; one that has no UTC form (``9999-12-31T23:59:59-23:59`` is in year 10000
+    there, ``0001-01-01T00:00:00+01:00`` in year 0) is refused, since it cannot be compared with any other."""
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{value.isoformat()} is out of range once converted to UTC (years 1 to 9999): give a "
+                         "time that exists in UTC") from None
 
 
 def utc_now() -> datetime:
@@ -135,12 +150,29 @@ class DeletionRequestModel(BaseModel):
                              "the class label or client as an integer")
         return value
 
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_not_a_number(cls, value: Any) -> Any:
+        # pydantic reads a number (or a text of digits) as seconds since 1970: `--deadline 12345` would be a
+        # deadline in 1970, not what anyone typing it meant.
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and NUMBER.fullmatch(value)):
+            raise ValueError(f"{value!r} is a number, not a date: give the deadline as an ISO 8601 time, e.g. "
+                             "2026-12-01T00:00Z, or leave it out for the default (requests.deadline_days after "
+                             "submission)")
+        return value
+
     @field_validator("deadline")
     @classmethod
-    def _deadline_in_utc(cls, value: datetime | None) -> datetime | None:
+    def _deadline_after_submission(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else in_utc(value)
+        submitted = info.data.get("submitted_at")  # validated before: it is declared first
+        if submitted is not None and value <= submitted:
+            raise ValueError(f"{value.isoformat()} is not after the request was submitted "
+                             f"({submitted.isoformat(timespec='seconds')}): no batch could meet it. Give a later "
+                             "deadline, or leave it out for the default (requests.deadline_days after submission)")
+        return value
 
     def due(self, deadline_days: float) -> datetime:
         """The deadline: the one the request names, else ``deadline_days`` after it was submitted."""
@@ -150,12 +182,7 @@ class DeletionRequestModel(BaseModel):
     @classmethod
     def _in_utc(cls, value: datetime) -> datetime:
         # A time without a zone is read as UTC, so every timestamp in the records compares.
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        try:
-            value = value.astimezone(timezone.utc)
-        except OverflowError:  # e.g. 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
-            raise ValueError(f"{value.isoformat()} is out of range once converted to UTC") from None
+        value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else in_utc(value)
         if value - utc_now() > MAX_FUTURE:
             raise ValueError(f"{value.isoformat()} is more than a day in the future (now {utc_now():%Y-%m-%dT%H:%M}Z): "
                              "give the time the request was made, in UTC")

@@ -133,11 +133,12 @@ class Cli:
     numbers: count = field(default_factory=count)
     started: list[Running] = field(default_factory=list)
 
-    def start(self, *args: str, failpoint: str | None = None, own_server: bool = False) -> Running:
+    def start(self, *args: str, failpoint: str | None = None, own_server: bool = False,
+              extra_env: dict[str, str] | None = None) -> Running:
         """``own_server``: no PREFECT_API_URL, so the run starts its own Prefect server, as a user's
-        `fedunlearn process` does by default."""
+        `fedunlearn process` does by default. ``extra_env``: e.g. an injected clock."""
         n = next(self.numbers)
-        env = base_environment(self.scratch / f"prefect-home-{n}")
+        env = {**base_environment(self.scratch / f"prefect-home-{n}"), **(extra_env or {})}
         if not own_server:
             env["PREFECT_API_URL"] = self.api_url
         if failpoint:
@@ -156,8 +157,9 @@ class Cli:
                 os.killpg(run.process.pid, signal.SIGKILL)
                 run.process.wait()
 
-    def run(self, *args: str, failpoint: str | None = None, own_server: bool = False) -> Finished:
-        return self.start(*args, failpoint=failpoint, own_server=own_server).wait()
+    def run(self, *args: str, failpoint: str | None = None, own_server: bool = False,
+            extra_env: dict[str, str] | None = None) -> Finished:
+        return self.start(*args, failpoint=failpoint, own_server=own_server, extra_env=extra_env).wait()
 
     def process(self, failpoint: str | None = None, own_server: bool = False) -> Finished:
         return self.run("process", "--scenario", SCENARIO, failpoint=failpoint, own_server=own_server)

@@ -30,6 +30,7 @@ import string
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from random import Random
@@ -534,6 +535,34 @@ def _(facts, slug):
                       st.integers(10**17, 10**300), st.integers(-10**300, -10**15), st.floats(1e17, 1e300))
     return one_file(slug, with_field({"kind": "client", "client": 0}, "submitted_at", times),
                     r"^submitted_at: .*(out of range|not supported)")
+
+
+@hostile("deadline with no UTC form")
+def _(facts, slug):
+    # Valid ISO 8601 with an offset, but year 10000 or year 0 once converted to UTC: comparable with nothing.
+    times = st.sampled_from(["9999-12-31T23:59:59-23:59", "9999-12-31T12:00:00-12:30", "0001-01-01T00:00:00+01:00",
+                             "0001-01-01T00:30:00+23:59"])
+    return one_file(slug, with_field({"kind": "client", "client": 0}, "deadline", times),
+                    r"^deadline: .* is out of range once converted to UTC")
+
+
+@hostile("deadline not after submission")
+def _(facts, slug):
+    submitted = datetime(2025, 6, 1, tzinfo=timezone.utc)
+    times = st.one_of(st.just("0001-01-01T00:00:00Z"), st.datetimes(max_value=datetime(2025, 6, 1),
+                                                                      timezones=st.just(timezone.utc)).map(
+        lambda t: t.isoformat()))
+    return one_file(slug, with_field({"kind": "client", "client": 0, "submitted_at": submitted.isoformat()},
+                                     "deadline", times),
+                    r"^deadline: .* is not after the request was submitted")
+
+
+@hostile("deadline given as a number")
+def _(facts, slug):
+    numbers = st.one_of(st.integers(-10**12, 10**12), st.floats(-1e12, 1e12, allow_nan=False),
+                        st.integers(0, 10**12).map(str))
+    return one_file(slug, with_field({"kind": "client", "client": 0}, "deadline", numbers),
+                    r"^deadline: .* is a number, not a date")
 
 
 @hostile("reason longer than 2000 characters")

@@ -1,0 +1,96 @@
+"""The command's own Prefect server (``runtime.local_server``), without Prefect: two commands
+starting at once never start their servers on the same port, and a server that exited on its own is
+remembered for the command's error line."""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from runtime.local_server import connection_lost, exited_early, start_listening, stop
+
+# A stand-in for `prefect server start`: like it, it binds its port only after a start-up delay.
+LATE_BINDER = ("import socket, sys, time; time.sleep(0.5); s = socket.socket(); "
+               "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(60)")
+
+
+def two_free_ports() -> list[int]:
+    probes = [socket.socket() for _ in range(2)]
+    for probe in probes:
+        probe.bind(("127.0.0.1", 0))
+    ports = sorted(probe.getsockname()[1] for probe in probes)
+    for probe in probes:
+        probe.close()
+    return ports
+
+
+def listening(process: subprocess.Popen, port: int) -> None:
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server on {port} exited with status {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def test_two_commands_starting_at_once_get_different_ports():
+    candidates = two_free_ports()
+
+    def first_bindable() -> int:
+        """As the kernel does: the port a probe just released is handed to the next probe."""
+        for port in candidates:
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise AssertionError("no candidate port left")
+
+    def start(port: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", LATE_BINDER, str(port)])
+
+    started, failed = [], []
+
+    def command() -> None:
+        try:
+            started.append(start_listening(start, listening, timeout_s=30, choose=first_bindable))
+        except Exception as err:  # the loser of a collision: its server cannot bind
+            failed.append(err)
+
+    threads = [threading.Thread(target=command) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert not failed and sorted(port for port, _ in started) == candidates
+        assert all(process.poll() is None for _, process in started)
+    finally:
+        for _, process in started:
+            stop(process)
+
+
+def test_a_server_that_exited_on_its_own_is_remembered_once():
+    process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    process.wait()
+    stop(process, log=None)  # no log: not the command's own server
+    assert exited_early() is None
+    stop(process, log=__file__)
+    assert exited_early() == (3, __file__) and exited_early() is None
+
+
+def test_a_connection_cut_is_found_behind_the_errors_that_wrap_it():
+    import httpx
+
+    try:
+        try:
+            raise httpx.ConnectError("All connection attempts failed")
+        except httpx.ConnectError as cut:
+            raise RuntimeError("task run failed") from cut
+    except RuntimeError as wrapped:
+        assert isinstance(connection_lost(wrapped), httpx.ConnectError)
+    assert connection_lost(ValueError("bad input")) is None
