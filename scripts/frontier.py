@@ -51,13 +51,12 @@ from fedunlearn.unlearning.registry import available_methods, get_method, get_me
 
 # Each method from its defaults upward; the escalation's "stronger" is the second rung of each.
 GRID: dict[str, list[dict[str, Any]]] = {
-    "puf-special": [{}, {"eta_u": 4.0, "unlearn_epochs": 2}, {"eta_u": 10.0, "unlearn_epochs": 5,
-                                                                "max_recovery_rounds": 20}, {"max_doublings": 2}],
+    "puf-special": [{}, {"eta_u": 4.0, "unlearn_epochs": 2}],
     "puf-regular": [{}, {"eta_u": 40.0, "unlearn_epochs": 2}],
     "hf-kcu": [{}],
     "ga": [{}],
     "finetune": [{}],
-    "fedquit": [{"rounds": 2}, {}, {"rounds": 5}],
+    "fedquit": [{"rounds": 3, "recovery_rounds": 0}, {}, {"rounds": 8}],
 }
 
 

