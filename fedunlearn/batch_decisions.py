@@ -52,8 +52,12 @@ def recorded_source(registered: Mapping[int, Any]) -> str | None:
     return next((v.tags[SOURCE_TAG] for v in registered.values() if SOURCE_TAG in v.tags), None)
 
 
-def stops(gates: GateOutcome, forgetting: ForgettingPolicy) -> bool:
-    """Whether an attempt ends the escalation: it may serve under the forgetting policy."""
+def stops(gates: GateOutcome, forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
+    """Whether an attempt ends the escalation: it may serve under the forgetting policy. With an exact
+    retrain of the batch's data version already in hand (``process --retrain``), only a pass ends it:
+    serving an approximate version would leave owed what is already paid for."""
+    if exact_in_hand:
+        return gates.passed
     return serves(gates.passed, gates.interim, forgetting)
 
 

@@ -166,7 +166,7 @@ def escalate(ctx: BatchContext, policy: list[Attempt], forgetting: ForgettingPol
         record, certificate, cost = try_method(ctx, attempt, number, len(policy))
         attempts.append(record)
         gate = record.gates
-        if stops(gate, forgetting):
+        if stops(gate, forgetting, exact_in_hand=ctx.reference is not None):
             break
         get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
                                  attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)

@@ -71,6 +71,12 @@ def test_the_escalation_stops_at_the_first_attempt_that_may_serve(passed, interi
     assert stops(gates(passed, interim), policy) is expected
 
 
+def test_with_an_exact_retrain_in_hand_only_a_pass_ends_the_escalation():
+    # process --retrain paid for the exact retrain already: an interim version would owe it again.
+    assert not stops(gates(False, True), ForgettingPolicy.interim, exact_in_hand=True)
+    assert stops(gates(True, True), ForgettingPolicy.interim, exact_in_hand=True)
+
+
 def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():
     deadlines = {"r0": DUE, "r1": DUE + timedelta(days=3)}
     fields = tier_fields(deadlines, "empirical", ForgettingPolicy.interim, lambda due: due - timedelta(hours=8))

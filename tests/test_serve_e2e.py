@@ -136,7 +136,8 @@ def services(tmp_path, request, prefect_databases) -> Services:
 
 def check_batch(workspace: Path, scenario: str, receipt) -> dict:
     """The registry after a batch, as its receipt records it: every attempt registered once with its
-    batch and number, the chain ending in the version that passed (or in exact retrain), alias
+    batch and number, the chain ending in the version that serves (it passed, the interim tier allowed
+    it, or it is the exact retrain), alias
     ``current`` on that version — a version of the batch's new data version."""
     from mlflow import MlflowClient
 
@@ -148,7 +149,12 @@ def check_batch(workspace: Path, scenario: str, receipt) -> dict:
         version = versions[attempt.version.version]
         assert version.tags["attempt"] == str(attempt.attempt) and version.tags["batch_id"] == receipt.batch_id
         assert version.tags["data_version"] == receipt.data_version_after
-    assert all(not a.passed for a in receipt.attempts[:-1]) and receipt.attempts[-1].passed
+    # The chain ends in the version that serves: it passed, or the interim tier allowed it (the
+    # batch's tier says so), or it is the exact retrain; no attempt before it could serve.
+    last = receipt.attempts[-1]
+    assert all(not a.passed and not (a.gates and a.gates.interim and receipt.forgetting == "interim")
+               for a in receipt.attempts[:-1])
+    assert last.passed or (receipt.forgetting == "interim" and last.gates.interim)
     current = registry.get_model_version_by_alias(scenario, "current")
     assert str(current.version) == receipt.attempts[-1].version.version == receipt.models["current"].version
     assert current.tags["data_version"] == receipt.data_version_after and receipt.promoted
