@@ -161,6 +161,7 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "seconds_ratio": float(np.median([r["seconds_ratio"] for r in runs])),
                      "flops_ratio": float(np.median([r["flops_ratio"] for r in runs])),
                      "test_acc_vs_retrain": float(np.mean([r["test_acc_vs_retrain"] for r in runs])),
+                     "within_a_point": sum(r["test_acc_vs_retrain"] >= -0.01 for r in runs),
                      "equivalence": {v: sum(r["equivalence"] == v for r in runs) for v in ("pass", "inconclusive",
                                                                                            "fail")}})
     return rows
@@ -170,14 +171,15 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [f"{meta['scenario']}, {meta['kind']}, {rows[0]['draws']} draws: `{meta['command']}`", "",
              "| method | options | serves on the interim tier | audit AUC mean (range) | audit equivalent / "
              "inconclusive / apart | retrain ÷ method, FLOPs (median) | retrain ÷ method, seconds (median) | "
-             "test accuracy − retrain's (mean) |", "|---|---|---|---|---|---|---|---|"]
+             "test accuracy − retrain's (mean) | test accuracy at most 1 point below the retrain's |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["served_interval"]
         eq = r["equivalence"]
         lines.append(f"| {r['method']} | {r['options']} | {r['served']}/{r['draws']} [{low:.2f}, {high:.2f}] | "
                      f"{r['auc_mean']:.3f} ({r['auc_range'][0]:.3f}–{r['auc_range'][1]:.3f}) | "
                      f"{eq['pass']} / {eq['inconclusive']} / {eq['fail']} | {r['flops_ratio']:.1f}× | "
-                     f"{r['seconds_ratio']:.1f}× | {r['test_acc_vs_retrain']:+.3f} |")
+                     f"{r['seconds_ratio']:.1f}× | {r['test_acc_vs_retrain']:+.3f} | {r['within_a_point']}/{r['draws']} |")
     return "\n".join(lines) + "\n"
 
 
