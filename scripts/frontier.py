@@ -188,7 +188,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     through its strengths; the band the interim tier accepts shaded."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7.5, 4.2))
+    figure = Figure(figsize=(9.5, 4.2))
     axes = figure.subplots()
     by_method: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -203,8 +203,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes.set_yscale("log")
     axes.set_xlabel("audit AUC of the forget set against never-seen samples (mean over draws)")
     axes.set_ylabel("exact retrain ÷ method (FLOPs)")
-    axes.legend(fontsize=8)
-    figure.subplots_adjust(left=0.11, right=0.97, top=0.96, bottom=0.13)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: points fill the axes
+    figure.subplots_adjust(left=0.09, right=0.72, top=0.96, bottom=0.13)
     figure.savefig(path, format="png", dpi=110)
 
 
