@@ -76,13 +76,14 @@ def run_candidate(setup, evaluator: Evaluator, sets, batch, source_eval, audit_s
     model = federation.model_from(outcome.state)
     evaluation = evaluator.evaluate(model)
     audit = audit_forgetting(model, sets.forget, references, seed=setup.params.seed)
+    equivalence = audit.equivalence_check()
     gate = judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=None, gates=gates,
                  audit=audit.as_check(), source_audit=audit_source.as_check(),
-                 audit_equivalence=audit.equivalence_check(), canaries=audit.canaries)
+                 audit_equivalence=equivalence, canaries=audit.canaries)
     return {"method": method, "options": options, "seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
             "test_acc": evaluation.test_acc, "forget_acc": evaluation.forget_acc, "auc": audit.auc,
             "interval": list(audit.interval), "margin": audit.margin,
-            "equivalence": audit.equivalence_check().verdict, "interim": gate.interim, "held_back": gate.held_back}
+            "equivalence": equivalence.verdict, "interim": gate.interim, "held_back": gate.held_back}
 
 
 def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any]]],
@@ -183,7 +184,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], margin: float, path: Path) -> None:
     """Cost ratio (retrain ÷ method, FLOPs, log scale) against the audit's AUC, one line per method
     through its strengths; the band the interim tier accepts shaded."""
     from matplotlib.figure import Figure
@@ -196,7 +197,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for method, points in by_method.items():
         points = sorted(points, key=lambda r: r["flops_ratio"], reverse=True)
         axes.plot([p["auc_mean"] for p in points], [p["flops_ratio"] for p in points], marker="o", label=method)
-    margin = float(np.mean([r.get("margin_mean", 0.0) for r in rows])) if rows else 0.0
     axes.axvline(0.5, color="0.5", linestyle=":")
     if margin:
         axes.axvspan(0.5 - margin, 0.5 + margin, color="0.9")
@@ -210,14 +210,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def write(out: Path, meta: dict[str, Any], draws: list[dict[str, Any]]) -> str:
     rows = summarise(draws)
-    margins = [d["retrain"]["margin"] for d in draws]
-    for r in rows:
-        r["margin_mean"] = float(np.mean(margins))
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "draws": draws, "rows": rows}, indent=1,
                                                    default=float))
     text = markdown(rows, meta)
     out.with_suffix(".md").write_text(text)
-    plot(rows, out.with_suffix(".png"))
+    plot(rows, float(np.mean([d["retrain"]["margin"] for d in draws])), out.with_suffix(".png"))
     return text
 
 
