@@ -97,6 +97,7 @@ def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any
     audit_source = audit_forgetting(source_model, sets.forget, setup.references, seed=setup.params.seed)
     retrain = run_candidate(setup, evaluator, sets, batch, source_eval, audit_source, "retrain", {}, gates)
     record = {"seed": seed, "kind": kind, "n_forget": batch.num_forget, "source_auc": audit_source.auc,
+              "source_remembered": audit_source.remembered(),
               "source_test_acc": source_eval.test_acc, "retrain": retrain, "candidates": []}
     for method, options in methods:
         row = run_candidate(setup, evaluator, sets, batch, source_eval, audit_source, method, options, gates)

@@ -302,6 +302,11 @@ class AuditResult:
         return judge_within(EQUIVALENCE_CHECK, self.auc, lambda level: self.interval, self.margin,
                             n=self.n_forget + self.n_nonmembers, method=self.method, alpha=self.alpha)
 
+    def remembered(self) -> bool:
+        """The equivalence reading's ``fail`` on the remembering side: the interval lies wholly above
+        0.5 + ``margin``, so the forget set stands out as members. False for a record without a margin."""
+        return self.margin is not None and self.interval[0] > 0.5 + self.margin
+
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
         record["interval"] = list(self.interval)
