@@ -21,6 +21,7 @@ from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchRecord
+from fedunlearn.unlearning.escalation import Attempt, removal_first
 
 UNCHANGED = "unchanged"  # the method of a batch that deleted only held-out samples: nothing to unlearn
 SOURCE_TAG = "source_version"
@@ -44,6 +45,18 @@ def route(refits_on_holdout: bool, deletes_held_out: bool, forget_samples: int |
     if forget_samples >= training_samples:
         return Route.no_model
     return Route.exact_only if transform_moved else Route.escalate
+
+
+def attempts_in_order(attempts: list[Attempt], setting: str, source_remembers: bool,
+                      chosen_by_user: bool) -> list[Attempt]:
+    """The order the batch tries its attempts in. Where the source model's audit finds the forget set
+    remembered (its interval wholly above the interim tier's band) and the user left the method to the
+    default, the methods that can remove what was memorised go first (``escalation.removal_first``);
+    otherwise the policy's own order. The source's audit is taken before any candidate exists, so the
+    order depends on no candidate's score, and every candidate is judged by the same gates."""
+    if chosen_by_user or not source_remembers:
+        return attempts
+    return removal_first(attempts, setting)
 
 
 def recorded_source(registered: Mapping[int, Any]) -> str | None:

@@ -148,7 +148,9 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         with stage(record, "unlearn and register"), gpu_slot(resolve_device(device or ws.params.device)):
             outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                            policy=policy, gates=gates, retrain_reference=retrain_reference,
-                                           device=device, forgetting=tier_policy)
+                                           device=device, forgetting=tier_policy,
+                                           chosen_by_user=bool(escalation or method_options)
+                                           or MethodChoice(method).value != "auto")
         clock.stage("unlearn-and-register")
         with stage(record, "alias and receipt"):
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,

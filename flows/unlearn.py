@@ -14,8 +14,8 @@ import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchOutcome, Route, exact_certificate, metrics_of,
-                                        receipt_without_model, recorded_source, route, stops)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchOutcome, Route, attempts_in_order, exact_certificate,
+                                        metrics_of, receipt_without_model, recorded_source, route, stops)
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
@@ -90,10 +90,12 @@ class BatchContext:
 @task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
 def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
                          retrain_reference: bool = False, device: str | None = None,
-                         forgetting: ForgettingPolicy = ForgettingPolicy.interim) -> BatchOutcome:
+                         forgetting: ForgettingPolicy = ForgettingPolicy.interim,
+                         chosen_by_user: bool = True) -> BatchOutcome:
     """The batch's attempts in order, each registered and gated, until one may serve under the
     ``forgetting`` policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts
-    registered by an earlier run are read back, not redone."""
+    registered by an earlier run are read back, not redone. Unless ``chosen_by_user``, a forget set
+    the source remembers tries the methods that can remove it first (``attempts_in_order``)."""
     ws = Workspace.open(root)
     [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
     registered = attempts_registered(ws, scenario, batch_id)
@@ -124,7 +126,11 @@ def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[A
     source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=gates,
                                 source_audit=ctx.source_audit.as_check(), canaries=ctx.source_audit.canaries)
     log_source_audit(ws, source.ref.run_id, batch_id, ctx.source_audit, source_gates)
-    attempts, certificate, cost = escalate(ctx, policy, forgetting, device)
+    ordered = attempts_in_order(policy, ws.scenario(scenario).setting, ctx.source_audit.remembered(), chosen_by_user)
+    if ordered != policy:
+        get_run_logger().info("the source model remembers the forget set (audit AUC %.3f): %s first, where the "
+                              "seed methods' gradient is close to zero", ctx.source_audit.auc, ordered[0].method)
+    attempts, certificate, cost = escalate(ctx, ordered, forgetting, device)
     return batch_outcome(ctx, attempts, certificate, cost, source_gates)
 
 

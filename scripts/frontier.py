@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from audit_power import build_setup, clopper_pearson, draw_batch  # noqa: E402
 
+from fedunlearn.batch_decisions import attempts_in_order  # noqa: E402
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY  # noqa: E402
 from fedunlearn.certify.gates import PromotionGates, judge  # noqa: E402
 from fedunlearn.config import load_params  # noqa: E402
@@ -117,19 +118,28 @@ def label(options: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in options.items() if k != "target_test_acc") or "defaults"
 
 
+def effective(method: str, options: dict[str, Any]) -> str:
+    """A run's settings as the method applies them, its defaults filled in (what a policy's attempt
+    and a grid row have in common however each spells them)."""
+    params = get_method(method, setting="hfl", **options).get_params()
+    return json.dumps({k: v for k, v in params.items() if k != "target_test_acc"}, sort_keys=True, default=str)
+
+
 def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "sample") -> dict[str, Any] | None:
     """What a deletion batch's default escalation would have run on this draw, rebuilt from the
-    draw's runs: the attempts of ``default_policy`` in order until one may serve on the interim tier,
-    their costs summed (orchestration and evaluation not counted); the exact retrain if none may.
-    None when the grid lacks an attempt of the chain."""
-    runs = {(r["method"], label(r["options"])): r for r in draw["candidates"]}
-    policy = default_policy(setting, kind, Attempt(method=default_method(setting)))
+    draw's runs: the attempts of ``default_policy``, in the order the batch puts them in for its
+    source's audit (``attempts_in_order``), until one may serve on the interim tier, their costs
+    summed (orchestration and evaluation not counted); the exact retrain if none may. None when the
+    grid lacks an attempt of the chain."""
+    runs = {(r["method"], effective(r["method"], r["options"])): r for r in draw["candidates"]}
+    policy = attempts_in_order(default_policy(setting, kind, Attempt(method=default_method(setting))), setting,
+                               bool(draw.get("source_remembered")), chosen_by_user=False)
     seconds = flops = 0.0
     for attempt in policy:
         if attempt.exact:
             served = draw["retrain"]
         else:
-            served = runs.get((attempt.method, label(attempt.options)))
+            served = runs.get((attempt.method, effective(attempt.method, attempt.options)))
             if served is None:
                 return None
         seconds, flops = seconds + served["seconds"], flops + served["flops"]

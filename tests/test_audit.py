@@ -197,7 +197,9 @@ def test_memorised_canaries_are_not_forgotten_and_their_retrain_meets_relabelled
     assert len(forget) >= 40 and (forget.y.numpy() != DIGITS.labels[CANARIES]).all()
     memorised = audit_forgetting(canary_targets[0], forget, references, canaries=CANARY_RULE)
     assert memorised.verdict == NOT_FORGOTTEN and memorised.canaries == len(forget), memorised.interval
+    assert memorised.remembered()  # wholly above the interim band: the batch tries the removal method first
     retrained = audit_forgetting(canary_targets[1], forget, references, canaries=CANARY_RULE)
+    assert not retrained.remembered()
     # Canaries and relabelled pool-B samples are both never seen by the retrain: exchangeable.
     assert retrained.verdict != NOT_FORGOTTEN and abs(retrained.auc - 0.5) < 0.12, retrained.interval
     assert retrained.n_nonmembers == len(references.pool)     # every pool-B sample, relabelled
@@ -207,6 +209,7 @@ def test_memorised_canaries_are_not_forgotten_and_their_retrain_meets_relabelled
     # Against correctly labelled non-members the comparison is about labels, not membership.
     naive = audit_forgetting(canary_targets[1], forget, references)
     assert naive.canaries == 0 and abs(naive.auc - 0.5) > 0.3, naive.auc
+    assert naive.auc > 0.5 or not naive.remembered()  # below the band is over-forgetting, not remembering
 
 
 def test_a_forget_set_of_canaries_and_other_samples_is_judged_stratum_by_stratum(canary_targets, references):

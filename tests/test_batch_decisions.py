@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedunlearn.batch_decisions import (BatchOutcome, Route, exact_certificate, metrics_of, receipt_for,
-                                        receipt_without_model, recorded_source, route, speedup, stops, tier_fields)
+from fedunlearn.batch_decisions import (BatchOutcome, Route, attempts_in_order, exact_certificate, metrics_of,
+                                        receipt_for, receipt_without_model, recorded_source, route, speedup, stops, tier_fields)
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.config import ForgettingPolicy
@@ -75,6 +75,21 @@ def test_with_an_exact_retrain_in_hand_only_a_pass_ends_the_escalation():
     # process --retrain paid for the exact retrain already: an interim version would owe it again.
     assert not stops(gates(False, True), ForgettingPolicy.interim, exact_in_hand=True)
     assert stops(gates(True, True), ForgettingPolicy.interim, exact_in_hand=True)
+
+
+def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_chose():
+    from fedunlearn.unlearning.escalation import Attempt, default_policy
+
+    hfl = default_policy("hfl", "sample", Attempt(method="puf-special"))
+    assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
+
+    remembered = attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=False)
+    assert [a.method for a in remembered] == ["fedquit", "puf-special", "puf-special", "puf-regular", "retrain"]
+    assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
+    assert attempts_in_order(hfl, "hfl", source_remembers=False, chosen_by_user=False) == hfl
+    assert attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=True) == hfl
+    vfl = default_policy("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
+    assert attempts_in_order(vfl, "vfl", source_remembers=True, chosen_by_user=False) == vfl
 
 
 def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():

@@ -236,6 +236,7 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained
 
     [receipt] = read_receipts(workspace, CANARIES)
     *refused, chosen = receipt.attempts
+    assert refused[0].method == "fedquit"  # the source remembers the canaries: the removal method goes first
     assert refused and all(a.gates.interim is False and any(line.startswith("forget_audit fails: AUC")
                                                             for line in a.gates.held_back) for a in refused)
     assert chosen.method == "retrain" and receipt.forgetting == "exact"
@@ -247,9 +248,10 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained
 def test_where_membership_is_measurable_a_retrain_quality_candidate_serves_on_the_interim_tier(
         trained_canaries, prefect_server, capsys, monkeypatch):
     """The other branch of the same gate: a stand-in method whose output *is* an exact retrain on the
-    retained data (a test double registered under the default method's name, certified only
-    ``empirical only``) is read by the audit as equivalent to never-seen samples, so the interim tier
-    serves it although the one-sided audit cannot call it forgotten at 40 canaries."""
+    retained data (a test double standing in for whichever method the batch tries first — here
+    ``fedquit``, as the source remembers the canaries — certified only ``empirical only``) is read by
+    the audit as equivalent to never-seen samples, so the interim tier serves it although the
+    one-sided audit cannot call it forgotten at 40 canaries."""
     import dataclasses
 
     from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
@@ -273,7 +275,7 @@ def test_where_membership_is_measurable_a_retrain_quality_candidate_serves_on_th
 
     [receipt] = read_receipts(workspace, CANARIES)
     [served] = receipt.attempts
-    assert served.method == "puf-special" and served.gates.interim is True and receipt.forgetting == "interim"
+    assert served.method == "fedquit" and served.gates.interim is True and receipt.forgetting == "interim"
     assert served.gates.audit_equivalence.verdict == "pass"
     assert {c.name: c.verdict for c in receipt.source_gates.checks}["forget_audit"] == "fail"
     assert "mia_auc_minus_chance" not in {c.name for c in served.gates.checks}  # canaries: the audit reads them

@@ -88,6 +88,15 @@ def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
     return policy + [Attempt(method=EXACT_RETRAIN_METHOD)]
 
 
+def removal_first(policy: list[Attempt], setting: str) -> list[Attempt]:
+    """``policy`` with the setting's last-resort methods moved ahead of the others, for a forget set
+    the source model remembers: the seed methods move the model along the loss gradient at the forget
+    samples, and a memorised sample's gradient is close to zero, so they would be paid for and fail
+    before the method that can remove it is tried (docs/methods.md, "Which method first")."""
+    first = [attempt for attempt in policy if attempt.method in LAST_RESORT[setting]]
+    return first + [attempt for attempt in policy if attempt not in first]
+
+
 def stronger(attempt: Attempt, setting: str) -> Attempt:
     """``attempt`` with each of its method's strength settings (``STRONGER_SCALES``) multiplied by
     ``STRONGER_FACTOR`` from what it chose (the default where it chose nothing), and the method's
