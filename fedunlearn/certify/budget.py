@@ -1,57 +1,37 @@
-"""Gaussian noise calibration and the residual budget ledger of certified decentralized
-unlearning (``unlearning/certified_dfu.py``; DESIGN.md §3). Pure functions and a serialisable
-record: no torch, no I/O.
+"""Gaussian noise calibration and the residual budget ledger of certified decentralized unlearning
+(``unlearning/certified_dfu.py``; DESIGN.md §3). Pure functions and a serialisable record: no
+torch, no I/O.
 
-Gaussian mechanism. If two outputs differ by at most Δ in L2 norm, adding N(0, σ²I) with
+``gaussian_sigma`` is the classical calibration σ = (Δ/ε)·√(2 ln(1.25/δ)) [1]_; ``gaussian_delta``
+the exact δ(ε) of the Gaussian mechanism [2]_, [3]_, from which ``classical_delta`` says whether the
+classical σ is valid at a given (ε, δ) (the method refuses a pair where it is not).
+``ResidualLedger`` keeps the data-dependent calibration [4]_: σ is fixed in advance from (ε, δ)
+and a budget B; each batch's measured distance bound r_t = ‖∇L_r(ŵ_t)‖/λ is charged, the sum since
+the last retrain may not exceed B, and a batch whose bound would not fit retrains instead and
+starts a new sum. ``composition`` states what the releases since the last retrain guarantee
+together.
 
-    σ = (Δ/ε)·√(2 ln(1.25/δ))                                     (Dwork & Roth 2014, Thm A.1)
+Why the sum, and not each bound on its own: every batch publishes a new noisy model and every
+release stays published, so an observer holds all k releases since the last retrain. Capping
+Σ r_t ≤ B caps √(Σ r_t²) ≤ B, a filter on Gaussian differential privacy [3]_, [5]_: the k releases
+together are as indistinguishable from their references as one release at the budget, where
+counting them one by one gives only (kε, kδ), or advanced composition's [6]_ ε√(2k ln(1/δ')) +
+kε(e^ε − 1). The derivation: docs/methods.md, "The residual budget and its composition". A ledger
+written by the earlier per-batch rule is read back and re-summed: conservative.
 
-makes them (ε, δ)-indistinguishable in both directions. Theorem A.1 is stated for ε < 1; the
-exact privacy profile of the Gaussian mechanism (Balle & Wang 2018, Thm 8; Dong, Roth & Su 2019,
-Cor. 2.13), with μ = Δ/σ,
-
-    δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ),
-
-settles every ε: the classical σ is valid exactly when δ(ε) ≤ δ at μ = ε/√(2 ln(1.25/δ)),
-which depends on (ε, δ) only. ``classical_delta`` computes it (ε = 1, δ = 1e-5: 4·10⁻⁸, valid;
-ε = 10, δ = 1e-5: 2·10⁻⁵, not), and the method refuses an (ε, δ) where it fails.
-
-Residual budget (the data-dependent calibration, after Guo, Goldstein, Hannun and van der
-Maaten 2020, "Certified Data Removal from Machine Learning Models", §3 and Algorithm 1). σ is
-fixed in advance from (ε, δ) and a budget B by the formula above with Δ = B. After every batch
-the unlearning step's distance to the exact retrained optimum is bounded by a measured residual,
-r_t = ‖∇L_r(ŵ_t)‖/λ, and the model is released with fresh noise, ŵ_t + N(0, σ²I).
-
-What is charged: the sum. ``used`` = Σ r_t over the batches since the last retrain; a batch is
-certified only if its bound fits in what is left, ``used + r_t ≤ B``; a batch whose bound would
-not fit retrains instead of being charged past the budget (the bound that triggered it is
-recorded as ``triggering_bound``), and a retrain starts a new sum with the bound measured after
-it. ``left = B − used`` never goes below 0 (it is 0, and the release not certified, only if even
-the retrained model's bound exceeds B). Guo et al. accumulate per-removal bounds the same way
-and retrain when the sum exceeds the budget. Each r_t here already bounds the TOTAL distance of
-ŵ_t (what earlier batches left is inside it), so the sum counts the carried part again: a
-conservative sum, and what makes the releases compose:
-
-Composition across published versions. Every batch releases a new model with fresh noise and
-every release stays published, so an observer holds k releases since the last retrain. Release
-t is the Gaussian mechanism at a shift ‖ŵ_t − w*_t‖/σ ≤ r_t/σ from its reference w*_t + N(0, σ²I)
-(the exact retrained optimum of that batch's data): a Gaussian trade-off at μ_t = r_t/σ, μ_t-GDP
-(Dong, Roth & Su 2019). GDP composes in quadrature, μ = √(Σ μ_t²) (ibid., Cor. 3.3), and stays
-valid when each μ_t is only known once the earlier releases are out, as long as Σ μ_t² is capped
-in advance (Smith & Thakurta 2022, "Fully Adaptive Composition for Gaussian Differential
-Privacy": a filter that sums the squares). The cumulative rule is such a cap: Σ r_t ≤ B gives
-√(Σ r_t²) ≤ B, so the k releases TOGETHER are (ε, δ(ε))-indistinguishable from the k references,
-δ(ε) the exact profile at μ = B/σ — the per-release guarantee, not k times it (``composition``).
-Counted one by one instead, k (ε, δ) releases give only basic composition, (kε, kδ), or advanced
-composition (Dwork, Rothblum & Vadhan 2010: ε√(2k ln(1/δ')) + kε(e^ε − 1), kδ + δ'); the basic
-figure is recorded next to the Gaussian one for comparison. A retrain resets the sum because
-what is released after it depends on none of the data deleted before it (D-PSGD from the seeded
-initial model on the retained data, then the Newton steps); data deleted later are covered by
-the new sum. Not covered, as in Guo et al.: models released before a sample's deletion, and the
-data-dependent fact that a retrain happened (it is reported).
-
-A ledger serialised by the earlier rule (``used`` = the last bound; entries without
-``budget_used`` or ``triggering_bound``) is read back and re-summed by this one: conservative.
+References
+----------
+.. [1] Dwork and Roth (2014), "The Algorithmic Foundations of Differential Privacy", Theorem A.1.
+.. [2] Balle and Wang (2018), "Improving the Gaussian Mechanism for Differential Privacy:
+   Analytical Calibration and Optimal Denoising", ICML, Theorem 8:
+   δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), μ = Δ/σ.
+.. [3] Dong, Roth and Su (2019), "Gaussian Differential Privacy", Corollaries 2.13 (the exact
+   profile) and 3.3 (composition in quadrature, μ = √(Σ μ_t²)).
+.. [4] Guo, Goldstein, Hannun and van der Maaten (2020), "Certified Data Removal from Machine
+   Learning Models", ICML, §3 and Algorithm 1.
+.. [5] Smith and Thakurta (2022), "Fully Adaptive Composition for Gaussian Differential Privacy".
+.. [6] Dwork, Rothblum and Vadhan (2010), "Boosting and Differential Privacy", FOCS: advanced
+   composition, against which the Gaussian composition is compared.
 """
 
 from __future__ import annotations

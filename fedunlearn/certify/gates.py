@@ -1,59 +1,46 @@
 """The gates: whether an unlearned model version may become ``current``, each metric judged with
-its uncertainty (``evaluation.uncertainty``).
+its uncertainty (``evaluation.uncertainty``; DESIGN.md §6 and §8).
 
-Every check answers ``pass``, ``fail`` or ``inconclusive``: a metric measured on few samples —
-an attack AUC over 8 forgotten samples has an interval wider than ±0.2 — never fails on noise.
-``fail`` needs the evidence to exclude the limit at the level α (``alpha``, default 0.05, the
-false-reject rate for a model that meets the limit, e.g. an exact retrain); ``pass`` needs it to
-exclude the other side at the same level; anything in between is ``inconclusive``. The gate is
-``pass`` when every check passes, ``fail`` when one fails, and ``inconclusive`` otherwise —
-and only ``pass`` promotes (escalation handles the rest).
+Every check answers ``pass``, ``fail`` or ``inconclusive``: ``fail`` needs the evidence to exclude
+the limit at level α (``alpha``, default 0.05, the false-reject rate for a model that meets it,
+e.g. an exact retrain), ``pass`` to exclude the other side. The gate fails when a check fails,
+passes when every check passes, and is inconclusive otherwise. Two policies, each also requiring a
+certificate class in ``allowed_certificates``:
 
-Two policies, each also requiring a certificate class in ``allowed_certificates``:
-
-* **vs retrained reference** (one is registered on the batch's new data version): the unlearned
-  and the retrained model evaluated on the same samples — paired gaps of test and forget accuracy,
-  the paired gap of the membership attacks' AUC (DeLong), ``|gap| ≤ tolerance``;
-* **without reference**: the unlearned model keeps the source model's test accuracy (paired drop
-  ``≤ max_test_acc_drop``), and its forget set looks unseen — forget accuracy at most
-  ``max_forget_acc_excess`` above test accuracy (independent samples), every attack's AUC at most
+* **vs retrained reference** (one is registered on the batch's new data version): the paired gaps
+  of test accuracy, forget accuracy and the attacks' AUC (DeLong), ``|gap| ≤ tolerance``;
+* **without reference**: the source model's test accuracy kept (``max_test_acc_drop``), forget
+  accuracy at most ``max_forget_acc_excess`` above test accuracy, every attack's AUC at most
   ``max_mia_auc_excess`` above chance.
 
-A class request is judged on what class removal means: test accuracy on the remaining classes
-(not on all of them, which must drop), and the removed classes no longer recognised — at most
-``max_forgotten_class_acc`` of their test samples and of the forget set classified correctly (a
-retrained model, which never saw them, scores 0); against a reference, the paired gaps of those.
+A class request is judged on the remaining classes' test accuracy and on the removed classes no
+longer recognised (``max_forgotten_class_acc``); a backdoor's success rate is bounded in both
+policies (``max_backdoor_asr``). A limit set to None switches its check off; a metric nobody
+measured is ``inconclusive``.
 
-A version whose certificate proves the forgetting — ``formal (ε,δ)``: indistinguishable from the
-retrained model within (ε, δ) under checked assumptions; ``exact retrain`` — needs no statistical
-evidence for it: its inconclusive checks do not hold it back (the proof is the evidence), while a
-``fail`` still does (evidence against the proof, e.g. an assumption that does not hold in practice).
+Why: a metric over a handful of forgotten samples — an attack AUC over 8 has an interval wider
+than ±0.2 — must neither fail on noise nor pass on nothing. The worst of the three membership
+attacks is reported, so each is judged at α/3 [1]_. A certificate that proves the forgetting
+(``formal (ε,δ)``, ``exact retrain``) needs no statistical evidence for it: only a ``fail`` holds
+it back. Without a reference, a check the source model passes too cannot show that anything was
+forgotten, so ``judge`` judges the source as a no-op candidate and turns such a pass into
+``inconclusive``.
 
-With a backdoor (the original carried a trigger), ``max_backdoor_asr`` bounds the attack success
-rate in both policies. The membership attacks are three; the worst one is what a gate reports, so
-each is judged at α/3 (Bonferroni): choosing the worst does not raise the false-reject rate above α.
-A limit set to None switches its check off; a metric nobody measured is ``inconclusive``.
+Two tiers (``certify.tiers``): under ``strict`` only a ``pass`` promotes; under ``interim``
+(``interim_judgement``, recorded as ``GateOutcome.interim``) a version may serve at once when no
+check fails, utility holds, its certificate is not ``not certified`` and every inconclusive check
+is one the source model does not fail either — where the source fails a check the signal is
+measurable, so a no-op or a too-weak method is held back. There the per-example audit is read as
+two one-sided tests of equivalence [2]_ with never-seen samples
+(``AuditResult.equivalence_check``): a forget set shown above the margin (remembered) or below it
+(over-forgotten) is held back. Exact forgetting stays owed before the requests' deadlines.
 
-Power. Without a reference, checks that the source model would pass as well cannot show that
-anything was forgotten (a model that generalises to the forget set: docs/BENCHMARKS.md). ``judge``
-therefore judges the source as a no-op candidate too and turns such a pass into ``inconclusive``.
-
-Two tiers (``certify.tiers``). The verdict above is the *strict* one: only ``pass`` promotes, so
-on a model that does not memorise every batch escalates to an exact retrain. The *interim* tier
-asks less and says what it could not measure: a version may serve at once when no check fails,
-utility holds, its certificate is not ``not certified``, and every inconclusive check is one the
-source model does not fail either (no membership signal to remove, nothing measurable). A check the
-source model *fails* has power — the signal is measurable — so there the candidate must not be
-inconclusive: a no-op or a too-weak method is held back. ``GateOutcome.interim`` records that
-judgement; exact forgetting is owed before the requests' deadlines.
-
-On the interim tier the per-example audit is read as equivalence (``AuditResult.equivalence_check``):
-the forget set must be shown within a margin of never-seen samples on *both* sides, the margin
-sized to the audit's counts so that a retrain-quality candidate passes at a known rate; an
-over-forgotten forget set (shown below never-seen samples) is held back like a remembered one.
-Utility holds unless the test-accuracy check fails or its estimate lies beyond the limit: an exact
-retrain's own seed moves test accuracy by about as much as a small test set's paired interval can
-resolve, so "shown within the limit" would hold back retrain-quality candidates too.
+References
+----------
+.. [1] Dunn (1961), "Multiple Comparisons Among Means", JASA: the Bonferroni correction.
+.. [2] Schuirmann (1987), "A Comparison of the Two One-Sided Tests Procedure and the Power
+   Approach for Assessing the Equivalence of Average Bioavailability", Journal of
+   Pharmacokinetics and Biopharmaceutics.
 """
 
 from __future__ import annotations

@@ -1,68 +1,37 @@
 """Per-example forgetting audit without retraining per deletion batch (DESIGN.md §6).
 
-Population attacks see little on a model that generalises; the power is in calibrating each
-sample's score by how the same sample scores under models that never saw it:
+``audit_forgetting`` scores each forget sample by offline LiRA [2]_: φ, the logit-scaled
+confidence on its label under the audited model, against the mean φ of K reference models that
+never saw it, over one pooled standard deviation, z = (φ_target − μ_out)/σ_out. The references
+(``train_references``) train once per data version on pool A of the held-out split; pool B gives
+the non-members. The forget set's z are compared with pool B's label by label, as a label-stratified
+AUC with its interval [4]_ (``evaluation.uncertainty``), and judged: ``not forgotten`` iff the
+one-sided lower bound exceeds 0.5 + tolerance, ``forgotten`` iff the upper bound is within it,
+else ``inconclusive`` — the strict tier's reading. ``AuditResult.equivalence_check`` reads the same
+AUC as two-sided equivalence within a margin sized to the counts — the interim tier's. Per-sample
+p-values are conformal within each stratum.
 
-- Watson et al. (2022), "On the importance of difficulty calibration in membership inference
-  attacks": subtract what reference models predict for the sample;
-- Carlini et al. (2022), "Membership inference attacks from first principles" (LiRA), offline
-  variant: only "out" reference models, the score is how far the target's logit-scaled confidence
-  lies above the references' Gaussian, with one variance pooled over all examples when there are
-  few references (they recommend it below about 64);
-- Hayes et al. (2024), "Inexact unlearning needs more careful evaluations to avoid a false sense of
-  privacy" (U-LiRA): audit unlearning per example; population attacks overestimate forgetting.
+Why: population attacks see little on a model that generalises and overestimate forgetting [3]_;
+the power is in calibrating each sample's score by how it scores under models that never saw it
+[1]_, [2]_. References trained on held-out rows only make every forget sample of every later batch
+"out" for all of them, so nothing is retrained per batch; and within a label an exact retrain's
+forget samples are exchangeable with the non-members', so it is called ``not forgotten`` with
+probability ≤ α whatever the references, which decide only the audit's power. Mislabelled
+canaries (``CanaryRule``) and backdoored forget sets are compared with non-members marked alike.
+The derivations, the margin and the marked non-members: docs/methods.md, "The statistics behind
+the gates and the audit".
 
-Reference models. The references are trained once per data version on the *held-out split only*:
-a seeded split gives pool A (the references' training pool) and pool B (non-members); each of K
-references trains on a seeded random subset of pool A. No production training sample is in any
-reference, so every forget sample of every later batch is an "out" sample for all of them and
-nothing has to be retrained per batch. (The held-out rows are user data too: ``without`` retires
-the references that trained on rows a request names.)
-
-Score (primary: offline LiRA). φ = log(p_y / (1 − p_y)) (``mia.logit_scaled_confidence``);
-z(x) = (φ_target(x) − μ_out(x)) / σ_out, μ_out(x) the mean of the K references' φ(x), σ_out one
-standard deviation pooled over pool B (``fixed_variance``, the default below 64 references) or
-per example. With the pooled σ, z orders samples exactly like Watson et al.'s difficulty-calibrated
-score φ_target − μ_out, so the AUC is the same; z only puts it on a readable scale.
-
-Verdict. The forget set's z against pool B's, label by label (a label mix alone separates
-populations, DESIGN.md §4): each forget sample is compared with *every* pool-B sample of its label
-and the within-label AUCs are pooled with the forget set's label shares as weights
-(``uncertainty.stratified_auc``, van Elteren's stratified form; a stratified DeLong-logit interval),
-so a whole client keeps its label mix and no two batches share one matched subset. The rule is
-"AUC ≤ 0.5 + tolerance" at level α: ``not forgotten`` iff the one-sided (1 − α) lower bound
-exceeds 0.5 + tolerance, ``forgotten`` iff the one-sided upper bound is within it, else
-``inconclusive``. For an exact retrain the forget samples are, like pool B, samples the model never
-saw, so (forget samples and held-out samples being drawn from one distribution) within a label
-their z are exchangeable with the non-members' and the true AUC is 0.5 whatever the references are:
-an exact retrain is called ``not forgotten`` with probability ≤ α (far less for a tolerance > 0).
-The references decide only the audit's power. An AUC well *below* 0.5 (forget samples scored lower
-than never-seen ones: over-unlearning, which can also reveal the forget set) is reported by the AUC
-but is not what this verdict tests.
-
-Two readings of one AUC. The verdict above is the *strict* tier's: "shown ≤ 0.5 + tolerance",
-which at 40 forget samples (an interval about ±0.08 wide) even an exact retrain reaches in a
-minority of draws. The *interim* tier asks a two-sided question instead (``equivalence_check``):
-is the forget set shown to look like never-seen samples within a margin, neither above (the model
-remembers) nor below (over-forgetting, which marks the forget set as well)? The margin is sized to
-the counts compared before any score is seen (``uncertainty.equivalence_margin``:
-(z_{1−α} + z_{1−β/2}) · sd₀, sd₀ the stratified AUC's standard deviation at 0.5), so that a
-candidate exchangeable with never-seen samples passes with probability ≈ 1 − β
-(``AuditConfig.equivalence_beta``) at any batch size; the price is that a margin wide enough for
-that at small n also passes candidates whose true AUC is moderately above 0.5
-(docs/BENCHMARKS.md gives the pass rate against the true AUC).
-
-Marked samples need non-members marked alike, or exchangeability fails: a backdoored forget set
-(``clean_forget_labels``) is compared with pool B triggered the same way, by its clean labels; a
-mislabelled canary (``CanaryRule``, the partition's ``canary_fraction``) with pool-B samples
-relabelled by the canaries' own rule, label by (wrong) label — against correctly labelled samples a
-model that never saw the canaries can score them higher or lower than non-members, either way a
-verdict about the labels, not about membership.
-
-Per-sample p-values are conformal: p = (1 + #{pool-B samples of the same stratum with z ≥ z_i}) /
-(1 + #{pool-B samples of that stratum}) (stratum: the label, and whether the sample is a canary), valid (P(p ≤ t) ≤ t for a never-seen sample) without
-assuming the references match the target's training, which a Gaussian p-value would need; they
-are per sample and not corrected for multiplicity.
+References
+----------
+.. [1] Watson et al. (2022), "On the Importance of Difficulty Calibration in Membership Inference
+   Attacks", ICLR: subtract what reference models predict for the sample.
+.. [2] Carlini et al. (2022), "Membership Inference Attacks From First Principles", IEEE S&P:
+   LiRA; the offline variant uses "out" references only, with one variance pooled over examples
+   below about 64 references.
+.. [3] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
+   Sense of Privacy" (U-LiRA): audit unlearning per example.
+.. [4] van Elteren (1960), "On the Combination of Independent Two-Sample Tests of Wilcoxon":
+   within-stratum statistics pooled with weights.
 """
 
 from __future__ import annotations

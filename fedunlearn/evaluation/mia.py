@@ -2,28 +2,36 @@
 
 Population attacks, one score per sample, thresholded over the whole population:
 
-- ``confidence_attack``: Song & Mittal (2021), "Systematic evaluation of privacy risks of machine
-  learning models" — score = softmax confidence on the true label.
-- ``loss_attack``: Yeom et al. (2018), "Privacy risk in machine learning" — score = −cross-entropy;
-  Yeom's decision rule ("member if the loss is below the mean training loss") is available as
-  ``loss_threshold``. The per-sample loss is −log of the true-label confidence, so the two attacks
-  rank samples identically (same ROC and AUC); they are both reported because the literature
-  (and the PUF paper's tables) reports both, and their accuracies differ under Yeom's rule.
-- ``shadow_attack``: Shokri et al. (2017), "Membership inference attacks against machine learning
-  models" — an attack classifier trained on a shadow model's outputs for its own training data
-  ("in") and unseen data ("out"), then applied to the target model.
+- ``confidence_attack`` [1]_: score = softmax confidence on the true label.
+- ``loss_attack`` [2]_: score = −cross-entropy; Yeom's decision rule ("member if the loss is below
+  the mean training loss") is ``loss_threshold``. The loss is −log of the true-label confidence, so
+  the two attacks rank samples identically (same ROC and AUC); both are reported because the
+  literature (and the PUF paper's tables) reports both, and their accuracies differ under Yeom's
+  rule.
+- ``shadow_attack`` [3]_: an attack classifier trained on a shadow model's outputs for its own
+  training data ("in") and unseen data ("out"), then applied to the target model.
 
-Per-example audit: ``ulira_audit``, the likelihood-ratio attack (LiRA; Carlini et al., 2022) in the
-unlearning form of Hayes et al. (2024), "Inexact unlearning needs more careful evaluations to
-avoid a false sense of privacy" (U-LiRA). It compares each example with models that did and did
-not see *that* example, which population attacks cannot; they overestimate forgetting.
+Per-example audit: ``ulira_audit``, the likelihood-ratio attack [4]_ in the unlearning form of
+[5]_ (U-LiRA). It compares each example with models that did and did not see *that* example, which
+population attacks cannot: they overestimate forgetting.
 
 Conventions: members (label 1) are the forget set, non-members (label 0) held-out samples never
-trained on; a higher score means "more likely a member". Non-members must be drawn with the
-members' label histogram (``label_matched_nonmembers``): under label skew a client's samples
-differ from the whole test set in their label mix, and a population attack measures that mix
-instead of membership (the label-skew confound of docs/DESIGN.md §4: against the whole test set an attack measures the
-label mix).
+trained on; a higher score means "more likely a member". Non-members are drawn with the members'
+label histogram (``label_matched_nonmembers``) because under label skew a client's samples differ
+from the whole test set in their label mix, and a population attack against the whole test set
+measures that mix instead of membership.
+
+References
+----------
+.. [1] Song and Mittal (2021), "Systematic Evaluation of Privacy Risks of Machine Learning
+   Models", USENIX Security.
+.. [2] Yeom, Giacomelli, Fredrikson and Jha (2018), "Privacy Risk in Machine Learning: Analyzing
+   the Connection to Overfitting", IEEE CSF.
+.. [3] Shokri, Stronati, Song and Shmatikov (2017), "Membership Inference Attacks Against Machine
+   Learning Models", IEEE S&P.
+.. [4] Carlini et al. (2022), "Membership Inference Attacks From First Principles", IEEE S&P.
+.. [5] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
+   Sense of Privacy".
 """
 
 from __future__ import annotations
@@ -229,7 +237,7 @@ def lira_scores(target_phi: np.ndarray, shadow_phi: np.ndarray, shadow_included:
     "in". Every example needs at least one "in" and one "out" shadow. ``fixed_variance`` pools
     each side's variance over all examples while keeping per-example means; Carlini et al.
     recommend it below about 64 shadows, and with a handful a per-example variance is mostly
-    noise (measured with 3 pairs on an overfit MLP: AUC 0.99 vs 0.95, TPR at 1% FPR 0.82 vs 0.17)."""
+    noise (docs/methods.md, "The statistics behind the gates and the audit")."""
     shadow_phi = np.asarray(shadow_phi, dtype=np.float64)
     included = np.asarray(shadow_included, dtype=bool)
     if shadow_phi.shape != included.shape or shadow_phi.shape[1:] != np.shape(target_phi):

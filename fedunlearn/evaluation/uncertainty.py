@@ -2,66 +2,48 @@
 with its confidence interval, and a check answers ``pass``, ``fail`` or ``inconclusive`` — it
 never fails on noise, and it never passes on a number too uncertain to prove anything.
 
-Intervals (all two-sided at ``confidence``):
+Intervals: a proportion — Clopper–Pearson [1]_ (exact) or Wilson [2]_; the difference of two
+proportions — Newcombe's hybrid score intervals, for independent samples [3]_ or for two models on
+the same samples [4]_; the ROC AUC of members against non-members — DeLong's variance [5]_ on the
+logit scale [6]_, floored at Hanley and McNeil's [7]_; a label-stratified AUC — the within-stratum
+estimates pooled with the members' stratum shares [8]_, its interval the hull of the stratified
+DeLong one and a score interval [9]_; the difference of two AUCs — DeLong's covariance, paired or
+independent.
 
-- a proportion (accuracy, attack success rate): Clopper–Pearson (1934), exact: coverage is at
-  least the nominal level for every true proportion and every n; or Wilson (1927), the score
-  interval: shorter, coverage close to nominal on average but slightly below it for some p.
-- the difference of two proportions: Newcombe (1998a, "Interval estimation for the difference
-  between independent proportions", method 10, the hybrid Wilson score interval) for independent
-  samples; Newcombe (1998b, "Improved confidence intervals for the difference between binomial
-  proportions based on paired data", method 10) for two models evaluated on the same samples,
-  whose correlation makes the interval much shorter (two models that agree on 97 % of a test set
-  differ in accuracy far less than two independent samples would). Coverage close to nominal.
-- ROC AUC of members vs non-members (the Mann–Whitney parameter P(member score > non-member
-  score) + ½P(tie)): DeLong et al. (1988) variance from the placement values, with the interval
-  built on the logit scale as Pohar Perme & Manevski (2018, "Confidence intervals for the
-  Mann–Whitney test") recommend (the plain Wald interval leaves [0, 1] and undercovers away from
-  0.5), and the variance floored at Hanley & McNeil's (1982) variance at the estimate: with a
-  handful of samples or perfectly separated scores DeLong's estimate collapses towards 0 and the
-  interval with it. Measured coverage (normal and unequal-variance normal scores, 2,000 draws per
-  cell, n = 8…200 per side, AUC 0.5…0.9): each one-sided error at most 0.057 for a nominal 0.05,
-  at most 0.05 up to simulation noise.
-- a label-stratified AUC (members compared only with non-members of their own stratum, e.g. label):
-  the within-stratum Mann–Whitney estimates pooled with the members' stratum shares as weights
-  (so it estimates what the AUC against label-matched non-members estimates, without drawing a
-  matched subset), as van Elteren (1960, "On the combination of independent two-sample tests of
-  Wilcoxon") combines within-stratum Wilcoxon statistics; strata are independent, so the variance
-  is the weighted sum of the strata's DeLong variances (a stratified DeLong), floored at the sum
-  of their Hanley–McNeil variances at the pooled estimate (at 0.5: the exact permutation variance
-  of the stratified statistic). The interval is the hull of two: DeLong's on the logit scale as
-  above, and the score interval of the Hanley–McNeil variance, {θ : |AUC − θ| ≤ z·sd_HM(θ)}, its
-  variance at each candidate θ (as Wilson's interval for a proportion; Newcombe 2006, "Confidence
-  intervals for an effect size measure based on the Mann–Whitney statistic. Part 2", method 5, for
-  one stratum). The floor cannot be applied at the estimate on the logit scale: a variance that
-  vanishes like 1 − AUC meets a logit slope growing like 1 / (1 − AUC), and the lower bound of a
-  perfectly separated forget set then *falls* as the estimate nears 1.
-- the difference of two AUCs: DeLong et al.'s (1988) covariance of the two estimates — paired
-  when both are computed on the same members and non-members (two models, same samples), the
-  sum of the variances when the samples are independent; Wald interval on the difference.
+Verdicts at level α (default 0.05): ``at most`` (metric ≤ limit), ``|gap| at most``
+(|metric − reference| ≤ tolerance, two one-sided tests [10]_) and ``within margin of chance``
+(|AUC − 0.5| ≤ margin, ``judge_within``; ``equivalence_margin`` sizes the margin to the counts).
+Each fails a model that meets its limit with probability at most α (exactly so for
+Clopper–Pearson, approximately for the others). Every check returns a ``Check`` record that
+serialises to JSON.
 
-Verdict rules at level α (default 0.05):
+Why these intervals: a deletion batch has a handful to a few hundred forget samples, where a Wald
+interval leaves [0, 1] and DeLong's variance collapses towards 0 on separated scores; pairing two
+models evaluated on the same samples makes their gap's interval much shorter. The choices, their
+pitfalls, each verdict rule's error rates and the measured coverage: docs/methods.md, "The
+statistics behind the gates and the audit".
 
-- ``at most`` (metric ≤ limit): the interval is the two-sided (1 − 2α) one, i.e. a one-sided
-  (1 − α) bound on each side. ``fail`` iff the lower bound exceeds the limit, ``pass`` iff the
-  upper bound is within it, otherwise ``inconclusive``. False-reject rate: a model whose true
-  value is within the limit is failed with probability ≤ α (the lower bound exceeds the true
-  value with probability ≤ α); false-accept rate: one whose true value exceeds the limit passes
-  with probability ≤ α. Exact for Clopper–Pearson, approximate (see above) for the others.
-- ``|gap| at most`` (|metric − reference| ≤ tolerance): the interval of the signed gap is the
-  two-sided (1 − α) one. ``fail`` iff it lies entirely outside [−tolerance, tolerance], ``pass``
-  iff it lies entirely inside (the two one-sided tests of equivalence), otherwise
-  ``inconclusive``. False-reject rate ≤ α: the two ways to fail (interval above the band, below
-  it) are disjoint and each happens with probability ≤ α/2 when the true gap is in the band;
-  false-accept rate ≤ α/2.
-- ``within margin of chance`` (|AUC − 0.5| ≤ margin, ``judge_within``): the two one-sided tests
-  of equivalence at level α on the two-sided (1 − 2α) interval. ``pass`` iff the interval lies
-  inside [0.5 − margin, 0.5 + margin], ``fail`` iff entirely outside it (above: the members stand
-  out; below: they stand out as *less* member-like than never-seen samples), otherwise
-  ``inconclusive``. A margin sized to the sample (``equivalence_margin``) makes the pass rate of a
-  candidate whose true AUC is 0.5 at least 1 − β, whatever n.
-
-Every check returns a ``Check`` record that serialises to JSON.
+References
+----------
+.. [1] Clopper and Pearson (1934), "The Use of Confidence or Fiducial Limits Illustrated in the Case
+   of the Binomial", Biometrika.
+.. [2] Wilson (1927), "Probable Inference, the Law of Succession, and Statistical Inference", JASA.
+.. [3] Newcombe (1998a), "Interval Estimation for the Difference Between Independent Proportions:
+   Comparison of Eleven Methods", Statistics in Medicine: method 10.
+.. [4] Newcombe (1998b), "Improved Confidence Intervals for the Difference Between Binomial
+   Proportions Based on Paired Data", Statistics in Medicine: method 10.
+.. [5] DeLong, DeLong and Clarke-Pearson (1988), "Comparing the Areas Under Two or More Correlated
+   Receiver Operating Characteristic Curves: A Nonparametric Approach", Biometrics.
+.. [6] Pohar Perme and Manevski (2018), "Confidence Intervals for the Mann–Whitney Test",
+   Statistical Methods in Medical Research.
+.. [7] Hanley and McNeil (1982), "The Meaning and Use of the Area Under a Receiver Operating
+   Characteristic (ROC) Curve", Radiology.
+.. [8] van Elteren (1960), "On the Combination of Independent Two-Sample Tests of Wilcoxon".
+.. [9] Newcombe (2006), "Confidence Intervals for an Effect Size Measure Based on the Mann–Whitney
+   Statistic. Part 2: Asymptotic Methods and Evaluation", Statistics in Medicine: method 5.
+.. [10] Schuirmann (1987), "A Comparison of the Two One-Sided Tests Procedure and the Power
+   Approach for Assessing the Equivalence of Average Bioavailability", Journal of
+   Pharmacokinetics and Biopharmaceutics.
 """
 
 from __future__ import annotations
@@ -253,7 +235,7 @@ def auc(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> float:
 def auc_interval(member_scores: np.ndarray, nonmember_scores: np.ndarray, *,
                  confidence: float = 0.95) -> Bounds:
     """Two-sided interval for the ROC AUC of members vs non-members: DeLong variance floored at
-    Hanley–McNeil's, logit scale (see the module docstring for the choice and its coverage).
+    Hanley–McNeil's, logit scale (the choice and its coverage: docs/methods.md).
     ``confidence`` (default 0.95): two-sided level."""
     member_placements, nonmember_placements = _placements(member_scores, nonmember_scores)
     m, n = len(member_placements), len(nonmember_placements)
@@ -347,7 +329,7 @@ def judge_within(name: str, estimate: float, interval_at: IntervalAt, margin: fl
 def stratified_auc(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
                    nonmember_strata: np.ndarray) -> float:
     """Σ_s w_s AUC_s, AUC_s the AUC of stratum s's members against its non-members only and w_s its
-    share of the members (see the module docstring): a label mix cannot move it."""
+    share of the members (van Elteren's pooling): a label mix cannot move it."""
     return float(sum(weight * placements.mean()
                      for weight, placements, _ in _strata(member_scores, member_strata, nonmember_scores,
                                                           nonmember_strata)))
@@ -375,7 +357,7 @@ def _score_bound(estimate: float, variance_at: Callable[[np.ndarray], np.ndarray
 def stratified_auc_interval(member_scores: np.ndarray, member_strata: np.ndarray, nonmember_scores: np.ndarray,
                             nonmember_strata: np.ndarray, *, confidence: float = 0.95) -> Bounds:
     """Two-sided interval for ``stratified_auc``: the hull of the stratified DeLong-logit interval
-    and the score interval of the strata's Hanley–McNeil variances (module docstring).
+    and the score interval of the strata's Hanley–McNeil variances (why the hull: docs/methods.md).
     ``confidence`` (default 0.95)."""
     strata = _strata(member_scores, member_strata, nonmember_scores, nonmember_strata)
     weights = np.array([weight for weight, _, _ in strata])

@@ -15,9 +15,8 @@ counts): ``flops_per_sample`` counts one forward pass with ``torch.utils.flop_co
 multiply-add is 2 FLOPs and only matrix products and convolutions are counted (activations,
 pooling and normalisation are cheap next to them), and multiplies it by 3 for a training step:
 the backward pass costs about twice the forward (gradients with respect to activations and to
-weights). For scale, one forward pass of torchvision's ResNet-18 on a 32×32 image measures
-0.074 GFLOPs this way and the paper's Table VII gives F = 0.15 G, so compare speed-ups (ratios),
-not absolute FLOPs, with the paper's tables.
+weights). Our F for ResNet-18 is not the paper's Table VII value (docs/methods.md, "Cost
+accounting"), so compare speed-ups (ratios), not absolute FLOPs, with the paper's tables.
 """
 
 from __future__ import annotations

@@ -1,127 +1,35 @@
-"""Certified decentralized unlearning — Wu, Tao, Zhou, Chen, Dressler and Yu, "Certified Unlearning
-in Decentralized Federated Learning" (certified-decentralized-unlearning.txt): a Newton-style
-removal step, Gaussian noise, the update flooded through the graph (Algorithm 1; Eq. 2–3 for
-samples, Eq. 5–6 for clients, Eq. 7 for the Fisher approximation; class removal = every client
-removes its samples of the class).
+"""Certified decentralized unlearning: a Newton removal step on the retained objective, Gaussian
+noise, and the update flooded through the graph [1]_.
 
-Objective. D-PSGD minimises L(x) = (1/N) Σ_i f_i(x), f_i the mean over client i's samples of
-F(x, ξ) = CE(x, ξ) + (λ/2)‖x‖² — the regulariser belongs to every per-sample term (DESIGN.md §3).
-After a request the clients K that keep data define L_r(x) = (1/|K|) Σ_{i∈K} f_i^r(x), f_i^r the
-mean over R_i = S_i \\ U_i (a removed client, or one left without data, leaves the graph). For
-L2-regularised logistic regression L_r is λ-strongly convex; its minimiser w*_r is what an exact
-retrain reaches.
+After a deletion batch every node holds the consensus model and takes the same Newton step on the
+retained objective L_r (per sample F = CE + (λ/2)‖x‖²; a removed client leaves the graph), with the
+retained nodes' gradients and curvatures flooded to all; further steps follow while the measured
+distance bound exceeds what the calibration allows. Every node then adopts the result plus
+N(0, σ²I) noise, drawn as shares that sum over the nodes. Class removal is every client removing
+its samples of the class.
 
-The step. Every node floods its model, so all hold the consensus model x̄ (the reported global
-model); each retained node floods its retained gradient ∇f_i^r(x̄) and curvature; every node
-then takes the same Newton step on L_r,
+Why: for a λ-strongly convex model (L2-regularised logistic regression) the distance to the exact
+retrain's optimum is bounded by ‖∇L_r‖/λ, so it is measured rather than assumed, and noise
+calibrated to it makes the release (ε, δ)-indistinguishable from that optimum released with the
+same noise [2]_, [3]_. The step uses the full retained gradient and the curvature of every retained
+node, not Algorithm 1's per-client correction, because D-PSGD stops short of the optimum and
+deletions differ per client. ``calibration="residual"`` (default) charges each measured bound to a
+budget fixed in advance and retrains when it would be exceeded (``certify.budget``);
+``"paper"`` uses the a-priori bound ΔF of [1]_, Lemma 3 — rigorous, and vacuous in practice. A
+model that is not strongly convex gets the step and the noise, and is ``not certified``.
 
-    x̂ = x̄ − Ĥ⁻¹ ∇L_r(x̄),   ∇L_r(x̄) = (1/|K|) Σ_{i∈K} ∇f_i^r(x̄),   Ĥ = (1/|K|) Σ_{i∈K} Ĥ_i^r + λI.
+The derivation, how the step differs from Algorithm 1 and what each difference costs, what the
+guarantee covers and the protocol's cost: docs/methods.md, "Certified decentralized unlearning".
 
-Ĥ_i^r is node i's stored curvature (the paper's T_i, Step 4) with the forget samples' share
-taken out: (Σ_{S_i} − Σ_{U_i}) / (n_i − m_i), Eq. 2. Further steps from x̂ follow while the
-measured distance bound (below) exceeds the calibrated sensitivity, up to ``newton_steps``; each
-costs one gradient exchange, and the curvature is recomputed at the current iterate when a step
-shrinks the gradient less than 10-fold (a large move, e.g. a class removal, where the stored
-curvature is far off). mnist5k-dfl-er, 10% of every client's samples: 2 steps, bound 0.63 →
-3.2e-3 → 7.3e-5; class 0 removed (the optimum moves by 3.5): 5 steps, 2 recomputations.
-
-Relation to Algorithm 1. At an exact minimiser x̄ of L, ∇L_r(x̄) = −(1/|K|)[Σ_c g_c + Σ_e ∇f_e(x̄)]
-with g_c = (Σ_{U_c} ∇F(x̄, ξ) − m_c ∇f_c(x̄)) / (n_c − m_c) for a partially deleted client c and
-e the removed clients. So the step is Σ_c x_Δ^c/|K| with x_Δ^c = Ĥ⁻¹ g_c — Eq. 3 with every node
-adding x_Δ/N (|K| = N for sample and class removal) — plus, for a removed client, Eq. 6 with its
-1/(N−1). It differs from Algorithm 1 in what the paper assumes away, each measured:
-  (i) the term −m_c∇f_c(x̄) of g_c: consensus makes the GLOBAL gradient vanish, not each node's;
-      it cancels in the sum only when every client holds n and deletes m samples (the paper's §V);
- (ii) the training's own optimisation error ∇L(x̄): D-PSGD with a constant step stops short of
-      the optimum (mnist5k-dfl-ring after its 40 rounds: ‖∇L(x̄)‖/λ = 0.35, 350 times the default
-      budget); the full gradient ∇L_r removes it with the deleted data's influence;
-(iii) Ĥ aggregates every retained node's curvature, as Lemma 3's proof uses the Hessian of the
-      global retained objective, where Algorithm 1 uses the requesting client's own (Eq. 2).
-Measured on breast_cancer (4 IID nodes of 89–142 samples, d = 62, every node at the exact
-optimum, 5% of every client's samples deleted; distance to the exact retrained optimum 0.093
-before): Algorithm 1 as written 0.033; with (i) 0.036; with (iii) 0.0022; with both — one step
-of this method — 4.5e-4.
-And every node ADOPTS x̂ + ν rather than adding the correction to its own local model (line 14),
-so that every local model — not only their average — is within the certified distance of w*_r;
-the local models' consensus error would otherwise dwarf it.
-
-Curvature (``hessian``). "exact": Σ_s ∇²CE_s, d × d — closed form for ``LogisticRegression``,
-``torch.func.hessian`` otherwise (small models only) — solved by Cholesky in float64.
-"fisher-diag": the diagonal of the empirical Fisher Σ_s (∇CE_s)² (Eq. 7), O(d) memory and
-messages, for the likelihood term; the regulariser's curvature λ is exact and added to both.
-On mnist5k the diagonal misses the softmax's coupling of the classes and one step overshoots
-(residual bound 0.44 → 0.69): with the residual calibration the budget is then exceeded and the
-method retrains. The statistic is kept at the model it was computed at and reused by later
-batches; staleness shows up in the measured residual and nowhere else.
-
-Noise. Every retained node draws a share ν_i ~ N(0, σ²/|K| · I) and floods it; every node adds
-ν = Σ_i ν_i ~ N(0, σ²I), so no node knows ν unless all collude. (The paper adds (1/N) Σ_c ν_c:
-standard deviation σ√C/N, below the σ its own proof needs.) ``noise_seed=None`` draws from the
-operating system; a fixed seed makes the noise reproducible — and removable by anyone who knows
-the seed, so the certificate then says not certified.
-
-What is released, what the guarantee covers. After the batch every node holds w̃ = x̂ + ν, which
-is also the global model. The reference is A(D_r) = w*_r + N(0, σ²I): the exact retrained
-optimum released with the same noise (the paper's Theorem 1 treats the retrained x'_K as that
-optimum; Guo et al. 2020, "Certified Data Removal", compare to the same kind of reference). If
-‖x̂ − w*_r‖ ≤ Δ, the two Gaussians' means are at most Δ apart and σ = (Δ/ε)·√(2 ln(1.25/δ))
-makes w̃ and A(D_r) (ε, δ)-indistinguishable both ways (certify/budget.py; no factor 2: the
-reference is centred exactly at w*_r). The step's input x̄ may carry an earlier batch's noise:
-the bound holds for every value of it, and a mixture of distributions each (ε, δ)-close to one
-reference is (ε, δ)-close to it. Fine-tuning (``finetune_rounds``) is D-PSGD on retained data
-applied to w̃ — post-processing (Eq. 12). Every batch is such a release, with fresh noise, and
-every release stays published: with the residual calibration the k releases since the last
-retrain are (ε, δ)-close to their k references TOGETHER, because the budget caps the SUM of
-their bounds and Gaussian mechanisms compose in quadrature (certify/budget.py: Dong, Roth & Su;
-Smith & Thakurta's filter); the certificate records k (``releases_since_retrain``), that
-composed guarantee (``composed_epsilon``, ``composed_delta``) and, for comparison, basic
-composition's (kε, kδ) (``composed_basic``). The paper's calibration certifies each release on
-its own: k of them compose to μ = √k·ε/√(2 ln(1.25/δ)) in GDP terms, or (kε, kδ) basic, and no
-ledger counts them. Not covered: models released before this batch (no retrain recalls them)
-and the fact that a retrain happened (reported; data-dependent, as in Guo et al.).
-
-Calibrations (``calibration``), both rigorous for λ-strongly convex models:
-  "paper": Δ = ΔF = 2ML²m²/(λ³n²) a priori (Algorithm 1, Lemma 3), m and n the forget and local
-      sample counts of the client with the largest ratio (the paper takes them equal). Lemma 3
-      assumes x̄ is the exact optimum and the step the exact Newton step, neither of which D-PSGD
-      delivers, so the distance is also measured (as below) and the run is certified only if
-      ΔF covers it and the Hessian is exact. ΔF is vacuous in practice (``logreg_constants``):
-      mnist5k-dfl-ring, 10% of every client's samples, λ = 0.01, R = 1: ΔF = 2.8e6, σ = 1.3e7,
-      test accuracy 12% (chance) against 81% for the residual calibration.
-  "residual" (default): Δ = B, the ``residual_budget``, fixed in advance. After the steps the
-      bound r = ‖∇L_r(x̂)‖/λ ≥ ‖x̂ − w*_r‖ (λ-strong convexity) is measured in float64 and
-      charged to the ledger (certify/budget.py), which sums the bounds since the last retrain;
-      the steps aim at what is left of B. Sum + r ≤ B: certified. Otherwise: retrain by D-PSGD
-      on the retained data (the training's rounds), take the Newton steps from there, measure
-      again, start a new sum with that bound and record the one that triggered the retrain
-      (``triggering_bound``). The curvature's accuracy can cost utility, never the guarantee.
-For a model that is not λ-strongly convex (a CNN) the step still runs with the residual
-calibration's noise, but there is no residual bound and the certificate says not certified.
-
-Protocol cost, per batch (messages counted by simulating the flooding, ``federation.topology``;
-4 bytes per float): every node floods its model; every partially affected node floods the
-curvature of its forget samples (d² floats exact, d Fisher) and every retained node its
-curvature at each recomputation; every retained node floods its gradient at the start and after
-each step, and its noise share. FLOPs: F per retained sample per gradient pass; 2·m·d² for the
-closed-form curvature of m samples, Cholesky d³/3, 2d² per solve (Fisher: F·m, d per step).
-The stored statistic (Step 4 after training, flooded once to every node: ``precompute_statistics``)
-is a one-off cost outside the requests; a call that finds none computes and floods it, and pays.
-
-Hyperparameters (default; the paper's value):
-    epsilon: ε (1.0; not stated).
-    delta: δ (1e-5; not stated). (ε, δ) must be a pair where the classical calibration is valid.
-    calibration: "residual" or "paper" ("residual"; the paper's is "paper").
-    residual_budget: B, the sum of the distance bounds to w*_r between retrains the noise is
-        calibrated for ("residual" only; 1e-3, i.e. σ = 4.8e-3 at ε = 1, δ = 1e-5; —).
-    hessian: "exact" or "fisher-diag" ("exact"; exact for the convex model, Fisher for the
-        networks).
-    newton_steps: at most this many Newton steps; at least one is always taken (8; 1). With
-        "paper" the a-priori ΔF is met after the first.
-    damping: added to the curvature's diagonal (0.0; none); > 0 for a model whose curvature is
-        singular (a network with the exact Hessian, or a Fisher with zero entries).
-    finetune_rounds: D-PSGD rounds on the retained data after the release (0; 1, optional).
-    noise: add the calibrated noise (True; True). False is for oracle tests: not certified.
-    noise_seed: seed of the noise (None: fresh OS entropy; —). A seed voids the certificate.
+References
+----------
+.. [1] Wu, Tao, Zhou, Chen, Dressler and Yu, "Certified Unlearning in Decentralized Federated
+   Learning" (certified-decentralized-unlearning.txt): Algorithm 1; Eq. 2–3 (samples), Eq. 5–6
+   (clients), Eq. 7 (Fisher approximation); Lemma 3; Theorem 1.
+.. [2] Guo, Goldstein, Hannun and van der Maaten (2020), "Certified Data Removal from Machine
+   Learning Models", ICML: the retrained optimum plus noise as the reference; a residual budget.
+.. [3] Dwork and Roth (2014), "The Algorithmic Foundations of Differential Privacy", Theorem A.1:
+   σ = (Δ/ε)·√(2 ln(1.25/δ)).
 """
 
 from __future__ import annotations
@@ -404,6 +312,42 @@ class _Step:
 
 @register
 class CertifiedDFU(UnlearningMethod):
+    """Certified decentralized unlearning (module docstring): DFL sample, class and client requests.
+
+    The paper's value follows each default where the paper states one.
+
+    Parameters
+    ----------
+    epsilon : float, default=1.0
+        ε of the (ε, δ) guarantee (not stated in the paper).
+    delta : float, default=1e-5
+        δ of the guarantee (not stated). (ε, δ) must be a pair where the classical Gaussian
+        calibration is valid (``certify.budget.classical_delta``); others are refused.
+    calibration : {"residual", "paper"}, default="residual"
+        "residual": σ is calibrated to ``residual_budget`` and each batch's measured bound is charged
+        to it; "paper": the a-priori ΔF of Algorithm 1 (the paper's).
+    residual_budget : float, default=1e-3
+        B, the sum of the distance bounds to the retrained optimum allowed between retrains
+        ("residual" only; σ = 4.8e-3 at ε = 1, δ = 1e-5; not in the paper).
+    hessian : {"exact", "fisher-diag"}, default="exact"
+        the curvature: the exact Hessian (closed form for ``LogisticRegression``, ``torch.func``
+        otherwise; small models only), or the diagonal of the empirical Fisher (Eq. 7). The paper:
+        exact for the convex model, Fisher for networks.
+    newton_steps : int, default=8
+        at most this many Newton steps; at least one is always taken (paper: 1). With "paper" the
+        a-priori ΔF is met after the first.
+    damping : float, default=0.0
+        added to the curvature's diagonal (paper: none); > 0 for a model whose curvature is singular
+        (a network with the exact Hessian, or a Fisher with zero entries).
+    finetune_rounds : int, default=0
+        D-PSGD rounds on the retained data after the release, post-processing (paper: 1, optional).
+    noise : bool, default=True
+        add the calibrated noise (paper: True). False is for oracle tests: not certified.
+    noise_seed : int or None, default=None
+        None draws fresh OS entropy. A seed makes the noise reproducible — and removable by whoever
+        knows it, so the certificate says not certified.
+    """
+
     name = "certified-dfu"
     settings = frozenset({"dfl"})
     request_kinds = frozenset({"sample", "class", "client"})

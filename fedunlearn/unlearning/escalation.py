@@ -47,7 +47,7 @@ STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federatio
 FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
 # Tried after the fallback, each one supporting the request kind, in order: methods that do not
 # start from the gradient at the forget samples, so they can remove what the seed methods cannot
-# (a memorised sample's gradient is close to zero, DESIGN.md §9), at the risk of over-forgetting.
+# (a memorised sample's gradient is close to zero; docs/methods.md), at the risk of over-forgetting.
 LAST_RESORT: dict[str, tuple[str, ...]] = {"hfl": ("fedquit",), "vfl": (), "dfl": ()}
 
 

@@ -1,87 +1,33 @@
-"""FedORA (Federated Optimization for data Removal via primal-dual Algorithm): Jiang, Tong, Liu,
-Zhang, Lam and Tan, "Certifying the Right to be Forgotten: Primal-Dual Optimization for Sample and
-Label Unlearning in Vertical Federated Learning" (fedora-vfl-primal-dual-unlearning.txt).
+"""FedORA (Federated Optimization for data Removal via primal-dual Algorithm): unlearning in vertical
+federated learning as a constrained problem solved by primal–dual iterations [1]_.
 
-Problem (Eq. 8): min_Θ L_r(Θ) + (ρ/2)‖Θ − Θ_init‖²  subject to  L_u(Θ) ≥ γ, where Θ is every
-party's bottom model and the active party's top model, Θ_init the trained model, L_r the mean
-cross-entropy on retained data, and the uncertainty loss (Eq. 24, 28)
+The problem (Eq. 8): minimise L_r(Θ) + (ρ/2)‖Θ − Θ_init‖² subject to L_u(Θ) ≥ γ, over every party's
+bottom model and the active party's top model, where L_r is the retained data's cross-entropy and
+L_u = Σ_{j∈D_u} ω·(2H(P_j) − log C) (Eq. 24, 28) the forget set's uncertainty, largest at uniform
+predictions. Each iteration (Algorithms 1–2): one full batch over the forget set gives L_u and its
+gradient at every party; the dual variable Ω is updated — one per parameter entry (``dual=
+"elementwise"``, Algorithm 1) or one scalar (``"scalar"``, Eq. 20); ⌈δ|D_r|/B⌉ mini-batch steps on
+the retained data descend L_r while ascending L_u weighted by Ω (Eq. 34); the step sizes adapt
+(Eq. 29–33). Every number stays at the party that owns it: only embeddings, their gradients and
+scalars cross the channel.
 
-    L_u = Σ_{j∈D_u} ω·(H(P_j) − KL(P_j‖U)) = Σ_{j∈D_u} ω·(2H(P_j) − log C)
+Why: the constraint asks for uncertainty on the forget set rather than misclassification — for a
+class request, a model that no longer recognises the class — while the objective and the proximal
+term keep what the model knows of the retained data. It is the VFL default for class requests;
+sample requests start with ``ga``, because on a model that generalises pushing arbitrary samples to
+uncertainty over-forgets them (docs/methods.md). The certificate (``constraint satisfied``) checks
+the final L_u against γ; a run that ends short of it is ``not certified``.
 
-is MAXIMISED (ω·log C per sample) by uniform predictions: the constraint asks for uncertainty on
-the forget set, not for misclassification.
+Our reading of the signs, the units of γ, the stopping rule and how the defaults the paper does not
+give were chosen: docs/methods.md, "FedORA: our reading of the paper".
 
-One iteration k (Algorithms 1–2); every number lives at the party that owns it:
-1. Unlearning phase: one full batch over D_u gives L_u at the active party and, through the
-   embedding gradients it sends back, ∂L_u/∂θ_i at every party i.
-2. Dual update. ``dual="elementwise"`` (Algorithm 1 line 26 / Eq. 21, the default): every party
-   keeps one Ω per parameter entry, Ω_i ← max(0, Ω_i + σ(γ − ∂L_u/∂θ_i)), locally.
-   ``dual="scalar"`` (Eq. 20): the active party keeps one Ω ← max(0, Ω + σ(γ − L_u)) and sends
-   it to the others (one scalar each). The certificate records which form ran.
-3. Remaining phase (Algorithm 2, asymmetric batches): R = ⌈δ|D_r|/B⌉ mini-batch steps on retained
-   data, each θ ← θ − τ(∂L_r/∂θ − ∂L_u/∂θ ∘ Ω + ρ(θ − θ_init)), with ∂L_u/∂θ and Ω fixed from
-   steps 1–2 (Eq. 34).
-4. Adaptive steps (Eq. 29–33): ΔΘ^{k+1} = ‖Θ^{k+1} − Θ^k‖, x = ΔΘ^{k+1}/ΔΘ^k; τ and σ are
-   multiplied by κ_i if x < β and by κ_d if x > α, then capped at τ_max and σ_max. The parties
-   send their shares of ‖ΔΘ‖² to the active party, which sends (τ, σ) back (scalars).
-
-Our reading of the signs. The Lagrangian (Eq. 9) is L_r + (ρ/2)‖Θ − Θ_init‖² + Ω(γ − L_u); its
-gradient in Θ is ∇L_r − Ω∇L_u + ρ(Θ − Θ_init), so the primal step DESCENDS L_r and ASCENDS L_u
-weighted by Ω ≥ 0 (Eq. 22, 27, 34 as printed), and the dual step ascends the Lagrangian in Ω:
-the scalar Ω grows while the constraint is violated (γ > L_u) and shrinks to 0 once it holds.
-Since Ω ≥ 0, the push ∂L_u/∂θ ∘ Ω has a non-negative inner product with ∇L_u in both forms: it
-never lowers the uncertainty to first order.
-
-Units of γ. Eq. 20 compares γ with L_u, a sum over the forget set; Eq. 21 compares it with
-gradient entries. We run the iteration on the per-sample mean L_u/|D_u| and give ``gamma`` in
-units of the maximum: the constraint is L_u ≥ γ_abs = gamma·ω·log C·|D_u| (mean 2H(P) − log C ≥
-gamma·log C, i.e. mean entropy ≥ (1 + gamma)/2 · log C), and both dual forms use the per-sample
-threshold gamma·ω·log C. This is exactly the paper's iteration on the summed L_u, with γ_abs in
-Eq. 20 and in Eq. 21 and the dual step σ/|D_u|², so σ need not be retuned for every forget-set
-size. The per-entry uncertainty gradient rarely reaches that threshold, so the element-wise Ω
-grows on every entry by about σ·γ per iteration and does not relax once the constraint holds
-(the scalar Ω does): Algorithm 1 then acts as a penalty whose weight keeps growing, which is why
-the run stops soon after the constraint holds (below).
-
-Stopping. The paper iterates "until convergence criteria ... are met". Here: at most
-``iterations``; once the constraint first holds, ``patience`` more iterations let the remaining
-phase repair utility, then the run stops. The certificate (class ``constraint satisfied``)
-checks the FINAL L_u against γ_abs; if it falls short, the certificate says ``not certified``.
-
-Measured behaviour to expect: the forget set's predictions end near uniform, so their argmax —
-the forget accuracy — sits near chance (1/C) and moves from one iteration to the next, because
-a near-uniform argmax flips with small shared shifts of the logits.
-
-Hyperparameters (default; the paper's value where it gives one):
-    iterations: K, the most outer iterations (60; not given).
-    omega: ω, the forgetting weight (2.0; the paper's best trade-off, Fig. 8a).
-    gamma: γ per forget sample, as a share of the maximum ω·log C (0.9, i.e. mean forget-set
-        entropy ≥ 95% of log C: "maximum uncertainty" up to a margin the iteration can reach;
-        not given).
-    dual: "elementwise" (Algorithm 1, default) or "scalar" (Eq. 20).
-    delta: δ, the share of the retained data visited per iteration (0.05; the paper finds 5–25%
-        sufficient, Fig. 8b, and reports its speed-up at 5%).
-    batch_size: B of the remaining phase (None: the training's ``TrainConfig.batch_size``).
-    rho: ρ, the proximal weight (0.01; not given: on mnist5k-vfl class removal, ρ ≥ 0.3 pulled
-        the forgotten classes' weights back towards Θ_init, which remembers them, and made the
-        runs oscillate).
-    tau: τ⁰, the initial primal step (None: the training's ``TrainConfig.lr``, the step the
-        retained loss was minimised with; not given).
-    sigma: σ⁰, the initial dual step, per-sample units (0.02; not given: on mnist5k-vfl class
-        removal 0.01–0.02 reached the constraint in 10–25 iterations with the retained accuracy
-        recovering within 15 more; 0.05 and above overshot into misclassification first).
-    tau_max, sigma_max: the caps τ_max, σ_max (None: 4·τ⁰ and 4·σ⁰; not given).
-    alpha, beta: thresholds on x = ΔΘ^{k+1}/ΔΘ^k, β < α (2.0 and 0.5; not given: with R of a
-        few mini-batches, x varies by up to about 2× from batch noise alone, so only a step
-        that more than doubles signals instability).
-    kappa_i, kappa_d: increase and decay factors, κ_i > 1 > κ_d (1.25 and 0.5; not given: a fast
-        decay damps the growing element-wise penalty as soon as it destabilises the iterates).
-    patience: iterations after the constraint first holds (15; not given: the retained accuracy
-        recovered within about 15 iterations on mnist5k-vfl).
-
-Cost: the bytes that crossed the channel (embeddings, embedding gradients, scalars) and F per
-sample back-propagated (|D_u| + R·B per iteration) plus F/3 per forward-only sample (the final
-L_u); see ``VerticalState.cost_since``.
+References
+----------
+.. [1] Jiang, Tong, Liu, Zhang, Lam and Tan, "Certifying the Right to be Forgotten: Primal-Dual
+   Optimization for Sample and Label Unlearning in Vertical Federated Learning"
+   (fedora-vfl-primal-dual-unlearning.txt): Eq. 8–9 (problem, Lagrangian), Eq. 20–21 (dual
+   updates), Eq. 24, 28 (uncertainty loss), Eq. 29–34 (adaptive steps, primal update),
+   Algorithms 1–2, Fig. 8.
 """
 
 from __future__ import annotations
@@ -193,6 +139,44 @@ class _RetainedBatches:
 
 @register
 class FedORA(UnlearningMethod):
+    """FedORA (module docstring): VFL sample and class requests on the split NN.
+
+    The paper's value follows each default where the paper gives one; "not given" defaults were chosen
+    on mnist5k-vfl class removal (docs/methods.md).
+
+    Parameters
+    ----------
+    iterations : int, default=60
+        K, the most outer iterations (not given).
+    omega : float, default=2.0
+        ω, the forgetting weight (the paper's best trade-off, Fig. 8a).
+    gamma : float, default=0.9
+        γ per forget sample, as a share of the maximum ω·log C: 0.9 asks for a mean forget-set entropy
+        of at least 95 % of log C (not given).
+    dual : {"elementwise", "scalar"}, default="elementwise"
+        the dual variable: one per parameter entry (Algorithm 1) or one scalar (Eq. 20).
+    delta : float, default=0.05
+        δ, the share of the retained data visited per iteration (the paper finds 5–25 % sufficient,
+        Fig. 8b, and reports its speed-up at 5 %).
+    batch_size : int or None, default=None
+        B of the remaining phase (None: the training's ``TrainConfig.batch_size``).
+    rho : float, default=0.01
+        ρ, the proximal weight (not given).
+    tau : float or None, default=None
+        τ⁰, the initial primal step (None: the training's ``TrainConfig.lr``; not given).
+    sigma : float, default=0.02
+        σ⁰, the initial dual step, in per-sample units (not given).
+    tau_max, sigma_max : float or None, default=None
+        the caps τ_max, σ_max (None: 4·τ⁰ and 4·σ⁰; not given).
+    alpha, beta : float, default=2.0 and 0.5
+        thresholds on x = ΔΘ^{k+1}/ΔΘ^k, β < α: a step size decays if x > α, grows if x < β (not given).
+    kappa_i, kappa_d : float, default=1.25 and 0.5
+        increase and decay factors of the step sizes, κ_i > 1 > κ_d (not given).
+    patience : int, default=15
+        iterations run after the constraint first holds, to let the remaining phase repair utility
+        (not given).
+    """
+
     name = "fedora"
     settings = frozenset({"vfl"})
     request_kinds = frozenset({"sample", "class"})

@@ -1,64 +1,37 @@
-"""FedQUIT — on-device federated unlearning with a quasi-competent virtual teacher: Mora, Valerio,
-Bellavista and Passarella (2024), "FedQUIT: On-Device Federated Unlearning via a Quasi-Competent
-Virtual Teacher" (arXiv:2408.07587).
+"""FedQUIT: federated unlearning by distillation from a quasi-competent virtual teacher [1]_.
 
-The teacher is the global model at the time of the request. On each forget sample its logits are
-kept except the labelled class's, which is pushed down to ``suppress`` ("min": the lowest other
-logit; "mean": the mean of the other logits): the teacher still ranks the other classes as the
-model does — it stays "quasi-competent" — but no longer vouches for the label it was given. A
-client holding forget samples distils its local model toward that virtual teacher on them while
-it trains on its retained data as in FedAvg; the server aggregates every participant with FedAvg.
+The teacher is the global model at the time of the request, with each forget sample's labelled
+logit lowered to ``suppress`` ("min": the lowest other logit; "mean": their mean): it still ranks
+the other classes as the model does — "quasi-competent" — but no longer vouches for the label. For
+``rounds`` FedAvg rounds every client trains on its retained data; a client holding forget samples
+adds a distillation term towards the teacher on them; the server averages with FedAvg:
 
     local step (target client):  ℓ_CE(retained mini-batch) + λ · D(z_student(x_f), z_teacher(x_f))
-    local step (other client):   ℓ_CE(mini-batch)                       (an ordinary FedAvg step)
-    server:                      w ← Σ_i (n_i / n) w_i                  (FedAvg; n_i = samples trained on)
+    local step (other client):   ℓ_CE(mini-batch)
+    server:                      w ← Σ_i (n_i / n) w_i
 
-The forgetting does not start from the gradient at the forget samples, which vanishes for what a
-model has memorised (docs/DESIGN.md §9); it starts from the distance between the model's logits
-and the teacher's, which is largest for exactly those samples. Every round keeps the forget term,
-so the retained-data training that restores test accuracy cannot drift back to the memorised
-solution, and the teacher's target is fixed (computed from the model at the request), so more
-rounds converge toward it rather than push past it.
+Why: the gradient at a sample the model has memorised is near zero, so methods that start from it
+(PUF, HF-KCU, gradient ascent, fine-tuning) cannot remove what was memorised; the distance between
+the model's logits and the teacher's is largest for exactly those samples. Every round keeps the
+forget term, so the retained-data training that restores test accuracy cannot drift back to the
+memorised solution, and the teacher's target is fixed, so more rounds converge towards it rather
+than push past it. It is the HFL escalation's last resort before an exact retrain. Class requests
+are refused: a retrain without a class never predicts it on any input, while the teacher only
+changes the forget inputs' targets.
 
-Deviations from the paper, and why:
-* D is, by default (``temperature=None``), the squared distance between logits (knowledge
-  distillation's high-temperature limit, Hinton et al. 2015; logit matching, Ba & Caruana 2014)
-  instead of the paper's softmax KL at T = 1. The softmax KL's gradient on the labelled logit is
-  p_student(y) − p_teacher(y), which vanishes once p_student(y) is small though its log-odds are
-  still far above a never-seen sample's; a membership audit reads the log-odds. A number for
-  ``temperature`` restores the paper's KL (T = 1) or a softened one (scaled by T², as Hinton).
-* Sample requests: the paper removes whole clients; here a client holding forget samples keeps
-  training on its retained ones in the same local steps, and all clients take part in the rounds.
-  A client whose data is all forgotten steps through its forget data only, as in the paper.
-* The paper's optional recovery rounds are ``recovery_rounds`` (FedAvg on the retained data).
-* Local steps clip the gradient norm (``clip_norm``): the squared distance between logits scales
-  with the logits, which grow as a model trains toward memorisation.
+Where it departs from the paper, and why — D is by default the squared logit distance (the
+high-temperature limit of distillation [2]_, logit matching [3]_) instead of the softmax KL at
+T = 1, whose gradient on the labelled logit vanishes while the log-odds a membership audit reads
+are still high; a client with forget samples keeps training on its retained ones; local steps are
+clipped — and where it fails: docs/methods.md, "fedquit".
 
-Cost: per round F·(retained samples + forget samples processed) FLOPs, plus one teacher forward
-pass (F/3) per forget sample; 2·P·B bytes per participant per round (PUF Appendix B).
-
-Hyperparameters (default):
-    rounds: R, unlearning rounds, each a FedAvg round with the forget term (5).
-    local_epochs: local epochs per round over each client's retained data (1).
-    forget_weight: λ, weight of the distillation term on the forget samples (0.1; for the
-        squared logit distance, whose scale is the logits' own, not the KL's).
-    suppress: the labelled logit's value in the virtual teacher, "min" or "mean" of the other
-        logits ("min"; "mean" leaves a memorised sample's log-odds higher).
-    temperature: None for the squared logit distance, or T > 0 for T²·KL at temperature T (None).
-    lr: local step size (None: the training's ``TrainConfig.lr``; momentum and batch size are
-        always the training's).
-    recovery_rounds: FedAvg rounds on the retained data afterwards, without the forget term (1:
-        it restores test accuracy the forget term cost, at the price of a little of the signal
-        coming back).
-    distance: "squared" logit distance, or "huber" (smooth L1, bounded gradient per logit) when
-        ``temperature`` is None ("squared").
-    clip_norm: the local steps' gradient norm is clipped to this (5.0; None: no clipping). The
-        squared logit distance grows with the logits' scale: on a model trained long enough to
-        memorise, an unclipped step diverged.
-
-Where it fails: the virtual teacher sets the target level; if the model's lowest other logit on
-a sample sits well below a never-seen sample's level, the forget set ends below the never-seen
-samples (over-forgetting) as rounds grow; with ``suppress="mean"`` it can stay above them.
+References
+----------
+.. [1] Mora, Valerio, Bellavista and Passarella (2024), "FedQUIT: On-Device Federated Unlearning
+   via a Quasi-Competent Virtual Teacher", arXiv:2408.07587.
+.. [2] Hinton, Vinyals and Dean (2015), "Distilling the Knowledge in a Neural Network",
+   arXiv:1503.02531: the T² scaling of a softened KL, and logit matching as its high-T limit.
+.. [3] Ba and Caruana (2014), "Do Deep Nets Really Need to be Deep?", NeurIPS: regression on logits.
 """
 
 from __future__ import annotations
@@ -100,6 +73,37 @@ def virtual_teacher(logits: torch.Tensor, labels: torch.Tensor, suppress: str) -
 
 @register
 class FedQUIT(UnlearningMethod):
+    """FedQUIT (module docstring): HFL sample and client requests.
+
+    Parameters
+    ----------
+    rounds : int, default=5
+        R, unlearning rounds, each a FedAvg round with the forget term.
+    local_epochs : int, default=1
+        local epochs per round over each client's retained data.
+    forget_weight : float, default=0.1
+        λ, the weight of the distillation term on the forget samples (sized for the squared logit
+        distance, whose scale is the logits' own, not the KL's).
+    suppress : {"min", "mean"}, default="min"
+        the labelled logit's value in the virtual teacher: the lowest or the mean of the other logits
+        ("mean" leaves a memorised sample's log-odds higher).
+    temperature : float or None, default=None
+        None for the logit distance ``distance``; T > 0 for T²·KL at temperature T (T = 1 is the
+        paper's loss).
+    lr : float or None, default=None
+        local step size (None: the training's ``TrainConfig.lr``; momentum and batch size are always
+        the training's).
+    recovery_rounds : int, default=1
+        FedAvg rounds on the retained data afterwards, without the forget term: they restore test
+        accuracy the forget term cost, at the price of a little of the signal coming back.
+    distance : {"squared", "huber"}, default="squared"
+        the logit distance when ``temperature`` is None: squared, or Huber (smooth L1, a bounded
+        gradient per logit).
+    clip_norm : float or None, default=5.0
+        the local steps' gradient norm is clipped to this (None: no clipping); the squared logit
+        distance grows with the logits' scale, which grows as a model trains towards memorisation.
+    """
+
     name = "fedquit"
     settings = frozenset({"hfl"})
     # Not "class": a retrain without a class never predicts it on any input; the teacher only

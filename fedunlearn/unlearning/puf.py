@@ -1,68 +1,33 @@
-"""PUF — federated unlearning via negated pseudo-gradients (puf-negated-pseudo-gradients.txt:
-"Federated Unlearning via Negated Pseudo-Gradients", §IV, Eq. 4–9, Algorithm 1, Appendix B).
+"""PUF: federated unlearning via negated pseudo-gradients [1]_.
 
-FedAvg read as server SGD on pseudo-gradients (Reddi et al.): a client's update w_i − w points
-down its loss, so the server negates the target clients' aggregated update, scaled by η_u, to
-push the global model away from what their data taught it. In the unlearning round t, with S⁺
-the remaining participants and S⁻ the target clients,
+FedAvg read as server SGD on pseudo-gradients [2]_: a client's update w_i − w points down its loss,
+so the server negates the target clients' aggregated update, scaled by η_u, to push the global
+model away from what their data taught it. In the unlearning round, with S⁺ the remaining
+participants and S⁻ the target clients,
 
-    n  = Σ_{i∈S⁺} |D_i| + Σ_{j∈S⁻} |D_j|                       (Eq. 4: ALL participants)
+    n  = Σ_{i∈S⁺} |D_i| + Σ_{j∈S⁻} |D_j|                       (Eq. 4: all participants)
     Δ⁺ = (1/n) Σ_{i∈S⁺} |D_i| (w_i − w),  Δ⁻ = (1/n) Σ_{j∈S⁻} |D_j| (w_j − w)   (Eq. 5–6)
 
-* PUF-Regular (``puf-regular``): a normal round in which targets and a FedAvg sample of the
-  remaining clients train; w ← w + η_r Δ⁺ − η_u Δ⁻ (Eq. 7–8).
-* PUF-Special (``puf-special``): only the targets train; w ← w − η_u Δ⁻ (Eq. 9), so n is the
-  targets' samples.
+PUF-Regular (``puf-regular``) is a normal round in which the targets and a FedAvg sample of the
+remaining clients train, w ← w + η_r Δ⁺ − η_u Δ⁻ (Eq. 7–8); PUF-Special (``puf-special``) a round in
+which only the targets train, w ← w − η_u Δ⁻ (Eq. 9). For sample and class requests a target client
+computes its update on its forget subset only and joins recovery with its retained data (§IV).
+Recovery is FedAvg on the retained data until the test accuracy reaches ``target_test_acc`` — the
+paper stops when the unlearned model first surpasses the retrained model's (§V) — or
+``max_recovery_rounds`` have run; the check is part of the protocol, so its time counts.
 
-Sample and class requests (§IV "Sample Unlearning"): a target client computes its update on its
-forget subset only (|D_j| = the subset's size) and joins recovery with its retained data;
-several target clients are handled in the same round. Targets train with ``unlearn_epochs``
-(E_u) local epochs, the remaining clients with the training's own ``local_epochs``.
+Why: one negated server step and a few recovery rounds cost far less than retraining; it is the
+HFL default. The loss a request needs removed differs per batch, and a sample the model has
+memorised has a near-zero gradient, so no fixed step suits every batch: ``max_doublings`` (off by
+default; not in the paper) sizes the step per batch against calibration rows — docs/methods.md,
+"Strength", says how, and why it is off. Cost formulas: docs/methods.md, "Cost accounting".
 
-Recovery: FedAvg rounds on the retained data (a fully removed client has none and never takes
-part) until the test accuracy reaches ``target_test_acc`` — the paper stops "when the unlearned
-model surpasses the test accuracy of the retrained model for the first time" (§V), so the
-benchmark passes the retrained model's accuracy — or ``max_recovery_rounds`` have run. The
-accuracy is checked before each round (a model already at the target needs none); the check is
-part of the protocol, so its time counts as the method's.
-
-Cost (Appendix B, Table VIII): the unlearning round costs 2·P·B·|S_t| bytes and F·E·Σ n_i FLOPs
-over its participants (Special: 2·P·B·C_u and F·N·E_u·C_u; Regular: 2·P·B·C and F·N·E·C), each
-recovery round 2·P·B·C_r and F·N·E·C_r. Both phases are reported in ``notes["phases"]``.
-
-Hyperparameters (default; the paper's value, §V-A and Appendix A):
-    eta_u: η_u, scale of the negated target update (Special 2.0, Regular 20.0; same in the paper).
-    eta_r: η_r, scale of the remaining clients' update, PUF-Regular only (1.0; 1.0).
-    unlearn_epochs: E_u, local epochs of the target clients in the unlearning round (1; the
-        paper's default, Fig. 5 — larger E_u forgets more but needs more recovery).
-    max_recovery_rounds: round budget of the recovery phase (10; the paper runs until the
-        target accuracy is reached, with no stated budget).
-    target_test_acc: recovery stops once the global model's test accuracy is at least this
-        (None: always run ``max_recovery_rounds``; the paper: the retrained model's).
-    max_doublings: with calibration rows (``FederatedState.calibration``), how many times E_u and,
-        within each E_u, η_u may double (0: the chosen strength, as in the paper). Not in the
-        paper; see "Strength per batch".
-
-Strength per batch (not in the paper; docs/DESIGN.md §8). The paper fixes η_u and E_u; the loss a
-request needs removed differs per batch, and a sample the model has memorised has a near-zero
-gradient, so no fixed step suits every batch. Given calibration rows — held-out samples the audit
-never uses as non-members — the unlearning round climbs a ladder, cheapest first: E_u, 2·E_u, …
-(the targets' updates recomputed) and within each η_u, 2·η_u, … (the server step only), stopping
-at the first rung whose forget samples' mean loss at their labels reaches the calibration rows'
-under the same unlearned model (``base.calibration_reached``). No rung reaching it means the
-negated update cannot move the forget set to the level of never-seen samples: the method stops
-there, before recovery, so the attempt costs only the unlearning rounds, and says so in its notes
-(``strength``); the gates then hold the version back. The step moves the whole model, and recovery
-can bring back what it only blurred: recovery stops as soon as the forget set's loss falls back
-below the calibration rows' (``{"fell_back": true}`` in the ladder), so a step that did not remove
-a memorised sample costs one recovery round, not the whole budget.
-
-The rule is off by default (``max_doublings=0``): the mean loss it reads does not predict the
-per-example audit where forget samples are mislabelled (a step's transient damage lifts their mean
-loss above the calibration rows' while the audit still finds them), and on a model that generalises
-training samples sit below never-seen ones by the generalisation gap, which a negated update does
-not close — there the rule would decline batches the interim tier serves (docs/methods.md). Without calibration rows, or with
-``max_doublings=0``, the chosen η_u and E_u are used as in the paper.
+References
+----------
+.. [1] "Federated Unlearning via Negated Pseudo-Gradients" (puf-negated-pseudo-gradients.txt):
+   §IV, Eq. 4–9, Algorithm 1; §V-A and Appendix A (hyperparameters); Appendix B (cost).
+.. [2] Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan (2021), "Adaptive
+   Federated Optimization", ICLR: FedAvg as server optimisation on pseudo-gradients.
 """
 
 from __future__ import annotations
@@ -261,7 +226,28 @@ def _seconds_since(start: float, watched: float, monitor: Monitor) -> float:
 
 @register
 class PUFSpecial(_PUF):
-    """A dedicated round in which only the target clients train (Eq. 9)."""
+    """PUF-Special: a dedicated round in which only the target clients train (Eq. 9).
+
+    The paper's value follows each default (§V-A, Appendix A).
+
+    Parameters
+    ----------
+    eta_u : float, default=2.0
+        η_u, the scale of the negated target update (paper: 2.0).
+    unlearn_epochs : int, default=1
+        E_u, local epochs of the target clients in the unlearning round (the paper's default, Fig. 5:
+        a larger E_u forgets more but needs more recovery). The remaining clients train with the
+        training's own ``local_epochs``.
+    max_recovery_rounds : int, default=10
+        round budget of the recovery phase (the paper runs until the target accuracy is reached, with
+        no stated budget).
+    target_test_acc : float or None, default=None
+        recovery stops once the global model's test accuracy is at least this (None: always run
+        ``max_recovery_rounds``; the paper: the retrained model's).
+    max_doublings : int, default=0
+        with calibration rows (``FederatedState.calibration``), how many times E_u and, within each
+        E_u, η_u may double (0: the chosen strength, as in the paper). Not in the paper.
+    """
 
     name = "puf-special"
 
@@ -277,7 +263,30 @@ class PUFSpecial(_PUF):
 
 @register
 class PUFRegular(_PUF):
-    """A normal FedAvg round with the targets' aggregated update negated (Eq. 7–8)."""
+    """PUF-Regular: a normal FedAvg round with the targets' aggregated update negated (Eq. 7–8).
+
+    The paper's value follows each default (§V-A, Appendix A).
+
+    Parameters
+    ----------
+    eta_u : float, default=20.0
+        η_u, the scale of the negated target update (paper: 20.0).
+    eta_r : float, default=1.0
+        η_r, the scale of the remaining clients' update (paper: 1.0).
+    unlearn_epochs : int, default=1
+        E_u, local epochs of the target clients in the unlearning round (the paper's default, Fig. 5:
+        a larger E_u forgets more but needs more recovery). The remaining clients train with the
+        training's own ``local_epochs``.
+    max_recovery_rounds : int, default=10
+        round budget of the recovery phase (the paper runs until the target accuracy is reached, with
+        no stated budget).
+    target_test_acc : float or None, default=None
+        recovery stops once the global model's test accuracy is at least this (None: always run
+        ``max_recovery_rounds``; the paper: the retrained model's).
+    max_doublings : int, default=0
+        with calibration rows (``FederatedState.calibration``), how many times E_u and, within each
+        E_u, η_u may double (0: the chosen strength, as in the paper). Not in the paper.
+    """
 
     name = "puf-regular"
 
