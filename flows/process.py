@@ -9,6 +9,7 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          + per-example audit ─▶ register ─▶ gates; until an attempt passes (the last
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
+    debt and status      the retrain debt repaid now or its exact retrain scheduled ─▶ status
 
 Each stage is a task run with its steps' task runs (and ``unlearn-and-register``'s flows: training,
 audit references) nested under it: a sub-flow's creation and state changes are blocking calls to
