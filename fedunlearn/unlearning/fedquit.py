@@ -15,9 +15,10 @@ Why: the gradient at a sample the model has memorised is near zero, so methods t
 the model's logits and the teacher's is largest for exactly those samples. Every round keeps the
 forget term, so the retained-data training that restores test accuracy cannot drift back to the
 memorised solution, and the teacher's target is fixed, so more rounds converge towards it rather
-than push past it. It is the HFL escalation's last resort before an exact retrain. Class requests
-are refused: a retrain without a class never predicts it on any input, while the teacher only
-changes the forget inputs' targets.
+than push past it. It is the HFL escalation's last resort before an exact retrain, and its first
+attempt where the source model remembers the forget set. Class requests are refused: a retrain
+without a class never predicts it on any input, while the teacher only changes the forget inputs'
+targets.
 
 Where it departs from the paper, and why — D is by default the squared logit distance (the
 high-temperature limit of distillation [2]_, logit matching [3]_) instead of the softmax KL at
