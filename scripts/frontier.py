@@ -15,7 +15,8 @@ Draws share the original and the references: they vary the forget set, not the t
         --out /tmp/frontier
 
 ``--first-draw`` and ``--draws`` split the draws over processes (each trains the same original from the
-same seed); ``--merge A.json B.json …`` joins their outputs. Writes ``<out>.json`` (every run),
+same seed); ``--merge A.json B.json …`` joins their outputs, and for a seed that several share adds
+the earlier outputs' runs of settings the later lacks (``merged_draws``). Writes ``<out>.json`` (every run),
 ``<out>.md`` (the table) and ``<out>.png`` (cost ratio against AUC, one line per method).
 """
 
@@ -167,7 +168,8 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, options), runs in groups.items():
         served = sum(bool(r["interim"]) for r in runs)
         low, high = clopper_pearson(served, len(runs))
-        rows.append({"method": method, "options": options, "draws": len(runs), "served": served,
+        rows.append({"method": method, "options": options, "runs": sorted({r.get("run", -1) for r in runs}),
+                     "draws": len(runs), "served": served,
                      "served_interval": [low, high], "auc_mean": float(np.mean([r["auc"] for r in runs])),
                      "auc_range": [float(min(r["auc"] for r in runs)), float(max(r["auc"] for r in runs))],
                      "seconds_ratio": float(np.median([r["seconds_ratio"] for r in runs])),
@@ -180,15 +182,20 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"{meta['scenario']}, {meta['kind']}, {rows[0]['draws']} draws: `{meta['command']}`", "",
+    commands = meta.get("commands") or [meta["command"]]
+    lines = [f"{meta['scenario']}, {meta['kind']}, {rows[0]['draws']} draws: "
+             + "; ".join(f"run {i + 1} `{c}`" for i, c in enumerate(commands)), "",
              "| method | options | serves on the interim tier | audit AUC mean (range) | audit equivalent / "
              "inconclusive / apart | retrain ÷ method, FLOPs (median) | retrain ÷ method, seconds (median) | "
              "test accuracy − retrain's (mean) | test accuracy at most 1 point below the retrain's |",
              "|---|---|---|---|---|---|---|---|---|"]
+    latest = len(meta.get("commands", [None])) - 1
     for r in rows:
         low, high = r["served_interval"]
         eq = r["equivalence"]
-        lines.append(f"| {r['method']} | {r['options']} | {r['served']}/{r['draws']} [{low:.2f}, {high:.2f}] | "
+        earlier = [run for run in r.get("runs", []) if 0 <= run < latest]
+        note = f" (run {', '.join(str(run + 1) for run in earlier)})" if earlier else ""
+        lines.append(f"| {r['method']} | {r['options']}{note} | {r['served']}/{r['draws']} [{low:.2f}, {high:.2f}] | "
                      f"{r['auc_mean']:.3f} ({r['auc_range'][0]:.3f}–{r['auc_range'][1]:.3f}) | "
                      f"{eq['pass']} / {eq['inconclusive']} / {eq['fail']} | {r['flops_ratio']:.1f}× | "
                      f"{r['seconds_ratio']:.1f}× | {r['test_acc_vs_retrain']:+.3f} | {r['within_a_point']}/{r['draws']} |")
@@ -229,6 +236,24 @@ def write(out: Path, meta: dict[str, Any], draws: list[dict[str, Any]]) -> str:
     return text
 
 
+def merged_draws(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The draws of several outputs, by seed. Where outputs share a seed (the same forget set of the
+    same original), the later output's draw is kept — its retrain, its source — and each earlier
+    output adds the runs it alone has, marked with ``run`` (the output's index): their ratios stay
+    against their own run's retrain."""
+    by_seed: dict[int, dict[str, Any]] = {}
+    for index, draws in enumerate(parts):
+        for draw in draws:
+            draw = {**draw, "candidates": [{**row, "run": row.get("run", index)} for row in draw["candidates"]]}
+            earlier = by_seed.get(draw["seed"])
+            if earlier is not None:
+                have = {(r["method"], effective(r["method"], r["options"])) for r in draw["candidates"]}
+                draw["candidates"] += [r for r in earlier["candidates"]
+                                       if (r["method"], effective(r["method"], r["options"])) not in have]
+            by_seed[draw["seed"]] = draw
+    return [by_seed[seed] for seed in sorted(by_seed)]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/fr", help="a workspace with the scenario's data prepared")
@@ -250,8 +275,9 @@ def main() -> None:
     args = parse_args()
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
-        draws = sorted((d for p in parts for d in p["draws"]), key=lambda d: d["seed"])
-        print(write(args.out, {**parts[0]["meta"], "merged": [str(p) for p in args.merge]}, draws))
+        meta = {**parts[-1]["meta"], "merged": [str(p) for p in args.merge],
+                "commands": [p["meta"]["command"] for p in parts]}
+        print(write(args.out, meta, merged_draws([p["draws"] for p in parts])))
         return
     if args.threads:
         torch.set_num_threads(args.threads)
