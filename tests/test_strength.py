@@ -52,6 +52,7 @@ def test_a_ladder_that_never_reaches_the_level_climbs_cheapest_first_and_stops_b
         federation, ordinary_batch(federation, references))
     ladder = outcome.notes["strength"]
     assert len(ladder) == 9 and not any(rung["reached"] for rung in ladder)
+    assert [rung["rung"] for rung in ladder] == list(range(9))
     assert [(r["unlearn_epochs"], r["eta_u"]) for r in ladder][:4] == [(1, 2.0), (1, 4.0), (1, 8.0), (2, 2.0)]
     assert outcome.notes["recovery_rounds"] == 0
     assert outcome.cost.flops < 0.05 * training_cost.flops
