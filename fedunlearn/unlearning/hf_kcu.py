@@ -58,6 +58,18 @@ up to the number of affected clients (oracle, 5% spread over 10 clients: 0.131 �
 Either way a client without forget data contributes nothing (g_i = 0: the paper's causal
 isolation), and α_i is recorded.
 
+Strength per batch (``max_doublings``; not in the paper; docs/DESIGN.md §3, "Calibration
+rows"). With calibration rows (``FederatedState.calibration``: held-out samples the audit never
+uses as non-members) the removal climbs a ladder cheapest first — rung r takes 2^r·k CG steps at
+damping λ/2^r, closer to the undamped Newton step at twice the products — and keeps the first
+rung whose forget samples' mean loss at their labels reaches the calibration rows' under the same
+model: PUF's rule (``base.climb_ladder``, ``base.calibration_reached``). Every rung is computed
+afresh from the trained state and counted in the cost. A ladder that never reaches the level
+keeps its last rung, skips fine-tuning (training on the retained data brings the forget loss
+back down) and says so in ``notes["strength"]``; the certificate inputs are the kept rung's. Off
+by default, for PUF's reason: the mean loss does not predict the per-example audit
+(docs/methods.md, "Strength").
+
 Hyperparameters (default; the paper's value):
     cg_iterations: k, CG steps per affected client (10; 10).
     damping: λ in H + λI (0.01; 0.01). 0 is allowed when the objective is strongly convex.
@@ -71,6 +83,9 @@ Hyperparameters (default; the paper's value):
     lanczos_steps: m, Lanczos steps of the definiteness check below (20; the paper runs none).
     residual_tolerance: τ, the largest relative Newton residual certified (1e-3; the paper marks
         CG "converged" at 1e-4 in its Figure 1 and takes k = 10 for an error of 0.01 at κ ~ 100).
+    max_doublings: with calibration rows, how many times k may double and λ halve, see "Strength
+        per batch" (0: the chosen k and λ, unjudged, as in the paper).
+
 
 Cost. FLOPs: one training pass (F per sample, federation/cost.py) over the forget samples for
 g_i, and per Hessian-vector product 2·F per curvature sample — double backprop costs about two
@@ -81,7 +96,7 @@ federation's one with ``federation`` — unless CG met negative curvature on it 
 (2·P·B per transfer pair, Appendix B of the PUF paper): ``client``: θ down and Δθ_i up per
 affected client; ``federation``: θ down and g_i up per affected client, then per product the
 direction down and the product up per client with retained data. Plus the fine-tuning rounds,
-if any.
+if any, and with a ladder every rung climbed.
 
 Certificate (``bounded approximation``): the step v_i approximates the damped Newton step
 v_i* = (H + λI)⁻¹ g_i/n_r (the Hessian named in ``approximates``) — not the retrained model: the
@@ -126,6 +141,7 @@ approximates (``approximates``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,9 +149,9 @@ import torch
 
 from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION
 from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
-from fedunlearn.federation.local import Tensors
+from fedunlearn.federation.local import State, Tensors
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
-                                        fedavg_rounds, num_params)
+                                        calibrated_forget, climb_ladder, fedavg_rounds, num_params)
 from fedunlearn.unlearning.krylov import (CGResult, LanczosResult, Operator, add_to_parameters, conjugate_gradient,
                                           flat_objective, flatten_parameters, gradient, hvp_operator, lanczos,
                                           lanczos_ritz_values, ritz_values)
@@ -161,8 +177,26 @@ class KrylovStep:
     spectrum: LanczosResult | None = None  # of the operator CG solved with; None: CG proved it indefinite
 
 
+@dataclass
+class Removal:
+    """The server's step at one strength (k, λ): the unlearned state, what computing it cost, its
+    certificate inputs and the affected clients."""
+
+    state: State
+    cost: CostRecord
+    numbers: dict
+    clients: list[int]
+    cg_iterations: int
+    damping: float
+
+
 @register
 class HFKCU(UnlearningMethod):
+    """The Newton-step removal of the module docstring, whose "Hyperparameters" lists every option
+    with its default. ``max_doublings`` (default 0: off, the chosen k and λ as in the paper): with
+    calibration rows, how many times k may double and λ halve, cheapest first, until the forget
+    set's loss reaches the calibration rows' ("Strength per batch")."""
+
     name = "hf-kcu"
     settings = frozenset({"hfl"})
     request_kinds = frozenset({"sample", "class", "client"})
@@ -170,7 +204,8 @@ class HFKCU(UnlearningMethod):
 
     def __init__(self, *, cg_iterations: int = 10, damping: float = 0.01, beta: float | None = 0.01,
                  hessian: str = "client", hessian_batch: int | None = None, weights: str = "sum",
-                 finetune_rounds: int = 0, lanczos_steps: int = 20, residual_tolerance: float = 1e-3):
+                 finetune_rounds: int = 0, lanczos_steps: int = 20, residual_tolerance: float = 1e-3,
+                 max_doublings: int = 0):
         self.cg_iterations = cg_iterations
         self.damping = damping
         self.beta = beta
@@ -180,6 +215,7 @@ class HFKCU(UnlearningMethod):
         self.finetune_rounds = finetune_rounds
         self.lanczos_steps = lanczos_steps
         self.residual_tolerance = residual_tolerance
+        self.max_doublings = max_doublings
         self._require(isinstance(cg_iterations, int) and cg_iterations >= 1, "cg_iterations", "an integer >= 1")
         self._require(isinstance(lanczos_steps, int) and lanczos_steps >= 1, "lanczos_steps", "an integer >= 1")
         self._require(residual_tolerance > 0, "residual_tolerance", "> 0")
@@ -191,8 +227,40 @@ class HFKCU(UnlearningMethod):
         self._require(weights in WEIGHTS, "weights", f"one of {', '.join(WEIGHTS)}")
         self._require(isinstance(finetune_rounds, int) and finetune_rounds >= 0, "finetune_rounds",
                       "an integer >= 0")
+        self._require(isinstance(max_doublings, int) and max_doublings >= 0, "max_doublings", "an integer >= 0")
 
     def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+        forget = calibrated_forget(fed_state, batch, self.max_doublings)
+        climb = climb_ladder(fed_state, forget, self._rungs(fed_state, batch, forget is not None),
+                             state_of=lambda removal: removal.state,
+                             describe=lambda removal: {"cg_iterations": removal.cg_iterations,
+                                                       "damping": removal.damping})
+        removal = climb.chosen
+        monitor.record("unlearn", 1, removal.state)
+        # Training on the retained data brings the forget loss back down: a ladder that never reached
+        # the level stops here, as PUF stops before recovery, and costs its rungs only.
+        rounds = 0 if climb.reached is False else self.finetune_rounds
+        state, finetune_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=removal.state,
+                                             rounds=rounds, first_round=fed_state.train_config.rounds,
+                                             phase="finetune", monitor=monitor)
+        cost = sum((r.cost for r in climb.climbed), CostRecord()) + finetune_cost
+        return Outcome(state, cost, certificate_inputs=removal.numbers,
+                       notes={"target_clients": removal.clients, "hessian": self.hessian, "finetune_rounds": rounds,
+                              "strength": climb.ladder})
+
+    def _rungs(self, fed_state: FederatedState, batch: DeletionBatch, climbing: bool) -> Iterator["Removal"]:
+        """The removal at each rung, cheapest first: rung r takes 2^r·k CG steps at damping λ/2^r,
+        each rung nearer the undamped Newton step for twice the products. Each is computed afresh
+        from the trained state (λ changes the operator: nothing carries over); without
+        ``climbing``, the chosen (k, λ) alone."""
+        for r in range(self.max_doublings + 1 if climbing else 1):
+            method = self if r == 0 else type(self)(**{**self.get_params(), "max_doublings": 0,
+                                                        "cg_iterations": self.cg_iterations * 2 ** r,
+                                                        "damping": self.damping / 2 ** r})
+            yield method._removal(fed_state, batch)
+
+    def _removal(self, fed_state: FederatedState, batch: DeletionBatch) -> "Removal":
+        """Algorithm 1 at this method's (k, λ): every affected client's step, combined and applied."""
         retained = fed_state.retained_clients(batch)
         forget = fed_state.forget_by_client(batch)
         n_retained = sum(len(c) for c in retained)
@@ -211,15 +279,10 @@ class HFKCU(UnlearningMethod):
         delta = sum(w * s.step for w, s in zip(weights, steps))
         model = fed_state.model_from(fed_state.state)
         unlearned = add_to_parameters(fed_state.state, model, delta)
-        monitor.record("unlearn", 1, unlearned)
-        state, finetune_cost = fedavg_rounds(fed_state, retained, state=unlearned, rounds=self.finetune_rounds,
-                                             first_round=fed_state.train_config.rounds, phase="finetune",
-                                             monitor=monitor)
         hessian_clients = sum(1 for c in retained if len(c))
-        return Outcome(state, self._cost(fed_state, batch, steps, hessian_clients) + finetune_cost,
-                       certificate_inputs=self._numbers(steps, causal, delta),
-                       notes={"target_clients": [s.client for s in steps], "hessian": self.hessian,
-                              "finetune_rounds": self.finetune_rounds})
+        return Removal(unlearned, self._cost(fed_state, batch, steps, hessian_clients),
+                       self._numbers(steps, causal, delta), [s.client for s in steps], self.cg_iterations,
+                       self.damping)
 
     def _curvature_sample(self, fed_state: FederatedState, data: Tensors, client: int) -> Tensors:
         """All of ``data``, or a seeded mini-batch of ``hessian_batch`` of it."""
