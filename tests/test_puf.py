@@ -174,7 +174,7 @@ def test_end_to_end_forget_accuracy_moves_toward_the_retrained_model(digits_hfl,
 
     if method == "hf-kcu":
         # The federation's curvature: with the client's own (the paper's default) this client's
-        # forget accuracy stays where it was (hf_kcu.py's docstring).
+        # forget accuracy stays where it was (docs/methods.md, "hf-kcu").
         hyperparameters = {"hessian": "federation"}
     else:  # recover until the retrained model's test accuracy, as the paper does
         hyperparameters = {"target_test_acc": accuracy(digits_hfl.model_from(retrained), digits_hfl.test)}

@@ -1,17 +1,23 @@
-"""Strength per batch (fedunlearn/unlearning/puf.py, "Strength per batch"; base.calibration_reached),
-an option (``max_doublings``): with calibration rows — held-out samples the audit never uses as
-non-members — PUF climbs its (E_u, η_u) ladder cheapest first and stops at the first rung whose
-forget set's loss reaches the calibration rows'; a rung that reaches it runs recovery, a ladder that
-never does stops before recovery. Both branches on digits-canary-hfl."""
+"""Strength per batch (fedunlearn/unlearning/puf.py and hf_kcu.py, "Strength per batch";
+base.climb_ladder, base.calibration_reached), an option (``max_doublings``): with calibration rows —
+held-out samples the audit never uses as non-members — PUF climbs its (E_u, η_u) ladder and HF-KCU
+its (2^r·k CG steps, λ/2^r) ladder cheapest first, stopping at the first rung whose forget set's
+loss reaches the calibration rows'. A rung that reaches it goes on (PUF: recovery; HF-KCU:
+fine-tuning), a ladder that never does stops there; every rung climbed is paid for. Off by
+default. Both branches of both methods on digits-canary-hfl.
+"""
 
 import dataclasses
 
 import numpy as np
 import pytest
+import torch
 from memorising import canary_federation
 
 from fedunlearn.evaluation.audit import audit_forgetting
 from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.local import Tensors
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.base import calibration_reached
 
@@ -52,6 +58,7 @@ def test_a_ladder_that_never_reaches_the_level_climbs_cheapest_first_and_stops_b
         federation, ordinary_batch(federation, references))
     ladder = outcome.notes["strength"]
     assert len(ladder) == 9 and not any(rung["reached"] for rung in ladder)
+    assert [rung["rung"] for rung in ladder] == list(range(9))
     assert [(r["unlearn_epochs"], r["eta_u"]) for r in ladder][:4] == [(1, 2.0), (1, 4.0), (1, 8.0), (2, 2.0)]
     assert outcome.notes["recovery_rounds"] == 0
     assert outcome.cost.flops < 0.05 * training_cost.flops
@@ -77,3 +84,93 @@ def test_the_audit_reads_no_calibration_row(canaries):
         assert audit_forgetting(model, forget, references).auc == before.auc
     finally:
         federation.calibration = canaries[0].calibration
+
+
+def hf_kcu_rung(federation, batch, rung: int, **options):
+    """HF-KCU at ladder rung ``rung`` computed on its own: 2^rung·k CG steps at damping λ/2^rung, no ladder."""
+    chosen = get_method("hf-kcu", **options)
+    return get_method("hf-kcu", **{**chosen.get_params(), "max_doublings": 0, "finetune_rounds": 0,
+                                   "cg_iterations": chosen.cg_iterations * 2 ** rung,
+                                   "damping": chosen.damping / 2 ** rung}).unlearn(federation, batch)
+
+
+def summed(outcomes) -> CostRecord:
+    return sum((CostRecord(flops=o.cost.flops, comm_bytes=o.cost.comm_bytes) for o in outcomes), CostRecord())
+
+
+def test_hf_kcu_climbs_until_a_rung_reaches_the_level_and_pays_for_every_rung(canaries):
+    # Without the β cap, on ordinary samples: k = 10 and 20 leave the forget loss below the
+    # calibration rows', the third rung (40 CG steps, λ/4) lifts it above; the fourth is never computed.
+    federation, _, references, _ = canaries
+    batch = ordinary_batch(federation, references)
+    outcome = get_method("hf-kcu", beta=None, max_doublings=3, finetune_rounds=1).unlearn(federation, batch)
+    ladder = outcome.notes["strength"]
+    assert [(r["rung"], r["cg_iterations"], r["damping"], r["reached"]) for r in ladder] == [
+        (0, 10, 0.01, False), (1, 20, 0.005, False), (2, 40, 0.0025, True)]
+    assert ladder[-1]["forget_loss"] >= ladder[-1]["calibration_loss"]
+    # It gets there by damaging the model: never-seen samples' loss rises too (docs/methods.md, "Strength").
+    assert ladder[-1]["calibration_loss"] > 2 * ladder[0]["calibration_loss"]
+    numbers = outcome.certificate_inputs
+    assert (numbers["cg_iterations"], numbers["damping"]) == (40, 0.0025)  # the kept rung's
+    assert outcome.notes["finetune_rounds"] == 1
+
+    rungs = [hf_kcu_rung(federation, batch, r, beta=None) for r in range(3)]
+    finetune = [h for h in outcome.history if h["phase"] == "finetune"]
+    assert len(finetune) == 1 and outcome.cost.flops > summed(rungs).flops  # the rungs, plus one round
+    without_finetune = get_method("hf-kcu", beta=None, max_doublings=3).unlearn(federation, batch)
+    assert without_finetune.cost.flops == pytest.approx(summed(rungs).flops, rel=1e-12)
+    assert without_finetune.cost.comm_bytes == summed(rungs).comm_bytes
+    assert all(torch.equal(without_finetune.state[k], rungs[2].state[k]) for k in rungs[2].state)
+
+
+def test_hf_kcu_ladder_that_never_reaches_the_level_stops_at_max_doublings_without_fine_tuning(canaries):
+    # The β cap keeps every rung's step small: the generalisation gap stays open at each.
+    federation, _, references, _ = canaries
+    batch = ordinary_batch(federation, references)
+    outcome = get_method("hf-kcu", max_doublings=2, finetune_rounds=3).unlearn(federation, batch)
+    ladder = outcome.notes["strength"]
+    assert [(r["rung"], r["cg_iterations"], r["damping"]) for r in ladder] == [(0, 10, 0.01), (1, 20, 0.005),
+                                                                                (2, 40, 0.0025)]
+    assert not any(r["reached"] for r in ladder)
+    assert all(r["forget_loss"] < r["calibration_loss"] for r in ladder)
+    assert outcome.notes["finetune_rounds"] == 0
+    assert not [h for h in outcome.history if h["phase"] == "finetune"]
+
+    rungs = [hf_kcu_rung(federation, batch, r) for r in range(3)]
+    assert outcome.cost.flops == pytest.approx(summed(rungs).flops, rel=1e-12)
+    assert outcome.cost.comm_bytes == summed(rungs).comm_bytes
+    assert outcome.cost.flops > 3 * rungs[0].cost.flops  # each rung dearer than the one before
+    assert all(torch.equal(outcome.state[k], rungs[2].state[k]) for k in rungs[2].state)  # the last rung kept
+    assert outcome.certificate_inputs == rungs[2].certificate_inputs
+
+
+def test_the_canaries_mean_loss_is_above_the_level_before_any_step(canaries):
+    # Why the criterion is off by default for both methods: mislabelled canaries pass it unremoved.
+    federation, _, _, batch = canaries
+    assert calibration_reached(federation, federation.state, federation.forget_data(batch)).reached
+    outcome = get_method("hf-kcu", max_doublings=2).unlearn(federation, batch)
+    assert [r["reached"] for r in outcome.notes["strength"]] == [True]
+
+
+def test_hf_kcu_by_default_never_reads_the_calibration_rows(canaries):
+    # max_doublings=0: the chosen k and λ, unjudged. Empty calibration rows would make any
+    # judgement raise; the default runs on them, and with rows or without, gives the same step.
+    federation, _, _, batch = canaries
+    no_rows = Tensors(federation.calibration.x[:0], federation.calibration.y[:0], federation.calibration.sample_ids[:0])
+    with pytest.raises(ValueError, match="calibration rows"):
+        get_method("hf-kcu", max_doublings=1).unlearn(dataclasses.replace(federation, calibration=no_rows), batch)
+    runs = [get_method("hf-kcu").unlearn(dataclasses.replace(federation, calibration=no_rows), batch),
+            get_method("hf-kcu", max_doublings=0).unlearn(federation, batch),
+            get_method("hf-kcu", max_doublings=3).unlearn(dataclasses.replace(federation, calibration=None), batch),
+            hf_kcu_rung(federation, batch, 0)]
+    for run in runs:
+        assert run.notes["strength"] == []
+        assert all(torch.equal(run.state[k], runs[0].state[k]) for k in runs[0].state)
+        assert (run.cost.flops, run.cost.comm_bytes) == (runs[0].cost.flops, runs[0].cost.comm_bytes)
+        assert run.certificate_inputs == runs[0].certificate_inputs
+
+
+def test_hf_kcu_max_doublings_is_validated():
+    for bad in (-1, 1.5, None):
+        with pytest.raises(ValueError, match="hf-kcu: max_doublings must be an integer >= 0"):
+            get_method("hf-kcu", max_doublings=bad)

@@ -19,9 +19,9 @@ import dataclasses
 import inspect
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -134,6 +134,49 @@ def calibration_reached(fed_state: FederatedState, state: State, forget: Tensors
         losses = [float(torch.nn.functional.cross_entropy(predict_logits(model, data.x), data.y))
                   for data in (forget, fed_state.calibration)]
     return Calibration(*losses)
+
+
+Rung = TypeVar("Rung")
+
+
+@dataclass
+class Climb(Generic[Rung]):
+    """A strength ladder as climbed: every rung computed, cheapest first (the last is the one kept;
+    each was paid for), what each judged rung read (``ladder``, the outcome's ``strength`` note) and
+    whether the kept rung reached the calibration level (None: nothing was judged)."""
+
+    climbed: list[Rung]
+    ladder: list[dict[str, Any]]
+    reached: bool | None
+
+    @property
+    def chosen(self) -> Rung:
+        return self.climbed[-1]
+
+
+def calibrated_forget(fed_state: FederatedState, batch: DeletionBatch, max_doublings: int) -> Tensors | None:
+    """The forget samples a ladder is judged on, or None where there is no ladder to climb: no
+    calibration rows, or ``max_doublings=0`` (the chosen strength, unjudged)."""
+    return fed_state.forget_data(batch) if fed_state.calibration is not None and max_doublings > 0 else None
+
+
+def climb_ladder(fed_state: FederatedState, forget: Tensors | None, rungs: Iterable[Rung],
+                 state_of: Callable[[Rung], State], describe: Callable[[Rung], dict[str, Any]]) -> Climb[Rung]:
+    """Climb ``rungs`` (computed lazily, cheapest first) until one's state reaches the calibration
+    level (``calibration_reached``); every rung when none does. With ``forget=None`` the first rung
+    is kept unjudged, so a method without a ladder runs exactly its chosen strength."""
+    climbed: list[Rung] = []
+    ladder: list[dict[str, Any]] = []
+    for rung in rungs:
+        climbed.append(rung)
+        if forget is None:
+            return Climb(climbed, ladder, None)
+        judged = calibration_reached(fed_state, state_of(rung), forget)
+        ladder.append({"rung": len(ladder), **describe(rung), "forget_loss": judged.forget_loss,
+                       "calibration_loss": judged.calibration_loss, "reached": judged.reached})
+        if judged.reached:
+            return Climb(climbed, ladder, True)
+    return Climb(climbed, ladder, False)
 
 
 @dataclass

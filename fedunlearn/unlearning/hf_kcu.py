@@ -1,11 +1,10 @@
-"""HF-KCU — Hessian-free Krylov causal unlearning (hf-kcu-krylov-causal-unlearning.txt: "Causal
-Unlearning in Collaborative Optimization: Exact and Approximate Influence Reversal under
-Adversarial Contributions", §3, Algorithm 1, Appendix A.2).
+"""HF-KCU — Hessian-free Krylov causal unlearning: an influence-function removal (one Newton step
+on the retained objective) computed without forming the Hessian [1] (§3, Algorithm 1,
+Appendix A.2).
 
-An influence-function (one Newton step) removal computed without forming the Hessian: each
-client holding forget data solves a damped Hessian system by k conjugate-gradient steps whose
-Hessian-vector products come from double backprop (``krylov.py``). Per affected client i, with
-U_i its forget samples and n_r the retained samples of the whole federation:
+Each client holding forget data solves a damped Hessian system by k conjugate-gradient steps
+whose Hessian-vector products come from double backprop [3, 4] (``krylov.py``). Per affected
+client i, with U_i its forget samples and n_r the retained samples of the whole federation:
 
     g_i  = Σ_{u∈U_i} ∇f_u(θ)        f_u = CE_u + (l2/2)‖θ‖²: the SUM of per-sample objective terms,
                                     regulariser included (federation.local.objective, per sample)
@@ -13,50 +12,43 @@ U_i its forget samples and n_r the retained samples of the whole federation:
     Δθ_i = scale_i · v_i,  scale_i = min(1, β‖θ‖/‖v_i‖)        (Algorithm 1 line 17, Eq. 21)
     server: θ ← θ + Σ_i w_i Δθ_i                                  (line 24–25; see ``weights``)
 
-Scaling and sign. At the optimum θ* of the mean objective over all n samples the retained and
-forget gradients cancel, Σ_retained ∇f(θ*) = −g, so the mean retained objective
-L_r = (1/n_r) Σ_retained f has ∇L_r(θ*) = −g/n_r and one Newton step on it is
+Sign. The step is +v, the removal direction: from the trained optimum, θ + H_r⁻¹ g/n_r is one
+Newton step on the mean retained objective, the influence of up-weighting the forget samples by
+−1/n [2]. The paper writes Δθ = −H⁻¹∇ℓ(D_u) (Eq. 3, 8) and Δθ_raw = −v_k (line 15); read
+literally, that step descends the forget loss, i.e. learns the forget data further (docs/DESIGN.md
+§3). The derivation, and the convex oracle test that checks the sign against the exactly
+retrained optimum (tests/test_hf_kcu.py): docs/methods.md, "hf-kcu".
 
-    θ* − H_r⁻¹ ∇L_r(θ*) = θ* + H_r⁻¹ g / n_r,      H_r = ∇²L_r (L2 term included)
-
-— Koh & Liang's influence of up-weighting D_u by −1/n. In the paper's notation g_i / n_r is
-w_i ∇ℓ_i(θ; U_i) with ℓ_i the mean over U_i and w_i = |U_i|/n_r the size weight of Eq. 1/33.
-The paper writes Δθ = −H⁻¹∇ℓ(D_u) (Eq. 3, 8) and Δθ_raw = −v_k (line 15); read literally, that
-step DEScends the forget loss, i.e. learns the forget data further. We take the removal
-direction +v (DESIGN.md §3), which the convex oracle test (tests/test_hf_kcu.py) confirms
-against the exactly retrained optimum.
-
-Which Hessian (``hessian``) — measured by the convex oracle test (L2-regularised logistic
-regression over breast_cancer, 10 IID clients of 32–65 samples, l2 = 0.01, float64, β off,
-λ = 0, converged CG), distance to the exactly retrained optimum before → after the step:
-
-* ``"client"`` (the paper, Algorithm 1 line 5; default): client i's own curvature, over its
-  retained samples (over its whole data D_i, as line 5 writes, when a client-level request leaves
-  it none). Local: one download and one upload per affected client. But a few dozen samples in
-  62 dimensions give a Hessian far from the federation's: 0.0132 → 0.0161 (1% of the samples
-  deleted from one client), 0.151 → 0.149 (5%), 0.131 → 0.147 (5% spread over all 10 clients)
-  — no better than not unlearning.
-* ``"federation"``: H_r itself, Σ_j (n_j^r/n_r) H_j over every client's retained samples. Each
-  CG iteration is one federated round: the server broadcasts the direction, every client with
-  retained data returns its Hessian-vector product. The Newton step above, exactly:
-  0.0132 → 5.4e-5, 0.151 → 3.8e-3, 0.131 → 3.8e-3 (34–245× closer; the paper's literal sign:
-  0.0265, 0.303, 0.262, twice as far as before).
-
-On a neural network neither is the retrained model: on the small CNN the curvature is
-indefinite at the trained point, CG meets negative curvature within k = 10 steps and the
-certificate says so (below). On digits-hfl, removing the largest client, the federation's
-curvature moved forget accuracy toward the retrained model's and the client's own did not
-(tests/test_puf.py). Its cost against retraining, with the client's whole data and with
-``hessian_batch=256``: docs/BENCHMARKS.md.
+Which Hessian (``hessian``). ``"client"`` (the paper, Algorithm 1 line 5; default): client i's own
+curvature over its retained samples (over its whole data D_i, as line 5 writes, when a
+client-level request leaves it none). Local: one download and one upload per affected client, but
+a few dozen samples give a Hessian far from the federation's. ``"federation"``: H_r itself,
+Σ_j (n_j^r/n_r) H_j over every client's retained samples. Each CG iteration is one federated round:
+the server broadcasts the direction, every client with retained data returns its Hessian-vector
+product. Its step is the Newton step above, exactly. On a neural network neither is the retrained
+model: the curvature can be indefinite at the trained point, which the certificate reports
+(below). What each choice did on the oracle and on digits-hfl: docs/methods.md; its cost against
+retraining: docs/BENCHMARKS.md.
 
 Combining clients (``weights``). The removal step of a union of deletions is the SUM of the
 per-client steps (H⁻¹ is linear in g), so ``"sum"`` (w_i = 1; default) is the Newton step on the
 global retained objective when the clients share H (``hessian="federation"``). The paper's
 causal weights α_i = ‖g_i‖/Σ_affected‖g_j‖ (Eq. 7; ``"causal"``) sum to 1 and shrink the step by
-up to the number of affected clients (oracle, 5% spread over 10 clients: 0.131 → 0.0386 with
-α_i, 3.8e-3 summed); both coincide for one affected client, the case the paper evaluates.
-Either way a client without forget data contributes nothing (g_i = 0: the paper's causal
-isolation), and α_i is recorded.
+up to the number of affected clients; both coincide for one affected client, the case the paper
+evaluates. Either way a client without forget data contributes nothing (g_i = 0: the paper's
+causal isolation), and α_i is recorded.
+
+Strength per batch (``max_doublings``; not in the paper; docs/DESIGN.md §3, "Calibration
+rows"). With calibration rows (``FederatedState.calibration``: held-out samples the audit never
+uses as non-members) the removal climbs a ladder cheapest first — rung r takes 2^r·k CG steps at
+damping λ/2^r, closer to the undamped Newton step at twice the products — and keeps the first
+rung whose forget samples' mean loss at their labels reaches the calibration rows' under the same
+model: PUF's rule (``base.climb_ladder``, ``base.calibration_reached``). Every rung is computed
+afresh from the trained state and counted in the cost. A ladder that never reaches the level
+keeps its last rung, skips fine-tuning (training on the retained data brings the forget loss
+back down) and says so in ``notes["strength"]``; the certificate inputs are the kept rung's. Off
+by default, for PUF's reason: the mean loss does not predict the per-example audit
+(docs/methods.md, "Strength").
 
 Hyperparameters (default; the paper's value):
     cg_iterations: k, CG steps per affected client (10; 10).
@@ -64,24 +56,25 @@ Hyperparameters (default; the paper's value):
     beta: β of the adaptive scale min(1, β‖θ‖/‖v‖) (0.01; 0.01); None switches it off.
     hessian: "client" or "federation", see above ("client"; the paper's line 5).
     hessian_batch: curvature on a seeded random mini-batch of this many samples per client, as
-        Hessian-free optimisation estimates curvature (None: all the client's samples; the
+        Hessian-free optimisation estimates curvature [4] (None: all the client's samples; the
         paper does not say). Recorded with the sample counts in the certificate inputs.
     weights: "sum" or "causal", see above ("sum"; the paper's α_i is "causal").
     finetune_rounds: FedAvg rounds on the retained data after the step (0; the paper: none).
     lanczos_steps: m, Lanczos steps of the definiteness check below (20; the paper runs none).
     residual_tolerance: τ, the largest relative Newton residual certified (1e-3; the paper marks
         CG "converged" at 1e-4 in its Figure 1 and takes k = 10 for an error of 0.01 at κ ~ 100).
+    max_doublings: with calibration rows, how many times k may double and λ halve, see "Strength
+        per batch" (0: the chosen k and λ, unjudged, as in the paper).
 
 Cost. FLOPs: one training pass (F per sample, federation/cost.py) over the forget samples for
 g_i, and per Hessian-vector product 2·F per curvature sample — double backprop costs about two
-gradient evaluations (Pearlmutter; what a product costs against training epochs: docs/DESIGN.md §4,
-docs/BENCHMARKS.md). Products: k (CG) + 1 (the true residual) per
-affected client, and m (Lanczos) per operator — each affected client's own with ``client``, the
-federation's one with ``federation`` — unless CG met negative curvature on it (below). Bytes
-(2·P·B per transfer pair, Appendix B of the PUF paper): ``client``: θ down and Δθ_i up per
-affected client; ``federation``: θ down and g_i up per affected client, then per product the
-direction down and the product up per client with retained data. Plus the fine-tuning rounds,
-if any.
+gradient evaluations [3] (what a product costs against training epochs: docs/DESIGN.md §4,
+docs/BENCHMARKS.md). Products: k (CG) + 1 (the true residual) per affected client, and m
+(Lanczos) per operator — each affected client's own with ``client``, the federation's one with
+``federation`` — unless CG met negative curvature on it (below). Bytes (2·P·B per transfer pair,
+[5] Appendix B): ``client``: θ down and Δθ_i up per affected client; ``federation``: θ down and
+g_i up per affected client, then per product the direction down and the product up per client
+with retained data. Plus the fine-tuning rounds, if any, and with a ladder every rung climbed.
 
 Certificate (``bounded approximation``): the step v_i approximates the damped Newton step
 v_i* = (H + λI)⁻¹ g_i/n_r (the Hessian named in ``approximates``) — not the retrained model: the
@@ -90,42 +83,45 @@ assumption of ``certify.certificate_for`` that downgrades it to ``not certified`
 
 * ``positive_definite_damped_hessian``: CG's error bound (Eq. 6) needs H + λI positive definite.
   CG's step sizes α_t ≥ 0 do not show it, and neither do the Ritz values from CG's coefficients
-  (``krylov.ritz_values``; they have the signs of the α_t, see ``krylov``): an MLP on digits (300
-  samples, 8 hidden units, 682 parameters, 300 full-batch SGD steps) with 14 eigenvalues of
-  H_r + 0.01 I negative (λ_min = −0.031) gave ten positive α_t. So m Lanczos steps from a seeded
-  random start vector (``krylov.lanczos``; power iteration is dominated: its iterates lie in the
-  same Krylov space) estimate λ_min as the smallest Ritz value of both runs. That is a Rayleigh
-  quotient, ≥ λ_min: a negative estimate proves H + λI indefinite, a positive one is evidence,
-  not proof. The same MLP after 0 to 1200 SGD steps: three of seven indefinite with every
-  α_t > 0; m = 10 found none of the three, m = 20 two (−0.059 for λ_min = −0.077, −0.031 for
-  −0.031; a lone eigenvalue at −0.0015 was missed), m = 30 all three. m = 20 doubles the
-  products of k = 10: the price of the check where it decides. Where CG itself meets negative
-  curvature (an α_t < 0 proves it: p_tᵀ(H + λI)p_t < 0) the Lanczos run is skipped, as on the
-  small CNN of digits-hfl, where the cost stays k + 1 products.
-* ``untruncated_newton_step``: scale_i = 1. The β cap is a trust region with no error bound: on
-  the convex oracle (5% of one client's samples, federation Hessian) the paper's β = 0.01 cut
-  the step to 22% of its length and it covered 14% of the distance to the retrained optimum.
+  (``krylov.ritz_values``; they have the signs of the α_t, see ``krylov``). So m Lanczos steps
+  from a seeded random start vector (``krylov.lanczos``; power iteration is dominated: its iterates
+  lie in the same Krylov space) estimate λ_min as the smallest Ritz value of both runs. That is a
+  Rayleigh quotient, ≥ λ_min: a negative estimate proves H + λI indefinite, a positive one is
+  evidence, not proof. Where CG itself meets negative curvature (an α_t < 0 proves it:
+  p_tᵀ(H + λI)p_t < 0) the Lanczos run is skipped and the cost stays k + 1 products. Why m = 20:
+  docs/methods.md.
+* ``untruncated_newton_step``: scale_i = 1. The β cap is a trust region with no error bound.
 * ``newton_residual_within_tolerance``: ρ_i = ‖(H + λI)v_i − b_i‖/‖b_i‖ ≤ τ, b_i = g_i/n_r,
   computed with one more product (CG's recursive residual drifts from the true one in finite
-  precision). Since ‖v − v*‖ ≤ ‖A⁻¹‖‖Av − b‖ and ‖b‖ ≤ ‖A‖‖v*‖, the relative error of the step
-  is at most κ·ρ: τ = 1e-3 keeps it within 10% for κ ≤ 100, the regime k = 10 is meant for.
-  The oracle at k = 10 reaches 6e-7 to 3e-4; the MLP above 0.46.
+  precision). The relative error of the step is at most κ·ρ (docs/methods.md).
 
 Numbers, per affected client: the CG residual norms, the scale applied (``scale``), the true
 relative residual (``newton_relative_residual``), whether Lanczos ran (``lanczos_ran``),
 ``lambda_min_estimate`` and ``lambda_max_estimate`` of H + λI (the extreme Ritz values of both
 runs), ``condition_estimate`` = their ratio (a lower bound on κ), ``ritz_range`` of CG's own
-Ritz values, and ``damping_bias_estimate`` = λ/λ_min(H + λI): for H positive definite the damped
-step differs from the undamped Newton step by at most this fraction of it
-((H + λI)⁻¹ − H⁻¹ = −λ(H + λI)⁻¹H⁻¹), estimated from below as λ_min is from above. It is
-reported, not checked: at the paper's λ = 0.01 on the oracle (l2 = 0.01) it is 0.5, and the
-federation-Hessian step, converged and untruncated, lands 38% of the original distance from the
-retrained optimum. Also k, λ, β, m, τ, the Hessian and its sample counts, and what the step
-approximates (``approximates``).
+Ritz values, and ``damping_bias_estimate`` = λ/λ_min(H + λI): for H positive definite, the
+fraction of the undamped Newton step by which the damped step may differ from it (docs/methods.md),
+estimated from below as λ_min is from above. It is reported, not checked. Also k, λ, β, m, τ, the
+Hessian and its sample counts, and what the step approximates (``approximates``).
+
+References
+----------
+.. [1] A. Mahdavi, A. Zamanifar, A. F. Farhadi and O. Kashefi, "Causal Unlearning in Collaborative
+   Optimization: Exact and Approximate Influence Reversal under Adversarial Contributions",
+   arXiv:2605.20341, 2026 (hf-kcu-krylov-causal-unlearning.txt).
+.. [2] P. W. Koh and P. Liang, "Understanding Black-box Predictions via Influence Functions",
+   ICML 2017.
+.. [3] B. A. Pearlmutter, "Fast Exact Multiplication by the Hessian", Neural Computation 6(1),
+   pp. 147–160, 1994.
+.. [4] J. Martens, "Deep Learning via Hessian-free Optimization", ICML 2010.
+.. [5] A. Mora, C. Mazzocca, R. Montanari and P. Bellavista, "Federated Unlearning Made Practical:
+   Seamless Integration via Negated Pseudo-Gradients" (puf-negated-pseudo-gradients.txt), the
+   byte count of its Appendix B.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,9 +129,9 @@ import torch
 
 from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION
 from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
-from fedunlearn.federation.local import Tensors
+from fedunlearn.federation.local import State, Tensors
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
-                                        fedavg_rounds, num_params)
+                                        calibrated_forget, climb_ladder, fedavg_rounds, num_params)
 from fedunlearn.unlearning.krylov import (CGResult, LanczosResult, Operator, add_to_parameters, conjugate_gradient,
                                           flat_objective, flatten_parameters, gradient, hvp_operator, lanczos,
                                           lanczos_ritz_values, ritz_values)
@@ -161,8 +157,26 @@ class KrylovStep:
     spectrum: LanczosResult | None = None  # of the operator CG solved with; None: CG proved it indefinite
 
 
+@dataclass
+class Removal:
+    """The server's step at one strength (k, λ): the unlearned state, what computing it cost, its
+    certificate inputs and the affected clients."""
+
+    state: State
+    cost: CostRecord
+    numbers: dict
+    clients: list[int]
+    cg_iterations: int
+    damping: float
+
+
 @register
 class HFKCU(UnlearningMethod):
+    """The Newton-step removal of the module docstring, whose "Hyperparameters" lists every option
+    with its default. ``max_doublings`` (default 0: off, the chosen k and λ as in the paper): with
+    calibration rows, how many times k may double and λ halve, cheapest first, until the forget
+    set's loss reaches the calibration rows' ("Strength per batch")."""
+
     name = "hf-kcu"
     settings = frozenset({"hfl"})
     request_kinds = frozenset({"sample", "class", "client"})
@@ -170,7 +184,8 @@ class HFKCU(UnlearningMethod):
 
     def __init__(self, *, cg_iterations: int = 10, damping: float = 0.01, beta: float | None = 0.01,
                  hessian: str = "client", hessian_batch: int | None = None, weights: str = "sum",
-                 finetune_rounds: int = 0, lanczos_steps: int = 20, residual_tolerance: float = 1e-3):
+                 finetune_rounds: int = 0, lanczos_steps: int = 20, residual_tolerance: float = 1e-3,
+                 max_doublings: int = 0):
         self.cg_iterations = cg_iterations
         self.damping = damping
         self.beta = beta
@@ -180,6 +195,7 @@ class HFKCU(UnlearningMethod):
         self.finetune_rounds = finetune_rounds
         self.lanczos_steps = lanczos_steps
         self.residual_tolerance = residual_tolerance
+        self.max_doublings = max_doublings
         self._require(isinstance(cg_iterations, int) and cg_iterations >= 1, "cg_iterations", "an integer >= 1")
         self._require(isinstance(lanczos_steps, int) and lanczos_steps >= 1, "lanczos_steps", "an integer >= 1")
         self._require(residual_tolerance > 0, "residual_tolerance", "> 0")
@@ -191,8 +207,40 @@ class HFKCU(UnlearningMethod):
         self._require(weights in WEIGHTS, "weights", f"one of {', '.join(WEIGHTS)}")
         self._require(isinstance(finetune_rounds, int) and finetune_rounds >= 0, "finetune_rounds",
                       "an integer >= 0")
+        self._require(isinstance(max_doublings, int) and max_doublings >= 0, "max_doublings", "an integer >= 0")
 
     def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+        forget = calibrated_forget(fed_state, batch, self.max_doublings)
+        climb = climb_ladder(fed_state, forget, self._rungs(fed_state, batch, forget is not None),
+                             state_of=lambda removal: removal.state,
+                             describe=lambda removal: {"cg_iterations": removal.cg_iterations,
+                                                       "damping": removal.damping})
+        removal = climb.chosen
+        monitor.record("unlearn", 1, removal.state)
+        # Training on the retained data brings the forget loss back down: a ladder that never reached
+        # the level stops here, as PUF stops before recovery, and costs its rungs only.
+        rounds = 0 if climb.reached is False else self.finetune_rounds
+        state, finetune_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=removal.state,
+                                             rounds=rounds, first_round=fed_state.train_config.rounds,
+                                             phase="finetune", monitor=monitor)
+        cost = sum((r.cost for r in climb.climbed), CostRecord()) + finetune_cost
+        return Outcome(state, cost, certificate_inputs=removal.numbers,
+                       notes={"target_clients": removal.clients, "hessian": self.hessian, "finetune_rounds": rounds,
+                              "strength": climb.ladder})
+
+    def _rungs(self, fed_state: FederatedState, batch: DeletionBatch, climbing: bool) -> Iterator["Removal"]:
+        """The removal at each rung, cheapest first: rung r takes 2^r·k CG steps at damping λ/2^r,
+        each rung nearer the undamped Newton step for twice the products. Each is computed afresh
+        from the trained state (λ changes the operator: nothing carries over); without
+        ``climbing``, the chosen (k, λ) alone."""
+        for r in range(self.max_doublings + 1 if climbing else 1):
+            method = self if r == 0 else type(self)(**{**self.get_params(), "max_doublings": 0,
+                                                        "cg_iterations": self.cg_iterations * 2 ** r,
+                                                        "damping": self.damping / 2 ** r})
+            yield method._removal(fed_state, batch)
+
+    def _removal(self, fed_state: FederatedState, batch: DeletionBatch) -> "Removal":
+        """Algorithm 1 at this method's (k, λ): every affected client's step, combined and applied."""
         retained = fed_state.retained_clients(batch)
         forget = fed_state.forget_by_client(batch)
         n_retained = sum(len(c) for c in retained)
@@ -211,15 +259,10 @@ class HFKCU(UnlearningMethod):
         delta = sum(w * s.step for w, s in zip(weights, steps))
         model = fed_state.model_from(fed_state.state)
         unlearned = add_to_parameters(fed_state.state, model, delta)
-        monitor.record("unlearn", 1, unlearned)
-        state, finetune_cost = fedavg_rounds(fed_state, retained, state=unlearned, rounds=self.finetune_rounds,
-                                             first_round=fed_state.train_config.rounds, phase="finetune",
-                                             monitor=monitor)
         hessian_clients = sum(1 for c in retained if len(c))
-        return Outcome(state, self._cost(fed_state, batch, steps, hessian_clients) + finetune_cost,
-                       certificate_inputs=self._numbers(steps, causal, delta),
-                       notes={"target_clients": [s.client for s in steps], "hessian": self.hessian,
-                              "finetune_rounds": self.finetune_rounds})
+        return Removal(unlearned, self._cost(fed_state, batch, steps, hessian_clients),
+                       self._numbers(steps, causal, delta), [s.client for s in steps], self.cg_iterations,
+                       self.damping)
 
     def _curvature_sample(self, fed_state: FederatedState, data: Tensors, client: int) -> Tensors:
         """All of ``data``, or a seeded mini-batch of ``hessian_batch`` of it."""

@@ -20,8 +20,8 @@ give the Lanczos tridiagonal matrix T_k of the Krylov space of b for free. But C
 LDLᵀ factorisation whose pivots are 1/α_t, so by Sylvester's law of inertia T_k has exactly as
 many negative eigenvalues as CG has negative step sizes: CG's own Ritz values can never reveal
 more than the signs of its α_t do, and a right-hand side with little weight on the negative
-eigenvectors leaves them unseen (an MLP with 14 of 682 eigenvalues of H + 0.01 I negative gave
-ten positive α_t; hf_kcu.py). ``lanczos`` runs a separate Lanczos process from a random start
+eigenvectors leaves them unseen (an MLP whose damped Hessian is indefinite gave only positive
+α_t: docs/methods.md, "hf-kcu"). ``lanczos`` runs a separate Lanczos process from a random start
 vector, which has weight on every eigenvector; its extreme Ritz values converge to both ends of
 the spectrum first (Kaniel–Paige–Saad), at least as fast as power iteration, whose iterates lie
 in the same Krylov space. Every Ritz value is a Rayleigh quotient, so min Ritz ≥ λ_min: a

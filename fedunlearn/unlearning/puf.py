@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -43,7 +44,8 @@ from fedunlearn.federation.cost import CostRecord, communication_bytes, training
 from fedunlearn.federation.fedavg import ClientUpdate, FedAvg
 from fedunlearn.federation.local import State, accuracy
 from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
-                                        calibration_reached, fedavg_rounds, num_params)
+                                        calibrated_forget, calibration_reached, climb_ladder, fedavg_rounds,
+                                        num_params)
 from fedunlearn.unlearning.registry import register
 
 
@@ -137,28 +139,29 @@ class _PUF(UnlearningMethod):
 
     def _unlearning_step(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> "_Step":
         """The unlearning round at the first rung that reaches the calibration level (the chosen
-        strength without calibration rows); ``declined`` when none does."""
-        rungs = self._rungs(fed_state)
-        computed_for = rungs[0][0]
-        targets = self._target_updates(fed_state, batch, round_idx, computed_for)
-        remaining = self._remaining_updates(fed_state, batch, round_idx)
-        cost = self._round_cost(fed_state, remaining, targets, computed_for, 0.0)
-        calibrated = fed_state.calibration is not None and self.max_doublings > 0
-        forget = fed_state.forget_data(batch) if calibrated else None
-        ladder: list[dict] = []
-        for epochs, eta_u in rungs:
-            if epochs != computed_for:  # a longer local run: the targets' updates again
+        strength without calibration rows); ``declined`` when none does. Its cost is every rung's."""
+        climb = climb_ladder(fed_state, calibrated_forget(fed_state, batch, self.max_doublings),
+                             self._rounds(fed_state, batch, round_idx), state_of=lambda step: step.state,
+                             describe=lambda step: {"unlearn_epochs": step.epochs, "eta_u": step.eta_u})
+        cost = sum((step.cost for step in climb.climbed), CostRecord())
+        return dataclasses.replace(climb.chosen, cost=cost, ladder=climb.ladder, declined=climb.reached is False)
+
+    def _rounds(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> Iterator["_Step"]:
+        """The unlearning round at each rung, cheapest first, each with what it adds to the cost: the
+        targets' updates are recomputed (and paid for) only when E_u changes, the remaining clients'
+        computed once; a larger η_u is the server step alone."""
+        remaining: list[ClientUpdate] | None = None
+        computed_for = None
+        for epochs, eta_u in self._rungs(fed_state):
+            cost = CostRecord()
+            if epochs != computed_for:
                 targets, computed_for = self._target_updates(fed_state, batch, round_idx, epochs), epochs
-                cost = cost + self._round_cost(fed_state, [], targets, epochs, 0.0)
+                first = remaining is None
+                if first:
+                    remaining = self._remaining_updates(fed_state, batch, round_idx)
+                cost = self._round_cost(fed_state, remaining if first else [], targets, epochs, 0.0)
             unlearned = self._server_step(fed_state.state, remaining, targets, eta_u)
-            if forget is None:
-                return _Step(unlearned, targets, remaining, cost, epochs, eta_u, [], declined=False)
-            judged = calibration_reached(fed_state, unlearned, forget)
-            ladder.append({"unlearn_epochs": epochs, "eta_u": eta_u, "forget_loss": judged.forget_loss,
-                           "calibration_loss": judged.calibration_loss, "reached": judged.reached})
-            if judged.reached:
-                return _Step(unlearned, targets, remaining, cost, epochs, eta_u, ladder, declined=False)
-        return _Step(unlearned, targets, remaining, cost, epochs, eta_u, ladder, declined=True)
+            yield _Step(unlearned, targets, remaining, cost, epochs, eta_u, [], declined=False)
 
     def _target_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int,
                         epochs: int) -> list[ClientUpdate]:
@@ -206,8 +209,9 @@ class _PUF(UnlearningMethod):
 
 @dataclasses.dataclass
 class _Step:
-    """The unlearning round as run: its state, updates, cost (FLOPs and bytes of every rung
-    computed), the strength used and the ladder climbed (empty without calibration rows)."""
+    """The unlearning round at one strength: its state, updates, cost (as a rung, what it added;
+    as the round run, every rung computed), the strength used and the ladder climbed (empty without
+    calibration rows)."""
 
     state: State
     targets: list[ClientUpdate]
