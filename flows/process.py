@@ -117,10 +117,9 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     the attempts in order (default: the method, stronger, another method, exact retrain);
     ``retrain_reference`` retrains the gold standard on the new data version first, for the gates.
     ``forgetting_policy`` (default params.yaml's): ``interim`` serves the first attempt that fails no
-    check and keeps utility and schedules the exact retrain before the deadlines; ``strict``
-    escalates until an attempt passes every check. With nothing pending nothing changes."""
-    clock = FlowClock()
-    ws = Workspace.open(root)
+    check and keeps utility, the exact retrain scheduled before the deadlines; ``strict`` escalates
+    until an attempt passes every check. With nothing pending nothing changes."""
+    clock, ws = FlowClock(), Workspace.open(root)
     cfg = ws.scenario(scenario)
     tier_policy = ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy)
     choose_method(method, cfg.setting)  # an unknown name fails before anything is taken
@@ -149,9 +148,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         with stage(record, "unlearn and register"), gpu_slot(resolve_device(device or ws.params.device)):
             outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
                                            policy=policy, gates=gates, retrain_reference=retrain_reference,
-                                           device=device, forgetting=tier_policy,
-                                           chosen_by_user=bool(escalation or method_options)
-                                           or MethodChoice(method).value != "auto")
+                                           device=device, forgetting=tier_policy, chosen_by_user=bool(
+                                               escalation or method_options or MethodChoice(method).value != "auto"))
         clock.stage("unlearn-and-register")
         with stage(record, "alias and receipt"):
             receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
