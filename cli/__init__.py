@@ -16,7 +16,8 @@ from typing import NoReturn
 
 from fedunlearn.errors import FedunlearnError, as_no_space, watch_filesystems
 
-COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable", "database")
+COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable", "database",
+                   "transparency")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:

@@ -24,7 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "receipts), drop a torn last line of an append that never returned, "
                                                "rebuild damaged or missing batch records; the old ledger is kept as "
                                                "a backup")
+    repair.add_argument("--new-log", action="store_true",
+                        help="if the repaired ledger no longer reads as the history the Merkle log signed, start a new "
+                             "log under a new origin (old receipts visibly stop extending to it) instead of refusing")
     repair.set_defaults(handler=run_repair)
+    from cli.transparency import register_ledger_actions
+
+    register_ledger_actions(actions)
 
 
 def registry_batches(root: Path):
@@ -44,9 +50,12 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.requests.integrity import check_ledger
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
+    from cli.transparency import log_check_lines
+
     check = check_ledger(RequestFolders.create(root), Ledger(root / LEDGER_PATH), registry_batches(root))
-    print("\n".join(check.lines()))
-    return 0 if check.intact else StateDamaged.exit_code
+    log_intact, log_lines = log_check_lines(root, check.inspection.entries)
+    print("\n".join(check.lines() + log_lines))
+    return 0 if check.intact and log_intact else StateDamaged.exit_code
 
 
 def run_repair(args: argparse.Namespace, root: Path) -> int:
@@ -68,4 +77,7 @@ def run_repair(args: argparse.Namespace, root: Path) -> int:
         report = repair_ledger(folders, Ledger(root / LEDGER_PATH), datasets, receipts, source_resolver(params),
                                registry_batches(root))
     print("\n".join(report.lines()))
-    return run_verify(args, root)
+    from cli.transparency import after_repair
+
+    stopped = after_repair(args, root) if not report.unrepairable else None
+    return stopped if stopped is not None else run_verify(args, root)

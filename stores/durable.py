@@ -54,6 +54,7 @@ from fedunlearn.receipts import RECEIPTS_DIR, Receipt
 from fedunlearn.requests.folders import REQUESTS_DIR, RequestFolders
 from fedunlearn.requests.integrity import check_ledger
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+from fedunlearn.transparency.log import LOG_DIR
 from stores import erasure
 from stores.workspace import DvcError, init_workspace, run_dvc
 
@@ -64,7 +65,7 @@ DEFAULT_REMOTE = "storage"
 STATE_FILES = ("params.yaml", "dvc.yaml", "dvc.lock", ".dvc/config", LEDGER_PATH.as_posix())
 # Folders whose regular files (one level) are state: journals, applied request files, receipts.
 STATE_FOLDERS = ((REQUESTS_DIR / "batches").as_posix(), (REQUESTS_DIR / "processed").as_posix(),
-                 Path(RECEIPTS_DIR).as_posix())
+                 Path(RECEIPTS_DIR).as_posix(), LOG_DIR.as_posix())  # LOG_DIR: the Merkle log, its heads, log.pub
 SNAPSHOT_NAME = re.compile(r"^(?P<time>\d{8}T\d{12}Z)-(?P<digest>[0-9a-f]{64})\.tar$")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,200}$")
 

@@ -1,0 +1,431 @@
+"""The workspace's Merkle log (``data/transparency/``), kept in step with the deletion ledger and
+the batch receipts, and its signing key.
+
+One leaf per ledger entry (``deletion``), then one per batch receipt (``batch``: the data versions,
+the serving version and its model hash, the tier, ``exact_due``) and one per exact forgetting
+(``exact``), in the order they happened. A leaf is canonical JSON that names no sample ID: a
+deletion leaf holds ``ids_commitment``, HMAC-SHA256 of the request's IDs keyed by a random salt
+kept beside it in ``leaves.jsonl``, so a proof's sibling hashes tell nobody else anything and the
+subject, given the salt in their receipt, can check the commitment against the IDs they asked to
+delete. ``leaves.jsonl`` is as sensitive as the ledger it mirrors (which holds the IDs in clear).
+
+Files: ``leaves.jsonl`` (one record per leaf), ``checkpoint`` (the latest signed tree head),
+``head-<size>.checkpoint`` (every head ever signed), ``log.pub`` (the verifier key). The private
+key is ``.secrets/transparency-log.json`` (mode 0600): ``.secrets/`` is in the workspace's
+``.gitignore`` and ``.dvcignore``, outside the state snapshot pushed to the DVC remote and outside
+every MLflow artifact, so that no copy of the stores carries it.
+
+``sync`` never signs a history that disagrees with what was logged: a ledger that lost, changed or
+reordered a logged entry raises ``LogRewritten``; only ``start_new_log`` (``ledger repair
+--new-log``) signs again, under a visibly different origin.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from filelock import FileLock
+
+from fedunlearn.receipts import Receipt
+from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
+from fedunlearn.requests.ledger import LedgerEntry, content_checksum
+from fedunlearn.transparency import merkle
+from fedunlearn.transparency.failures import LogRewritten
+from fedunlearn.transparency.note import Checkpoint, Signer, Verifier, open_checkpoint, parse_vkey
+
+LOG_DIR = Path("data/transparency")
+SECRETS_DIR = Path(".secrets")
+KEY_FILE = SECRETS_DIR / "transparency-log.json"
+DELETION, BATCH, EXACT = "fedunlearn.deletion@v1", "fedunlearn.batch-receipt@v1", "fedunlearn.exact-forgetting@v1"
+# The serving version's model hash, looked up by a layer that can read the registry (None: unknown).
+ModelHash = Callable[[str, str], str | None]  # (scenario, version) -> SHA-256 hex
+
+
+def canonical(document: dict[str, Any]) -> bytes:
+    """The leaf's bytes: one JSON form for one content, so that anyone can recompute its hash."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def ids_commitment(salt: bytes, sample_ids: Iterable[str]) -> str:
+    """HMAC-SHA256 keyed by the salt over the sorted IDs as canonical JSON: hiding without the
+    salt (the IDs are guessable, the salt is not) and binding."""
+    return hmac.new(salt, json.dumps(sorted(sample_ids)).encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass
+class LeafRecord:
+    """One line of ``leaves.jsonl``."""
+
+    index: int
+    kind: str
+    key: str  # the request ID (deletion) or batch ID (batch, exact)
+    leaf: bytes
+    salt: bytes | None = None
+
+    @property
+    def hash(self) -> bytes:
+        return merkle.leaf_hash(self.leaf)
+
+    @property
+    def statement(self) -> dict[str, Any]:
+        return json.loads(self.leaf)
+
+    def line(self) -> str:
+        document = {"index": self.index, "kind": self.kind, "key": self.key,
+                    "leaf": base64.b64encode(self.leaf).decode()}
+        if self.salt is not None:
+            document["salt"] = base64.b64encode(self.salt).decode()
+        return json.dumps(document, sort_keys=True)
+
+    @classmethod
+    def parse(cls, raw: str) -> "LeafRecord":
+        document = json.loads(raw)
+        salt = document.get("salt")
+        return cls(int(document["index"]), document["kind"], document["key"], base64.b64decode(document["leaf"]),
+                   base64.b64decode(salt) if salt else None)
+
+
+def entry_checksum(entry: LedgerEntry) -> str:
+    """The checksum a leaf commits to: the entry's own, or (written before chaining) its content's."""
+    return entry.checksum or content_checksum(entry.document())
+
+
+def deletion_leaf(entry: LedgerEntry, salt: bytes) -> bytes:
+    ids = sorted(set(entry.sample_ids) | set(entry.merged_ids))
+    return canonical({"type": DELETION, "request_id": entry.request_id, "batch_id": entry.batch_id,
+                      "scenario": entry.scenario, "kind": entry.kind.value if entry.kind else None,
+                      "submitted_at": _time(entry.submitted_at), "applied_at": _time(entry.applied_at),
+                      "deadline": _time(entry.deadline), "ledger_checksum": entry_checksum(entry),
+                      "ids_count": len(ids), "ids_commitment": ids_commitment(salt, ids)})
+
+
+def batch_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
+    """What the operator commits to for a batch; other subjects' request IDs are only counted."""
+    serving = receipt.models.get("unlearned") if receipt.promoted else receipt.models.get("current")
+    digest = model_hash(receipt.scenario, serving.version) if serving and model_hash else None
+    return canonical({"type": BATCH, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
+                      "receipt_created_at": _time(receipt.created_at), "request_count": len(receipt.request_ids),
+                      "data_version_before": receipt.data_version_before,
+                      "data_version_after": receipt.data_version_after, "outcome": receipt.outcome,
+                      "method": receipt.method, "guarantee": (receipt.certificate or {}).get("guarantee"),
+                      "promoted": receipt.promoted, "forgetting": receipt.forgetting,
+                      "exact_due": _time(receipt.exact_due),
+                      "serving": {"version": serving.version, "data_version": serving.data_version,
+                                  "model_sha256": digest} if serving else None})
+
+
+def exact_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
+    done = receipt.exactly_forgotten
+    return canonical({"type": EXACT, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
+                      "at": _time(done.at), "version": done.version, "by": done.by,
+                      "model_sha256": model_hash(receipt.scenario, done.version) if model_hash else None})
+
+
+def _time(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+# --- the key -----------------------------------------------------------------------------------------
+
+def new_origin() -> str:
+    """A log name no other workspace has (signed-note key names: no spaces, no '+')."""
+    return f"fedunlearn.invalid/ledger/{secrets.token_hex(8)}"
+
+
+def ensure_key(root: Path) -> Signer:
+    """The workspace's signing key, made on first use (``fedunlearn init``); its verifier key is
+    written to ``data/transparency/log.pub``."""
+    root = Path(root)
+    path = root / KEY_FILE
+    if path.is_file():
+        document = json.loads(path.read_text())
+        signer = Signer.from_pem(document["origin"], document["private_key_pem"].encode())
+    else:
+        signer = _write_key(root, Signer.generate(new_origin()))
+    public = root / LOG_DIR / "log.pub"
+    if not public.is_file() or public.read_text().strip() != signer.verifier.vkey():
+        public.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(public, signer.verifier.vkey() + "\n")
+    return signer
+
+
+def _write_key(root: Path, signer: Signer) -> Signer:
+    directory = root / SECRETS_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for ignore in (".gitignore", ".dvcignore"):  # neither Git nor DVC may ever pick the key up
+        listed = root / ignore
+        lines = listed.read_text().splitlines() if listed.is_file() else []
+        if f"/{SECRETS_DIR}/" not in lines:
+            listed.write_text("\n".join(lines + [f"/{SECRETS_DIR}/"]) + "\n")
+    path = root / KEY_FILE
+    descriptor = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump({"origin": signer.name, "private_key_pem": signer.pem().decode()}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(path.with_suffix(".tmp"), path)
+    return signer
+
+
+def read_verifier(root: Path) -> Verifier:
+    path = Path(root) / LOG_DIR / "log.pub"
+    return parse_vkey(path.read_text(), str(path))
+
+
+# --- the log -----------------------------------------------------------------------------------------
+
+@dataclass
+class LogCheck:
+    """``ledger verify``'s findings on the Merkle log: what is wrong, and what is only pending."""
+
+    size: int = 0
+    head_size: int | None = None
+    problems: list[str] = field(default_factory=list)
+    pending: int = 0  # ledger entries not logged yet (the next sync logs them)
+
+    def lines(self) -> list[str]:
+        head = f"signed head at size {self.head_size}" if self.head_size is not None else "no signed head yet"
+        out = [f"Merkle log {LOG_DIR}: {self.size} leaves, {head}"]
+        out += [f"Merkle log: {problem}" for problem in self.problems]
+        if self.pending:
+            out.append(f"Merkle log: {self.pending} ledger entries not logged yet (the next batch, `fedunlearn "
+                       "receipt` or `ledger prove-consistency` logs them)")
+        return out
+
+
+class TransparencyLog:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.directory = self.root / LOG_DIR
+
+    @property
+    def leaves_path(self) -> Path:
+        return self.directory / "leaves.jsonl"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.directory / "checkpoint"
+
+    def records(self) -> list[LeafRecord]:
+        if not self.leaves_path.is_file():
+            return []
+        records = []
+        for number, raw in enumerate(self.leaves_path.read_text().splitlines(), start=1):
+            try:
+                record = LeafRecord.parse(raw)
+            except (ValueError, KeyError, TypeError) as err:
+                raise LogRewritten(f"{self.leaves_path} line {number} is not a leaf record ({err}); nothing was "
+                                   "signed. Restore data/transparency/ from the DVC remote (`fedunlearn restore`)") \
+                    from None
+            if record.index != len(records):
+                raise LogRewritten(f"{self.leaves_path} line {number} holds leaf {record.index}, not leaf "
+                                   f"{len(records)}: leaves were removed or reordered; nothing was signed")
+            records.append(record)
+        return records
+
+    def head(self) -> str | None:
+        """The latest signed tree head (a signed note), if any."""
+        return self.checkpoint_path.read_text() if self.checkpoint_path.is_file() else None
+
+    def heads(self) -> dict[int, str]:
+        """Every tree head ever signed, by size."""
+        found = {}
+        for path in self.directory.glob("head-*.checkpoint"):
+            size = path.name[len("head-"):-len(".checkpoint")]
+            if size.isdigit():
+                found[int(size)] = path.read_text()
+        return found
+
+    def _lock(self) -> FileLock:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.directory / ".lock"))
+
+    def sync(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None
+             ) -> list[LeafRecord]:
+        """Log what the ledger and the receipts hold and the log does not yet, and sign a head
+        over it; returns the leaves appended. Raises ``LogRewritten`` (and signs nothing) when the
+        ledger or the log no longer reads as the history the last signed head commits to."""
+        signer = ensure_key(self.root)
+        with self._lock():
+            records = self.records()
+            _check_prefix(records, entries)
+            self._check_latest_head(records, signer.verifier)
+            new = _pending(records, entries, receipts, model_hash)
+            if new:
+                append_lines_durable(self.leaves_path, [record.line() for record in new])
+            records += new
+            head = self.head()
+            if new or head is None or Checkpoint.parse(head.split("\n\n")[0] + "\n", "head").size != len(records):
+                self._sign(records, signer)
+        return new
+
+    def append_statements(self, statements: list[tuple[str, str, bytes]]) -> None:
+        """Append leaves as they are (kind, key, bytes) and sign: for tests that play a dishonest
+        operator, and for statements a later issue adds. Checks nothing."""
+        signer = ensure_key(self.root)
+        with self._lock():
+            records = self.records()
+            new = [LeafRecord(len(records) + i, kind, key, leaf) for i, (kind, key, leaf) in enumerate(statements)]
+            append_lines_durable(self.leaves_path, [record.line() for record in new])
+            self._sign(records + new, signer)
+
+    def _check_latest_head(self, records: list[LeafRecord], verifier: Verifier) -> None:
+        head = self.head()
+        if head is None:
+            return
+        problem = _head_problem(head, records, verifier, str(self.checkpoint_path))
+        if problem:
+            raise LogRewritten(f"{problem}; nothing was signed. If the signing key was lost (a workspace restored "
+                               "without .secrets/), restore .secrets/transparency-log.json. If the ledger was "
+                               "repaired into a different history on purpose, `fedunlearn ledger repair --new-log` "
+                               "starts a new log under a new origin (old receipts then visibly no longer extend to it)")
+
+    def _sign(self, records: list[LeafRecord], signer: Signer) -> str:
+        checkpoint = Checkpoint(signer.name, len(records), merkle.root([r.hash for r in records]))
+        note = signer.sign_note(checkpoint.text())
+        write_text_atomic(self.directory / f"head-{checkpoint.size}.checkpoint", note)
+        write_text_atomic(self.checkpoint_path, note)
+        return note
+
+    def check(self, entries: list[LedgerEntry]) -> LogCheck:
+        """The log against the ledger's hash chain and its own signed heads; changes nothing."""
+        found = LogCheck()
+        try:
+            records = self.records()
+            verifier = read_verifier(self.root) if (self.directory / "log.pub").is_file() else None
+        except Exception as err:  # a damaged leaves file or key: reported, the rest cannot be checked
+            found.problems.append(str(err))
+            return found
+        found.size = len(records)
+        found.problems += _ledger_problems(records, entries)
+        logged = sum(1 for r in records if r.kind == "deletion")
+        found.pending = max(0, len(entries) - logged) if not found.problems else 0
+        if records and verifier is None:
+            found.problems.append(f"{LOG_DIR / 'log.pub'} is missing: no head can be checked")
+            return found
+        for size, note in sorted(self.heads().items()):
+            problem = _head_problem(note, records, verifier, f"{LOG_DIR}/head-{size}.checkpoint")
+            found.problems += [problem] if problem else []
+        head = self.head()
+        if head is not None and verifier is not None:
+            problem = _head_problem(head, records, verifier, f"{LOG_DIR}/checkpoint")
+            found.problems += [problem] if problem else []
+            found.head_size = Checkpoint.parse(head.split("\n\n")[0] + "\n", "head").size if not problem else None
+        return found
+
+    def start_new_log(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None
+                      ) -> tuple[str, str]:
+        """After a repair that changed logged history, on an operator's explicit request: the old
+        log's files are kept as ``retired-<n>-*``, and a new log under a new origin (so that no
+        old receipt can be shown to extend to it) is built and signed. Returns (old, new) origin."""
+        signer = ensure_key(self.root)
+        with self._lock():
+            generation = 1 + sum(1 for _ in self.directory.glob("retired-*-log.pub"))
+            for path in [self.leaves_path, self.checkpoint_path, self.directory / "log.pub",
+                         *self.directory.glob("head-*.checkpoint")]:
+                if path.is_file():
+                    os.replace(path, self.directory / f"retired-{generation}-{path.name}")
+            base = signer.name.split("/generation-")[0]
+            renamed = _write_key(self.root, Signer(f"{base}/generation-{generation + 1}", signer.private))
+        ensure_key(self.root)
+        self.sync(entries, receipts, model_hash)
+        return signer.name, renamed.name
+
+
+def _head_problem(note: str, records: list[LeafRecord], verifier: Verifier | None, source: str) -> str | None:
+    """Why a signed head does not commit to a prefix of ``records`` (None: it does)."""
+    try:
+        checkpoint = open_checkpoint(note, verifier, source)
+    except Exception as err:  # ReceiptMalformed, SignatureInvalid: the message names the file
+        return str(err)
+    if checkpoint.size > len(records):
+        return (f"{source} was signed over {checkpoint.size} leaves and the log holds {len(records)}: leaves were "
+                "removed")
+    if merkle.root([r.hash for r in records[:checkpoint.size]]) != checkpoint.root:
+        return (f"{source} (size {checkpoint.size}) does not match the log's first {checkpoint.size} leaves: "
+                "leaves were changed, removed or reordered after it was signed")
+    return None
+
+
+def _check_prefix(records: list[LeafRecord], entries: list[LedgerEntry]) -> None:
+    problems = _ledger_problems(records, entries)
+    if problems:
+        raise LogRewritten(f"the deletion ledger no longer reads as the history the Merkle log holds "
+                           f"({'; '.join(problems[:3])}); nothing was signed. Restore the ledger "
+                           "(`fedunlearn ledger repair` restores entries from the batch records), or, if the "
+                           "ledger was rewritten on purpose, `fedunlearn ledger repair --new-log`")
+
+
+def _ledger_problems(records: list[LeafRecord], entries: list[LedgerEntry]) -> list[str]:
+    """Each logged deletion must be the ledger entry at the same position, unchanged: the ledger
+    may only have grown since it was logged."""
+    logged = [r for r in records if r.kind == "deletion"]
+    where = {entry.request_id: position for position, entry in enumerate(entries)}
+    problems = []
+    for position, record in enumerate(logged):
+        entry = entries[position] if position < len(entries) else None
+        statement = record.statement
+        if record.key not in where:
+            problems.append(f"leaf {record.index} logs request {record.key} as ledger entry {position + 1}, and the "
+                            "ledger no longer holds it (the entry was removed)")
+        elif entry is None or entry.request_id != record.key:
+            problems.append(f"leaf {record.index} logs request {record.key} as ledger entry {position + 1}, and the "
+                            f"ledger holds it as entry {where[record.key] + 1} (entries were reordered)")
+        elif statement.get("ledger_checksum") != entry_checksum(entry) or statement.get("request_id") != record.key:
+            problems.append(f"leaf {record.index} commits to another version of request {record.key}'s ledger "
+                            "entry (the entry was changed)")
+        elif record.salt is None or statement.get("ids_commitment") != ids_commitment(
+                record.salt, set(entry.sample_ids) | set(entry.merged_ids)):
+            problems.append(f"leaf {record.index}: request {record.key}'s sample IDs no longer match their "
+                            "commitment")
+    return problems
+
+
+def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: list[Receipt],
+             model_hash: ModelHash | None) -> list[LeafRecord]:
+    """The leaves the ledger and receipts call for that the log lacks, in the order they happened:
+    ledger entries first, then each receipt whose requests are all logged, then exact forgetting."""
+    logged = {r.key for r in records if r.kind == "deletion"}
+    batches = {r.key for r in records if r.kind == "batch"}
+    exact = {r.key for r in records if r.kind == "exact"}
+    new: list[LeafRecord] = []
+
+    def add(kind: str, key: str, leaf: bytes, salt: bytes | None = None) -> None:
+        new.append(LeafRecord(len(records) + len(new), kind, key, leaf, salt))
+
+    for entry in entries[sum(1 for r in records if r.kind == "deletion"):]:
+        salt = secrets.token_bytes(32)
+        add("deletion", entry.request_id, deletion_leaf(entry, salt), salt)
+        logged.add(entry.request_id)
+    for receipt in sorted(receipts, key=lambda r: r.created_at):
+        if receipt.batch_id not in batches and receipt.request_ids and set(receipt.request_ids) <= logged:
+            add("batch", receipt.batch_id, batch_leaf(receipt, model_hash))
+            batches.add(receipt.batch_id)
+        if receipt.exactly_forgotten is not None and receipt.batch_id in batches and receipt.batch_id not in exact:
+            add("exact", receipt.batch_id, exact_leaf(receipt, model_hash))
+            exact.add(receipt.batch_id)
+    return new
+
+
+def all_receipts(root: Path) -> list[Receipt]:
+    """Every batch receipt of the workspace, of every scenario."""
+    from fedunlearn.requests.folders import RECEIPTS_DIR
+
+    return [Receipt.model_validate_json(p.read_text()) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
+
+
+def sync_workspace(root: Path, model_hash: ModelHash | None = None) -> TransparencyLog:
+    """The workspace's log brought up to date with its ledger and receipts, and signed."""
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+
+    log = TransparencyLog(root)
+    log.sync(Ledger(Path(root) / LEDGER_PATH).entries(), all_receipts(root), model_hash)
+    return log

@@ -1,0 +1,253 @@
+"""The receipt a data subject takes away, and its verification with nothing but the file and the
+log's public key.
+
+The file is a C2SP ``tlog-proof`` (``c2sp.org/tlog-proof@v1``): the index of the request's leaf,
+its inclusion proof and the signed checkpoint verbatim; its ``extra`` line is base64 of canonical
+JSON holding the leaf itself (so that its hash can be recomputed), the salt of the sample-ID
+commitment, the batch's statements (batch receipt, exact forgetting) with their own inclusion
+proofs, and — in a file ``ledger prove-consistency`` made — a consistency proof from an older
+tree head the subject kept. ``extra`` is not trusted by itself (tlog-proof says so): every leaf in
+it counts only once its inclusion proof checks against the signed head, and the consistency proof
+counts only against the older head's own signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fedunlearn.transparency import merkle
+from fedunlearn.transparency.failures import LogInconsistent, NotIncluded, ReceiptMalformed
+from fedunlearn.transparency.log import BATCH, DELETION, EXACT, LeafRecord, TransparencyLog, canonical, ids_commitment
+from fedunlearn.transparency.note import Checkpoint, Verifier, open_checkpoint, split_note
+
+HEADER = "c2sp.org/tlog-proof@v1"
+FORMAT = "fedunlearn.receipt@v1"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: Any, source: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise ReceiptMalformed(f"{source}: {what} is not base64") from None
+
+
+@dataclass
+class ProofFile:
+    extra: dict[str, Any]
+    index: int
+    proof: list[bytes]
+    note: str
+
+    def text(self) -> str:
+        lines = [HEADER, "extra " + _b64(canonical(self.extra)), f"index {self.index}", *map(_b64, self.proof)]
+        return "\n".join(lines) + "\n\n" + self.note
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> "ProofFile":
+        head, separator, note = text.partition("\n\n")
+        lines = head.split("\n")
+        if not separator or lines[0] != HEADER:
+            raise ReceiptMalformed(f"{source} is not a receipt: its first line is not {HEADER!r} (a receipt is what "
+                                   "`fedunlearn receipt` or `fedunlearn ledger prove-consistency` wrote)")
+        if len(lines) < 3 or not lines[1].startswith("extra ") or not lines[2].startswith("index "):
+            raise ReceiptMalformed(f"{source}: the receipt lacks its 'extra' or 'index' line")
+        try:
+            extra = json.loads(_unb64(lines[1][len("extra "):], source, "the extra line"))
+        except ValueError:
+            raise ReceiptMalformed(f"{source}: the extra line does not hold JSON") from None
+        index = lines[2][len("index "):]
+        if not isinstance(extra, dict) or extra.get("format") != FORMAT or not index.isdigit():
+            raise ReceiptMalformed(f"{source}: not a {FORMAT} receipt (its extra data or index is not one)")
+        proof = [_unb64(line, source, "an inclusion proof line") for line in lines[3:]]
+        return cls(extra, int(index), proof, note)
+
+
+@dataclass
+class OldHead:
+    """What a subject kept: a receipt (a head and their leaf) or a bare signed tree head."""
+
+    checkpoint: Checkpoint
+    index: int | None = None
+    leaf: bytes | None = None
+
+
+def read_kept(text: str, verifier: Verifier, source: str) -> OldHead:
+    """A receipt (its inclusion checked too) or a signed checkpoint, its signature checked."""
+    if text.startswith(HEADER):
+        file = ProofFile.parse(text, source)
+        checkpoint = open_checkpoint(file.note, verifier, source)
+        leaf = _check_inclusion(file, checkpoint, source)
+        return OldHead(checkpoint, file.index, leaf)
+    split_note(text, source)
+    return OldHead(open_checkpoint(text, verifier, source))
+
+
+def _check_inclusion(file: ProofFile, checkpoint: Checkpoint, source: str) -> bytes:
+    leaf = _unb64(file.extra.get("leaf"), source, "the leaf")
+    if not merkle.verify_inclusion(merkle.leaf_hash(leaf), file.index, checkpoint.size, file.proof, checkpoint.root):
+        raise NotIncluded(f"{source}: the entry is NOT in the log: its inclusion proof does not lead from leaf "
+                          f"{file.index} to the root of the signed tree head (size {checkpoint.size}); the leaf or "
+                          "the proof was changed, or the entry is not in that log")
+    return leaf
+
+
+# --- the operator's side -----------------------------------------------------------------------------
+
+def build_receipt(log: TransparencyLog, request_id: str, consistency: dict[str, Any] | None = None) -> str:
+    """The receipt of ``request_id`` against the log's latest signed head (the caller syncs first)."""
+    records, note = log.records(), log.head()
+    mine = next((r for r in records if r.kind == "deletion" and r.key == request_id), None)
+    size = Checkpoint.parse(split_note(note, "head")[0], "head").size if note else 0
+    if mine is None or mine.index >= size:
+        raise ReceiptMalformed(f"request {request_id} is not in the Merkle log (is it in the ledger? `fedunlearn "
+                               "status` lists applied requests; a pending request has no receipt yet)")
+    checkpoint = Checkpoint.parse(split_note(note, str(log.checkpoint_path))[0], str(log.checkpoint_path))
+    hashes = [r.hash for r in records[:checkpoint.size]]
+    batch_id = mine.statement.get("batch_id")
+    statements = [{"index": r.index, "leaf": _b64(r.leaf), "proof": [_b64(h) for h in merkle.inclusion_proof(
+        hashes, r.index)]} for r in records[:checkpoint.size] if r.kind in ("batch", "exact") and r.key == batch_id]
+    extra = {"format": FORMAT, "leaf": _b64(mine.leaf), "salt": _b64(mine.salt or b""), "statements": statements,
+             "note": "verify with `fedunlearn verify-receipt FILE --public-key log.pub`; the salt opens "
+                     "ids_commitment (HMAC-SHA256 of your sorted sample IDs as JSON)"}
+    if consistency is not None:
+        extra["consistency"] = consistency
+    return ProofFile(extra, mine.index, merkle.inclusion_proof(hashes, mine.index), note).text()
+
+
+def prove_consistency(log: TransparencyLog, kept: str, source: str, request_id: str | None = None) -> str:
+    """A receipt against today's signed head that also proves OLD's log a prefix of today's. Refuses
+    (``LogInconsistent``) when it is not: no file can honestly say otherwise."""
+    from fedunlearn.transparency.log import read_verifier
+
+    old = read_kept(kept, read_verifier(log.root), source)
+    records, note = log.records(), log.head()
+    checkpoint = Checkpoint.parse(split_note(note, "the log's head")[0], "the log's head")
+    hashes = [r.hash for r in records[:checkpoint.size]]
+    if old.checkpoint.size > checkpoint.size or merkle.root(hashes[:old.checkpoint.size]) != old.checkpoint.root:
+        raise LogInconsistent(f"the log today (size {checkpoint.size}) does not extend the tree head in {source} (size "
+                              f"{old.checkpoint.size}): its first {old.checkpoint.size} leaves no longer hash to that "
+                              "head's root — entries were removed or changed since it was signed; no consistency "
+                              "proof exists")
+    if old.leaf is not None:
+        request_id = json.loads(old.leaf).get("request_id")
+    if not request_id:
+        raise ReceiptMalformed(f"{source} is a bare tree head: name the request with --request REQUEST_ID")
+    proof = merkle.consistency_proof(hashes, old.checkpoint.size) if 0 < old.checkpoint.size < len(hashes) else []
+    return build_receipt(log, request_id, {"old_size": old.checkpoint.size, "old_root": _b64(old.checkpoint.root),
+                                           "proof": [_b64(h) for h in proof]})
+
+
+# --- the subject's side: no workspace ----------------------------------------------------------------
+
+def verify_receipt(text: str, verifier: Verifier, source: str, kept: str | None = None, kept_source: str = "",
+                   sample_ids: list[str] | None = None) -> list[str]:
+    """Check the signature, the inclusion of the leaf and of every statement, with ``kept`` that
+    the log it saw is a prefix of this one, with ``sample_ids`` the commitment. Returns what was
+    verified, in words; raises the failure's class (``failures``) at the first failed check."""
+    file = ProofFile.parse(text, source)
+    checkpoint = open_checkpoint(file.note, verifier, source)
+    leaf = _check_inclusion(file, checkpoint, source)
+    statement = _statement(leaf, source)
+    if statement.get("type") != DELETION:
+        raise ReceiptMalformed(f"{source}: its leaf is a {statement.get('type')!r} statement, not a deletion")
+    lines = [f"signature: the tree head of log {checkpoint.origin} (size {checkpoint.size}, root "
+             f"{_b64(checkpoint.root)}) is signed by the key given",
+             f"included: request {statement.get('request_id')} is leaf {file.index} of that log: applied "
+             f"{statement.get('applied_at')} in batch {statement.get('batch_id')} ({statement.get('scenario')}), "
+             f"{statement.get('ids_count')} sample IDs committed to"]
+    lines += _verify_statements(file, checkpoint, statement, source)
+    if sample_ids is not None:
+        lines.append(_check_commitment(file, statement, sample_ids, source))
+    if kept is not None:
+        lines.append(_check_consistency(file, checkpoint, leaf, read_kept(kept, verifier, kept_source), source,
+                                        kept_source))
+    return lines
+
+
+def _statement(leaf: bytes, source: str) -> dict[str, Any]:
+    try:
+        statement = json.loads(leaf)
+    except ValueError:
+        raise ReceiptMalformed(f"{source}: a leaf is not a JSON statement") from None
+    if not isinstance(statement, dict):
+        raise ReceiptMalformed(f"{source}: a leaf is not a JSON statement")
+    return statement
+
+
+def _verify_statements(file: ProofFile, checkpoint: Checkpoint, deletion: dict[str, Any], source: str) -> list[str]:
+    lines = []
+    for item in file.extra.get("statements") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("index"), int) or not isinstance(item.get("proof"),
+                                                                                                  list):
+            raise ReceiptMalformed(f"{source}: a statement in the extra data is not (index, leaf, proof)")
+        leaf = _unb64(item.get("leaf"), source, "a statement's leaf")
+        proof = [_unb64(h, source, "a statement's proof") for h in item["proof"]]
+        if not merkle.verify_inclusion(merkle.leaf_hash(leaf), item["index"], checkpoint.size, proof,
+                                       checkpoint.root):
+            raise NotIncluded(f"{source}: the statement at leaf {item['index']} is NOT in the signed log (its "
+                              "inclusion proof fails): it was changed after it was logged")
+        statement = _statement(leaf, source)
+        if statement.get("batch_id") != deletion.get("batch_id"):
+            raise ReceiptMalformed(f"{source}: the statement at leaf {item['index']} is about batch "
+                                   f"{statement.get('batch_id')}, not the request's batch {deletion.get('batch_id')}")
+        lines.append(_describe(statement, item["index"]))
+    if not lines:
+        lines.append("the batch's receipt was not logged yet when this file was made (ask for a newer receipt)")
+    return lines
+
+
+def _describe(statement: dict[str, Any], index: int) -> str:
+    if statement.get("type") == BATCH:
+        serving = statement.get("serving") or {}
+        return (f"included: batch {statement['batch_id']} (leaf {index}): data version "
+                f"{statement.get('data_version_before')} -> {statement.get('data_version_after')}; serving "
+                f"version {serving.get('version')} (data version {serving.get('data_version')}, model sha256 "
+                f"{serving.get('model_sha256')}); forgetting {statement.get('forgetting')}, method "
+                f"{statement.get('method')}, guarantee {statement.get('guarantee')}, exact due "
+                f"{statement.get('exact_due')}")
+    if statement.get("type") == EXACT:
+        return (f"included: exact forgetting of batch {statement['batch_id']} (leaf {index}) at {statement.get('at')} "
+                f"by version {statement.get('version')} ({statement.get('by')}, model sha256 "
+                f"{statement.get('model_sha256')})")
+    return f"included: a {statement.get('type')} statement (leaf {index})"
+
+
+def _check_commitment(file: ProofFile, statement: dict[str, Any], sample_ids: list[str], source: str) -> str:
+    salt = _unb64(file.extra.get("salt"), source, "the salt")
+    if ids_commitment(salt, sample_ids) != statement.get("ids_commitment"):
+        raise NotIncluded(f"{source}: the {len(set(sample_ids))} sample IDs given do NOT match the commitment in the "
+                          "logged entry (not the IDs this request deleted, or the list is incomplete)")
+    return f"commitment: the {len(set(sample_ids))} sample IDs given are the ones the logged entry commits to"
+
+
+def _check_consistency(file: ProofFile, checkpoint: Checkpoint, leaf: bytes, old: OldHead, source: str,
+                       kept_source: str) -> str:
+    m, n = old.checkpoint.size, checkpoint.size
+    if old.leaf is not None and (old.index != file.index or old.leaf != leaf):
+        raise NotIncluded(f"{source} is not about the entry {kept_source} is a receipt for (leaf {old.index}): ask for "
+                          "`fedunlearn ledger prove-consistency --since` that receipt")
+    if m > n or (m == n and old.checkpoint.root != checkpoint.root):
+        raise LogInconsistent(f"INCONSISTENT: the log in {kept_source} (size {m}) is not a prefix of the log in "
+                              f"{source} (size {n}): the log was rewritten")
+    if m == n:
+        return f"consistent: {kept_source} and {source} sign the same tree (size {n})"
+    consistency = file.extra.get("consistency")
+    if not isinstance(consistency, dict) or consistency.get("old_size") != m or \
+            not isinstance(consistency.get("proof"), list):
+        raise ReceiptMalformed(f"{source} carries no consistency proof from size {m} (the head in {kept_source}); "
+                               f"the operator makes one with `fedunlearn ledger prove-consistency --since "
+                               f"{kept_source} --out FILE`")
+    proof = [_unb64(h, source, "the consistency proof") for h in consistency["proof"]]
+    if not merkle.verify_consistency(m, n, old.checkpoint.root, checkpoint.root, proof):
+        raise LogInconsistent(f"INCONSISTENT: the consistency proof in {source} does not show the log in "
+                              f"{kept_source} (size {m}) to be a prefix of the log in {source} (size {n}): the log "
+                              "was rewritten since your receipt was signed")
+    return f"consistent: the log in {kept_source} (size {m}) is a prefix of the log in {source} (size {n})"

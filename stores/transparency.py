@@ -1,0 +1,106 @@
+"""The Merkle log's tree heads published beyond the workspace (issue 39, item 4): after each batch
+the signed head and the public key go to the DVC remote (``fedunlearn-state/transparency/``,
+beside the state snapshots) and to MLflow (artifacts ``transparency/`` of the batch's run, or of a run of the
+``transparency-log`` experiment), so that rewriting the log unseen means rewriting three stores.
+Also the serving version's model hash the batch statement commits to.
+
+Call ``publish_tree_head(root, run_id)`` once a batch's receipt is written (and after an exact
+retrain repaid a batch): it logs what is not logged yet, signs, and publishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedunlearn.transparency.log import LOG_DIR, ModelHash, TransparencyLog, sync_workspace
+
+REMOTE_DIR = "transparency"
+EXPERIMENT = "transparency-log"
+
+
+def tree_digest(directory: Path) -> str:
+    """SHA-256 over ``sha256sum``-style lines ("<file SHA-256>  <relative path>"), sorted by path:
+    what anyone holding the weights can recompute with ``sha256sum``."""
+    lines = sorted(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(directory).as_posix()}\n"
+                   for p in Path(directory).rglob("*") if p.is_file())
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def weights_sha256(root: Path) -> ModelHash:
+    """(scenario, version) -> the digest of the version's weights artifacts (``weights/``); None when
+    they cannot be read (the leaf then says the hash is unknown rather than inventing one)."""
+    from stores.registry import Registry
+    from stores.registry.weights import WEIGHTS
+
+    registry: list[Registry] = []
+
+    def digest(scenario: str, version: str) -> str | None:
+        try:
+            if not registry:
+                registry.append(Registry(root))
+            found = registry[0].version(scenario, version)
+            (Path(root) / ".tmp").mkdir(exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=Path(root) / ".tmp") as tmp:
+                return tree_digest(Path(registry[0].client.download_artifacts(found.run_id, WEIGHTS, tmp)))
+        except Exception:  # MLflow's errors, a missing artifact: the hash is unknown, the log still grows
+            return None
+    return digest
+
+
+@dataclass
+class Published:
+    size: int
+    places: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return ([f"tree head (size {self.size}) published to {place}" for place in self.places]
+                + [f"tree head not published to {why}" for why in self.skipped])
+
+
+def publish_tree_head(root: Path, run_id: str | None = None) -> Published:
+    """Sync and sign the log, then copy its head and public key to the DVC remote and MLflow."""
+    root = Path(root)
+    log = sync_workspace(root, weights_sha256(root))
+    head = log.head() or ""
+    size = int(head.split("\n")[1])
+    published = Published(size)
+    _to_dvc_remote(root, log, size, published)
+    _to_mlflow(root, log, size, run_id, published)
+    return published
+
+
+def _to_dvc_remote(root: Path, log: TransparencyLog, size: int, published: Published) -> None:
+    from stores.durable import remote_fs
+    from stores.erasure import dvc_remote
+
+    remote = dvc_remote(root)
+    if remote is None:
+        published.skipped.append("a DVC remote (none configured)")
+        return
+    with remote_fs(root) as (fs, base):
+        target = fs.join(base, REMOTE_DIR)  # beside the state snapshots, which are listed by name pattern
+        fs.makedirs(target, exist_ok=True)
+        for name, text in ((f"head-{size}.checkpoint", log.head()), ("checkpoint", log.head()),
+                           ("log.pub", (log.directory / "log.pub").read_text())):
+            fs.pipe_file(fs.join(target, name), text.encode())
+        published.places.append(f"the DVC remote {remote[0]!r} ({target})")
+
+
+def _to_mlflow(root: Path, log: TransparencyLog, size: int, run_id: str | None, published: Published) -> None:
+    from stores.registry import Registry
+
+    registry = Registry(root)
+    texts = {f"{REMOTE_DIR}/head-{size}.checkpoint": log.head(), f"{REMOTE_DIR}/log.pub":
+             (log.directory / "log.pub").read_text()}
+    if run_id is None:
+        with registry.run(EXPERIMENT, f"head-{size}", {"tree_size": size}, {"log_dir": str(LOG_DIR)}) as run_id:
+            for name, text in texts.items():
+                registry.log_text(run_id, text, name)
+    else:
+        for name, text in texts.items():
+            registry.log_text(run_id, text, name)
+    published.places.append(f"MLflow (run {run_id})")
