@@ -215,3 +215,33 @@ def test_ledger_repair_never_signs_a_rewritten_history_silently(logged):
     assert new_origin != old_origin and new_origin.endswith("/generation-2")
     assert json.loads(TransparencyLog(workspace).records()[0].leaf)["request_id"] == "r2"
     assert (log.directory / "retired-1-leaves.jsonl").is_file()
+
+
+def test_the_batch_and_its_exact_forgetting_are_logged_and_an_honest_log_proves_consistent(logged, tmp_path,
+                                                                                          monkeypatch):
+    from datetime import datetime, timezone
+
+    from fedunlearn.receipts import ExactForgetting, write_receipt
+    from test_receipts import make_receipt
+
+    workspace, log, first = logged
+    receipt = make_receipt(promoted=True).model_copy(update={"batch_id": "b1", "request_ids": ["r1", "r2"],
+                                                             "forgetting": "interim"})
+    write_receipt(workspace, receipt)
+    sync_workspace(workspace, lambda scenario, version: f"sha-of-v{version}")
+    status, out = verify_alone(tmp_path, monkeypatch, build_receipt(log, "r1"), (log.directory / "log.pub").read_text())
+    assert status == 0 and "included: batch b1 (leaf 3): data version v0 -> v1; serving version 2" in out, out
+    assert "model sha256 sha-of-v2" in out and "req-a" not in out
+
+    done = ExactForgetting(at=datetime(2026, 3, 3, tzinfo=timezone.utc), version="4", by="exact retrain")
+    write_receipt(workspace, receipt.model_copy(update={"exactly_forgotten": done}))
+    sync_workspace(workspace, lambda scenario, version: f"sha-of-v{version}")  # the CLI would ask the registry
+    (tmp_path / "first.tlog-proof").write_text(first)
+    out_file = tmp_path / "now.tlog-proof"
+    printed = call_cli(workspace, "ledger", "prove-consistency", "--since", str(tmp_path / "first.tlog-proof"),
+                       "--out", str(out_file))
+    assert printed.status == 0, printed.err
+    status, out = verify_alone(tmp_path, monkeypatch, out_file.read_text(), (log.directory / "log.pub").read_text(),
+                               ("first.tlog-proof", first))
+    assert status == 0 and "exact forgetting of batch b1 (leaf 4)" in out and "(size 3) is a prefix" in out, out
+    assert TransparencyLog(workspace).check(Ledger(workspace / LEDGER_PATH).entries()).problems == []
