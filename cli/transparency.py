@@ -44,7 +44,8 @@ def register_ledger_actions(actions: argparse._SubParsersAction) -> None:
                                            "consistency proof from OLD's head and the subject's inclusion proof.")
     prove.add_argument("--since", required=True, type=Path, metavar="OLD", help="the receipt or tree head kept")
     prove.add_argument("--out", required=True, type=Path, metavar="FILE")
-    prove.add_argument("--request", metavar="REQUEST_ID", help="whose receipt, when OLD is a bare tree head")
+    prove.add_argument("--request", metavar="REQUEST_ID", help="whose receipt, when OLD is a bare tree head (without "
+                                                               "it: a proof about the log alone, for a witness)")
     prove.set_defaults(handler=run_prove_consistency)
 
 

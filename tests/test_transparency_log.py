@@ -245,3 +245,35 @@ def test_the_batch_and_its_exact_forgetting_are_logged_and_an_honest_log_proves_
                                ("first.tlog-proof", first))
     assert status == 0 and "exact forgetting of batch b1 (leaf 4)" in out and "(size 3) is a prefix" in out, out
     assert TransparencyLog(workspace).check(Ledger(workspace / LEDGER_PATH).entries()).problems == []
+
+
+def cosign(note: str, name: str, witness: Signer, timestamp: int) -> str:
+    """A C2SP tlog-cosignature/v1 line added by a witness (what docs/requests-and-ledger.md describes)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    text = note.partition("\n\n")[0] + "\n"
+    public = witness.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    key_id = hashlib.sha256(name.encode() + b"\n\x04" + public).digest()[:4]
+    signature = witness.private.sign(f"cosignature/v1\ntime {timestamp}\n{text}".encode())
+    line = base64.b64encode(key_id + timestamp.to_bytes(8, "big") + signature).decode()
+    return f"{note}\u2014 {name} {line}\n"
+
+
+def test_a_witness_checks_consistency_from_its_last_head_and_its_cosignature_is_carried(logged, tmp_path,
+                                                                                        monkeypatch):
+    workspace, log, receipt = logged
+    witnessed = cosign(log.head(), "witness.invalid/w1", Signer.generate("witness.invalid/w1"), 1_790_000_000)
+    (tmp_path / "witnessed.checkpoint").write_text(witnessed)
+    Ledger(workspace / LEDGER_PATH).append([entry("r4", ["e"], "b3")])
+    out = tmp_path / "for-witness.tlog-proof"
+    printed = call_cli(workspace, "ledger", "prove-consistency", "--since", str(tmp_path / "witnessed.checkpoint"),
+                       "--out", str(out))
+    assert printed.status == 0, printed.err
+    key = (log.directory / "log.pub").read_text()
+    status, text = verify_alone(tmp_path, monkeypatch, out.read_text(), key, ("last.checkpoint", witnessed))
+    assert status == 0 and "(size 3) is a prefix of the log in receipt.tlog-proof (size 4)" in text, text
+    cosigned = receipt.replace(receipt.partition("\n\n")[2], witnessed)
+    status, text = verify_alone(tmp_path, monkeypatch, cosigned, key)
+    assert status == 0, text  # a witness's line is ignored by a verifier that does not know the witness

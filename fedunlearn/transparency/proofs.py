@@ -101,17 +101,21 @@ def _check_inclusion(file: ProofFile, checkpoint: Checkpoint, source: str) -> by
 
 # --- the operator's side -----------------------------------------------------------------------------
 
-def build_receipt(log: TransparencyLog, request_id: str, consistency: dict[str, Any] | None = None) -> str:
-    """The receipt of ``request_id`` against the log's latest signed head (the caller syncs first)."""
+def build_receipt(log: TransparencyLog, request_id: str | None, consistency: dict[str, Any] | None = None) -> str:
+    """The receipt of ``request_id`` against the log's latest signed head (the caller syncs first);
+    without a request, a proof about the log alone (its last leaf's: what a witness asks for)."""
     records, note = log.records(), log.head()
-    mine = next((r for r in records if r.kind == "deletion" and r.key == request_id), None)
     size = Checkpoint.parse(split_note(note, "head")[0], "head").size if note else 0
+    if request_id is None and size:
+        mine = records[size - 1]
+    else:
+        mine = next((r for r in records if r.kind == "deletion" and r.key == request_id), None)
     if mine is None or mine.index >= size:
         raise ReceiptMalformed(f"request {request_id} is not in the Merkle log (is it in the ledger? `fedunlearn "
                                "status` lists applied requests; a pending request has no receipt yet)")
     checkpoint = Checkpoint.parse(split_note(note, str(log.checkpoint_path))[0], str(log.checkpoint_path))
     hashes = [r.hash for r in records[:checkpoint.size]]
-    batch_id = mine.statement.get("batch_id")
+    batch_id = mine.statement.get("batch_id") if mine.kind == "deletion" else None
     statements = [{"index": r.index, "leaf": _b64(r.leaf), "proof": [_b64(h) for h in merkle.inclusion_proof(
         hashes, r.index)]} for r in records[:checkpoint.size] if r.kind in ("batch", "exact") and r.key == batch_id]
     extra = {"format": FORMAT, "leaf": _b64(mine.leaf), "salt": _b64(mine.salt or b""), "statements": statements,
@@ -138,8 +142,6 @@ def prove_consistency(log: TransparencyLog, kept: str, source: str, request_id: 
                               "proof exists")
     if old.leaf is not None:
         request_id = json.loads(old.leaf).get("request_id")
-    if not request_id:
-        raise ReceiptMalformed(f"{source} is a bare tree head: name the request with --request REQUEST_ID")
     proof = merkle.consistency_proof(hashes, old.checkpoint.size) if 0 < old.checkpoint.size < len(hashes) else []
     return build_receipt(log, request_id, {"old_size": old.checkpoint.size, "old_root": _b64(old.checkpoint.root),
                                            "proof": [_b64(h) for h in proof]})
@@ -156,8 +158,14 @@ def verify_receipt(text: str, verifier: Verifier, source: str, kept: str | None 
     checkpoint = open_checkpoint(file.note, verifier, source)
     leaf = _check_inclusion(file, checkpoint, source)
     statement = _statement(leaf, source)
-    if statement.get("type") != DELETION:
-        raise ReceiptMalformed(f"{source}: its leaf is a {statement.get('type')!r} statement, not a deletion")
+    if statement.get("type") != DELETION:  # a proof about the log alone (for a witness)
+        if sample_ids is not None:
+            raise ReceiptMalformed(f"{source} is no request's receipt (its leaf is a {statement.get('type')} "
+                                   "statement): it has no sample-ID commitment to check")
+        lines = [f"signature: the tree head of log {checkpoint.origin} (size {checkpoint.size}) is signed by the key "
+                 f"given", _describe(statement, file.index)]
+        return lines + ([_check_consistency(file, checkpoint, leaf, read_kept(kept, verifier, kept_source), source,
+                                            kept_source)] if kept is not None else [])
     lines = [f"signature: the tree head of log {checkpoint.origin} (size {checkpoint.size}, root "
              f"{_b64(checkpoint.root)}) is signed by the key given",
              f"included: request {statement.get('request_id')} is leaf {file.index} of that log: applied "
