@@ -54,7 +54,11 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
 
     check = check_ledger(RequestFolders.create(root), Ledger(root / LEDGER_PATH), registry_batches(root))
     log_intact, log_lines = log_check_lines(root, check.inspection.entries)
-    print("\n".join(check.lines() + log_lines))
+    *lines, verdict = check.lines()  # the verdict stays the last line, and covers the Merkle log too
+    if check.intact and not log_intact:
+        verdict = ("DAMAGED: the Merkle log disagrees with the ledger or its signed heads: restore data/transparency/ "
+                   "and the ledger from the DVC remote (`fedunlearn restore`), or see `fedunlearn ledger repair`")
+    print("\n".join(lines + log_lines + [verdict]))
     return 0 if check.intact and log_intact else StateDamaged.exit_code
 
 
