@@ -13,6 +13,10 @@ The CLI prints ``error: <message>`` and exits with the class's ``exit_code``:
     7  NoSpace            no space left on device; free space and run the same command again to resume
     8  BenchmarkRegressed `benchmark --compare`: the run succeeded, but a method got worse than the baseline
     9  RequestOverdue     `fedunlearn status`: a request is not exactly forgotten by its deadline (the status is printed)
+   10  ReceiptMalformed   `verify-receipt`: a file is not a receipt, tree head or key it reads (fedunlearn.transparency)
+   11  SignatureInvalid   `verify-receipt`: the tree head is not signed by the key given
+   12  NotIncluded        `verify-receipt`: the entry is not in the log the signed tree head commits to
+   13  LogInconsistent    `verify-receipt --since`, `ledger prove-consistency`: the log was rewritten since OLD
 """
 
 from __future__ import annotations
@@ -92,9 +96,34 @@ class RequestOverdue(FedunlearnError):
     exit_code = 9
 
 
+class ReceiptMalformed(FedunlearnError):
+    """A receipt, tree head or key that does not read as one (fedunlearn.transparency)."""
+
+    exit_code = 10
+
+
+class SignatureInvalid(FedunlearnError):
+    """A tree head not signed by the log's key given."""
+
+    exit_code = 11
+
+
+class NotIncluded(FedunlearnError):
+    """An entry (or statement, or sample IDs) not in the log the signed tree head commits to."""
+
+    exit_code = 12
+
+
+class LogInconsistent(FedunlearnError):
+    """A newer tree head that does not extend an older one: the log was rewritten."""
+
+    exit_code = 13
+
+
 EXIT_CODES = {cls.__name__: cls.exit_code for cls in (BatchFailed, InputError, BatchInProgress, StateDamaged,
                                                        BatchCannotSucceed, ErasureNotVerified, NoSpace,
-                                                       BenchmarkRegressed, RequestOverdue)}
+                                                       BenchmarkRegressed, RequestOverdue, ReceiptMalformed,
+                                                       SignatureInvalid, NotIncluded, LogInconsistent)}
 
 
 # A full disk does not always say so. These texts are what a full disk raises without errno 28:

@@ -1,5 +1,6 @@
-"""What a receipt check can find, one class and one exit status per kind, so that a script a data
-subject runs tells them apart (docs/requests-and-ledger.md lists them):
+"""What a receipt check can find, one class and one exit status per kind (defined with the
+others in ``fedunlearn.errors``, listed in the README), so that a script a data subject runs tells
+them apart:
 
     10 ReceiptMalformed   the file is not a receipt, a tree head or a key this command reads
     11 SignatureInvalid   the tree head is not signed by the key given (forged, or another log's)
@@ -10,29 +11,11 @@ subject runs tells them apart (docs/requests-and-ledger.md lists them):
 
 from __future__ import annotations
 
-from fedunlearn.errors import FedunlearnError, StateDamaged
+from fedunlearn.errors import LogInconsistent, NotIncluded, ReceiptMalformed, SignatureInvalid, StateDamaged
 
-
-class ReceiptMalformed(FedunlearnError):
-    exit_code = 10
-
-
-class SignatureInvalid(FedunlearnError):
-    exit_code = 11
-
-
-class NotIncluded(FedunlearnError):
-    exit_code = 12
-
-
-class LogInconsistent(FedunlearnError):
-    exit_code = 13
+__all__ = ["LogInconsistent", "LogRewritten", "NotIncluded", "ReceiptMalformed", "SignatureInvalid"]
 
 
 class LogRewritten(StateDamaged):
     """The ledger no longer reads as the history the log's signed heads commit to: signing a head
     over it would sign a rewritten history, so nothing is signed until an operator decides."""
-
-
-RECEIPT_EXIT_CODES = {cls.__name__: cls.exit_code for cls in (ReceiptMalformed, SignatureInvalid, NotIncluded,
-                                                              LogInconsistent)}
