@@ -177,11 +177,15 @@ def test_history_rewritten_and_resigned_fails_ledger_verify_and_the_old_receipt(
     workspace, log, receipt = logged
     old_head = log.head()
     rewrite_ledger(workspace, lambda es: es[1:])
+    with pytest.raises(LogRewritten, match="the entry was removed"):  # the honest program refuses to sign
+        sync_workspace(workspace)
     for path in log.directory.glob("*"):  # the dishonest operator rebuilds the log without r1, same key,
-        if path.name not in ("log.pub", "head-3.checkpoint"):  # padded past the size the subject saw
+        if path.name != "log.pub":  # padded past the size the subject saw
             path.unlink()
     sync_workspace(workspace)
     log.append_statements([("pad", "x", b"{}"), ("pad", "y", b"{}")])
+    assert not log.check(Ledger(workspace / LEDGER_PATH).entries()).problems  # self-consistent: copies elsewhere tell
+    (log.directory / "head-3.checkpoint").write_text(old_head)  # e.g. the copy on the DVC remote, fetched back
     printed = call_cli(workspace, "ledger", "verify")
     assert printed.status == 4 and "head-3.checkpoint (size 3) does not match the log's first 3 leaves" in printed.out
     (tmp_path / "r1.tlog-proof").write_text(receipt)

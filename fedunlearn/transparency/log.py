@@ -257,7 +257,7 @@ class TransparencyLog:
         with self._lock():
             records = self.records()
             _check_prefix(records, entries)
-            self._check_latest_head(records, signer.verifier)
+            self._check_latest_head(records, signer.verifier)  # also refuses heads signed by another key
             new = _pending(records, entries, receipts, model_hash)
             if new:
                 append_lines_durable(self.leaves_path, [record.line() for record in new])
@@ -278,10 +278,14 @@ class TransparencyLog:
             self._sign(records + new, signer)
 
     def _check_latest_head(self, records: list[LeafRecord], verifier: Verifier) -> None:
-        head = self.head()
-        if head is None:
-            return
-        problem = _head_problem(head, records, verifier, str(self.checkpoint_path))
+        """The latest head and the largest one on file must commit to a prefix of the leaves: a
+        leaves file lost or rebuilt (new salts, new roots) is then refused, not signed anew."""
+        heads = self.heads()
+        notes = {str(self.checkpoint_path): self.head()}
+        if heads:
+            notes[str(self.directory / f"head-{max(heads)}.checkpoint")] = heads[max(heads)]
+        problem = next(filter(None, (_head_problem(note, records, verifier, source)
+                                     for source, note in notes.items() if note is not None)), None)
         if problem:
             raise LogRewritten(f"{problem}; nothing was signed. If the signing key was lost (a workspace restored "
                                "without .secrets/), restore .secrets/transparency-log.json. If the ledger was "
