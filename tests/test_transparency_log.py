@@ -281,3 +281,14 @@ def test_a_witness_checks_consistency_from_its_last_head_and_its_cosignature_is_
     cosigned = receipt.replace(receipt.partition("\n\n")[2], witnessed)
     status, text = verify_alone(tmp_path, monkeypatch, cosigned, key)
     assert status == 0, text  # a witness's line is ignored by a verifier that does not know the witness
+
+
+def test_bad_input_is_one_line_naming_what_and_what_to_do(logged, tmp_path, monkeypatch):
+    workspace, _, _ = logged
+    printed = call_cli(workspace, "receipt", "no-such-request", "--out", str(tmp_path / "r"))
+    assert printed.status == 2 and printed.err.count("\n") == 1 and "`fedunlearn status`" in printed.err
+    status, out = verify_alone(tmp_path, monkeypatch, "x", "not a key\n")
+    assert status == 10 and out.count("\n") == 1 and "copy" in out and "log.pub" in out
+    monkeypatch.chdir(tmp_path)
+    printed = call_cli(tmp_path, "verify-receipt", "missing.tlog-proof", "--public-key", "log.pub")
+    assert printed.status == 2 and "cannot read the public key log.pub" in printed.err

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fedunlearn.errors import InputError
 from fedunlearn.transparency import merkle
 from fedunlearn.transparency.failures import LogInconsistent, NotIncluded, ReceiptMalformed
 from fedunlearn.transparency.log import BATCH, DELETION, EXACT, LeafRecord, TransparencyLog, canonical, ids_commitment
@@ -111,8 +112,8 @@ def build_receipt(log: TransparencyLog, request_id: str | None, consistency: dic
     else:
         mine = next((r for r in records if r.kind == "deletion" and r.key == request_id), None)
     if mine is None or mine.index >= size:
-        raise ReceiptMalformed(f"request {request_id} is not in the Merkle log (is it in the ledger? `fedunlearn "
-                               "status` lists applied requests; a pending request has no receipt yet)")
+        raise InputError(f"request {request_id} is not in the deletion ledger, so it has no receipt: a pending "
+                         "request gets one once a batch applied it (`fedunlearn status` lists every request)")
     checkpoint = Checkpoint.parse(split_note(note, str(log.checkpoint_path))[0], str(log.checkpoint_path))
     hashes = [r.hash for r in records[:checkpoint.size]]
     batch_id = mine.statement.get("batch_id") if mine.kind == "deletion" else None
