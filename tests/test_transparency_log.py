@@ -292,3 +292,14 @@ def test_bad_input_is_one_line_naming_what_and_what_to_do(logged, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     printed = call_cli(tmp_path, "verify-receipt", "missing.tlog-proof", "--public-key", "log.pub")
     assert printed.status == 2 and "cannot read the public key log.pub" in printed.err
+
+
+def test_a_leaf_append_cut_off_by_a_crash_is_dropped_and_logged_again(logged):
+    workspace, log, _ = logged
+    Ledger(workspace / LEDGER_PATH).append([entry("r4", ["e"], "b3")])
+    with open(log.leaves_path, "a") as handle:
+        handle.write('{"index": 3, "kind": "deletion", "key": "r4", "le')  # SIGKILL mid-append: never signed
+    assert len(log.records()) == 3 and log.torn_tail()
+    [again] = sync_workspace(workspace).records()[3:]
+    assert again.key == "r4" and not log.torn_tail()
+    assert not log.check(Ledger(workspace / LEDGER_PATH).entries()).problems

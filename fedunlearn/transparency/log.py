@@ -214,11 +214,19 @@ class TransparencyLog:
     def checkpoint_path(self) -> Path:
         return self.directory / "checkpoint"
 
+    def torn_tail(self) -> int:
+        """The length of a last line without its newline: an append cut off by a crash. No head
+        can cover it (heads are signed after the append returns), so it is dropped, not damage."""
+        data = self.leaves_path.read_bytes() if self.leaves_path.is_file() else b""
+        return 0 if not data or data.endswith(b"\n") else len(data) - (data.rfind(b"\n") + 1)
+
     def records(self) -> list[LeafRecord]:
         if not self.leaves_path.is_file():
             return []
         records = []
-        for number, raw in enumerate(self.leaves_path.read_text().splitlines(), start=1):
+        text = self.leaves_path.read_text()
+        lines = text.splitlines()[:-1] if self.torn_tail() else text.splitlines()
+        for number, raw in enumerate(lines, start=1):
             try:
                 record = LeafRecord.parse(raw)
             except (ValueError, KeyError, TypeError) as err:
@@ -255,6 +263,9 @@ class TransparencyLog:
         ledger or the log no longer reads as the history the last signed head commits to."""
         signer = ensure_key(self.root)
         with self._lock():
+            if self.torn_tail():
+                with open(self.leaves_path, "r+b") as handle:
+                    handle.truncate(self.leaves_path.stat().st_size - self.torn_tail())
             records = self.records()
             _check_prefix(records, entries)
             self._check_latest_head(records, signer.verifier)  # also refuses heads signed by another key
