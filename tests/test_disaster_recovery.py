@@ -213,7 +213,7 @@ def test_the_state_snapshot_is_pushed_once_never_over_a_newer_remote_and_taken_o
     assert (remote / "files" / "md5" / version[:2] / f"{version[2:]}.dir").is_file()
     files = durable.read_snapshot((remote / STATE_DIR / name).read_bytes())
     assert set(files) == {"params.yaml", "dvc.yaml", "dvc.lock", ".dvc/config", LEDGER_PATH.as_posix(),
-                          "data/deletion_requests/batches/b1.json"}
+                          "data/deletion_requests/batches/b1.json", "data/transparency/log.pub"}  # not .secrets/
     assert files[LEDGER_PATH.as_posix()] == (workspace / LEDGER_PATH).read_bytes()
 
     # A workspace whose ledger does not extend the remote's would drop r1 there: it is refused.
