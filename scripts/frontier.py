@@ -168,7 +168,7 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, options), runs in groups.items():
         served = sum(bool(r["interim"]) for r in runs)
         low, high = clopper_pearson(served, len(runs))
-        rows.append({"method": method, "options": options, "runs": sorted({r.get("run", -1) for r in runs}),
+        rows.append({"method": method, "options": options, "earlier": any(r.get("earlier") for r in runs),
                      "draws": len(runs), "served": served,
                      "served_interval": [low, high], "auc_mean": float(np.mean([r["auc"] for r in runs])),
                      "auc_range": [float(min(r["auc"] for r in runs)), float(max(r["auc"] for r in runs))],
@@ -184,17 +184,15 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     commands = meta.get("commands") or [meta["command"]]
     lines = [f"{meta['scenario']}, {meta['kind']}, {rows[0]['draws']} draws: "
-             + "; ".join(f"run {i + 1} `{c}`" for i, c in enumerate(commands)), "",
+             + "; ".join(f"`{c}`" for c in commands) + " († from an earlier output of the merge)", "",
              "| method | options | serves on the interim tier | audit AUC mean (range) | audit equivalent / "
              "inconclusive / apart | retrain ÷ method, FLOPs (median) | retrain ÷ method, seconds (median) | "
              "test accuracy − retrain's (mean) | test accuracy at most 1 point below the retrain's |",
              "|---|---|---|---|---|---|---|---|---|"]
-    latest = len(meta.get("commands", [None])) - 1
     for r in rows:
         low, high = r["served_interval"]
         eq = r["equivalence"]
-        earlier = [run for run in r.get("runs", []) if 0 <= run < latest]
-        note = f" (run {', '.join(str(run + 1) for run in earlier)})" if earlier else ""
+        note = " †" if r.get("earlier") else ""  # † measured by an earlier output of the merge
         lines.append(f"| {r['method']} | {r['options']}{note} | {r['served']}/{r['draws']} [{low:.2f}, {high:.2f}] | "
                      f"{r['auc_mean']:.3f} ({r['auc_range'][0]:.3f}–{r['auc_range'][1]:.3f}) | "
                      f"{eq['pass']} / {eq['inconclusive']} / {eq['fail']} | {r['flops_ratio']:.1f}× | "
@@ -239,17 +237,17 @@ def write(out: Path, meta: dict[str, Any], draws: list[dict[str, Any]]) -> str:
 def merged_draws(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The draws of several outputs, by seed. Where outputs share a seed (the same forget set of the
     same original), the later output's draw is kept — its retrain, its source — and each earlier
-    output adds the runs it alone has, marked with ``run`` (the output's index): their ratios stay
-    against their own run's retrain."""
+    output adds the runs of settings it alone has, marked ``earlier``: their ratios stay against their
+    own run's retrain."""
     by_seed: dict[int, dict[str, Any]] = {}
-    for index, draws in enumerate(parts):
+    for draws in parts:
         for draw in draws:
-            draw = {**draw, "candidates": [{**row, "run": row.get("run", index)} for row in draw["candidates"]]}
             earlier = by_seed.get(draw["seed"])
             if earlier is not None:
                 have = {(r["method"], effective(r["method"], r["options"])) for r in draw["candidates"]}
-                draw["candidates"] += [r for r in earlier["candidates"]
-                                       if (r["method"], effective(r["method"], r["options"])) not in have]
+                draw = {**draw, "candidates": draw["candidates"] + [
+                    {**r, "earlier": True} for r in earlier["candidates"]
+                    if (r["method"], effective(r["method"], r["options"])) not in have]}
             by_seed[draw["seed"]] = draw
     return [by_seed[seed] for seed in sorted(by_seed)]
 
@@ -276,7 +274,7 @@ def main() -> None:
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
         meta = {**parts[-1]["meta"], "merged": [str(p) for p in args.merge],
-                "commands": [p["meta"]["command"] for p in parts]}
+                "commands": [c for p in parts for c in p["meta"].get("commands", [p["meta"]["command"]])]}
         print(write(args.out, meta, merged_draws([p["draws"] for p in parts])))
         return
     if args.threads:

@@ -94,9 +94,11 @@ class FedQUIT(UnlearningMethod):
     lr : float or None, default=None
         local step size (None: the training's ``TrainConfig.lr``; momentum and batch size are always
         the training's).
-    recovery_rounds : int, default=1
+    recovery_rounds : int, default=2
         FedAvg rounds on the retained data afterwards, without the forget term: they restore test
-        accuracy the forget term cost, at the price of a little of the signal coming back.
+        accuracy the forget term cost, at the price of a little of the signal coming back (the
+        default is where the frontier keeps test accuracy within a point of the retrain's:
+        docs/BENCHMARKS.md).
     distance : {"squared", "huber"}, default="squared"
         the logit distance when ``temperature`` is None: squared, or Huber (smooth L1, a bounded
         gradient per logit).
@@ -113,7 +115,7 @@ class FedQUIT(UnlearningMethod):
     guarantee = EMPIRICAL_ONLY
 
     def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
-                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 1,
+                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
                  distance: str = "squared", clip_norm: float | None = 5.0):
         self.rounds = rounds
         self.local_epochs = local_epochs
