@@ -278,7 +278,7 @@ def run_deployed(job: Job, *, superlink: str | None = None, timeout: float = 600
         try:
             result = submit(job, deployment.home, timeout=timeout, watch=deployment.watch)
         except NodeNeverConnected as err:
-            missing = [deployment.nodes[c].describe() for c in getattr(err, "clients", []) if c in deployment.nodes]
-            raise NodeNeverConnected(f"{err}. Not connected: {'; '.join(missing)}") from err
+            missing = [deployment.nodes[c].describe() for c in err.clients if c in deployment.nodes]
+            raise NodeNeverConnected(f"{err}. Not connected: {'; '.join(missing)}", err.clients) from err
     result.seconds = time.perf_counter() - start
     return result
