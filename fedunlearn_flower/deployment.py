@@ -69,6 +69,7 @@ class FlowerProcess:
     address: str
     process: subprocess.Popen
     log: Path
+    clientappio: str = ""  # a SuperNode's ClientAppIo address (its ClientApps dial it)
     seen: set[int] = field(default_factory=set)  # PIDs of its descendants, collected while it runs
 
     def describe(self) -> str:
@@ -144,6 +145,7 @@ class LocalDeployment:
         node = self._spawn(f"SuperNode {partition}", f"ClientAppIo {clientappio}, dials SuperLink {superlink}", [
             _bin("flower-supernode"), "--insecure", "--superlink", superlink, "--clientappio-api-address",
             clientappio, "--node-config", f"partition-id={partition} num-partitions={self.num_nodes}"])
+        node.clientappio = clientappio
         self.nodes[partition] = node
         return node
 
@@ -172,10 +174,17 @@ class LocalDeployment:
         if self.superlink is not None and self.superlink.process.poll() is not None:
             raise FlowerRunFailed(f"{self.superlink.describe()} exited mid-run:\n{self.superlink.log_tail()}")
 
+    def addresses(self) -> set[str]:
+        """The addresses this deployment serves: every Flower process it led to names one of them
+        on its command line (a ClientApp its SuperNode's ClientAppIo, the ServerApp the ServerAppIo)."""
+        return {self.fleet, self.appio, self.control, *(n.clientappio for n in self.nodes.values())}
+
     def stop(self, grace: float = 5.0) -> None:
-        """End every process started here and every descendant seen: SIGTERM, then SIGKILL."""
+        """End every process started here, every descendant seen, and every process serving or
+        dialling one of the deployment's addresses (a ClientApp whose SuperNode was killed has no
+        parent left to find it by): SIGTERM, then SIGKILL."""
         procs = self.processes()
-        pids = {p.process.pid for p in procs}
+        pids = {p.process.pid for p in procs} | {pid for pid, _ in _processes_naming(self.addresses())}
         for proc in procs:
             pids |= proc.seen | set(_descendants(proc.process.pid))
         _end(pids, grace)
@@ -183,16 +192,27 @@ class LocalDeployment:
             proc.process.wait(timeout=grace)
 
     def alive(self) -> list[str]:
-        """Processes of this deployment still running (empty after ``stop``): by PID and command line."""
+        """Processes of this deployment still running (empty after ``stop``): PID and command line."""
         pids = {p.process.pid for p in self.processes()} | {pid for p in self.processes() for pid in p.seen}
-        ports = [a.rsplit(":", 1)[1] for a in (self.fleet, self.appio, self.control)]
-        found = []
-        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and (proc.info["pid"] in pids or
-                                                                 any(f":{port}" in cmdline for port in ports)):
-                found.append(f"{proc.info['pid']} {cmdline}")
-        return found
+        found = dict(_processes_naming(self.addresses()))
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found[pid] = " ".join(proc.cmdline())
+            except psutil.NoSuchProcess:
+                continue
+        return [f"{pid} {cmdline}" for pid, cmdline in sorted(found.items())]
+
+
+def _processes_naming(addresses: set[str]) -> list[tuple[int, str]]:
+    """Live processes with one of ``addresses`` as a command-line argument, and their command lines."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        args = proc.info["cmdline"] or []
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(arg in addresses for arg in args):
+            found.append((proc.info["pid"], " ".join(args)))
+    return found
 
 
 def _descendants(pid: int) -> list[int]:
