@@ -65,16 +65,19 @@ def _ray_processes_after(grace: float) -> list[str]:
 
 
 def test_simulation_hf_kcu_with_client_side_hessian_vector_products(workspace, tmp_path):
-    from fedunlearn_flower.simulation import run_simulated
+    """A model trained in-process, unlearned through Flower by the engine function a pipeline
+    task calls: the HF-KCU step of the core, its Hessian-vector products computed on the clients."""
+    from fedunlearn_flower.engine import unlearn_with_flower
 
     batch = sample_batch(workspace)
     params = {"cg_iterations": 3, "hessian_batch": 64}
-    result = run_simulated(job(workspace, tmp_path / "run", rounds=1, method="hf-kcu", params=params,
-                               batch=batch.to_dict()))
-    reference = in_process(workspace, rounds=1)
-    unlearned = unlearned_in_process(reference, batch, "hf-kcu", hessian="federation", lanczos_steps=1, **params)
-    assert max_difference(result.unlearned, unlearned) <= 1e-5
-    assert result.notes["unlearning"]["hvp_exchanges"] == 3
+    reference = in_process(workspace, rounds=2)  # the scenario's rounds: the unlearning round's seeds follow them
+    unlearned, notes, runtime = unlearn_with_flower(workspace, SCENARIO, tmp_path / "run", reference.state, "hf-kcu",
+                                                    params, batch, runner="simulation")
+    expected = unlearned_in_process(reference, batch, "hf-kcu", hessian="federation", lanczos_steps=1, **params)
+    assert max_difference(unlearned, expected) <= 1e-5
+    assert max_difference(unlearned, reference.state) > 1e-6  # the step moved the model
+    assert notes["hvp_exchanges"] == 3 and runtime == "flower-simulation"
 
 
 def _kill_when_training(deployment, partition: int) -> None:
