@@ -179,17 +179,18 @@ class LocalDeployment:
         on its command line (a ClientApp its SuperNode's ClientAppIo, the ServerApp the ServerAppIo)."""
         return {self.fleet, self.appio, self.control, *(n.clientappio for n in self.nodes.values())}
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 1.0) -> None:
         """End every process started here, every descendant seen, and every process serving or
         dialling one of the deployment's addresses (a ClientApp whose SuperNode was killed has no
-        parent left to find it by): SIGTERM, then SIGKILL."""
+        parent left to find it by): SIGTERM, then SIGKILL after ``grace`` seconds — their state is
+        in memory only, so a SuperLink's graceful shutdown saves nothing worth the wait."""
         procs = self.processes()
         pids = {p.process.pid for p in procs} | {pid for pid, _ in _processes_naming(self.addresses())}
         for proc in procs:
             pids |= proc.seen | set(_descendants(proc.process.pid))
         _end(pids, grace)
         for proc in procs:
-            proc.process.wait(timeout=grace)
+            proc.process.wait(timeout=5.0)  # reaped: no zombie left behind
 
     def alive(self) -> list[str]:
         """Processes of this deployment still running (empty after ``stop``): PID and command line."""
