@@ -73,9 +73,9 @@ class Federation:
               forget_ids: dict[int, list[str]] | None = None) -> list[ClientUpdate]:
         """One ``train`` message per client; their updates in client order (the core's summation order)."""
         forget_ids = forget_ids or {}
-        jobs = {c: self._content(state, round=round_idx, subset=subset, **{"forget-ids": forget_ids.get(c, [])},
-                                 **{"local-epochs": local_epochs, "lr": lr, "batch-size": batch_size,
-                                    "momentum": momentum}) for c in clients}
+        hyper = {"round": round_idx, "subset": subset, "local-epochs": local_epochs, "lr": lr, "batch-size": batch_size,
+                 "momentum": momentum}
+        jobs = {c: self._content(state, **hyper, **{"forget-ids": forget_ids.get(c, [])}) for c in clients}
         replies = self._send(jobs, "train", f"round-{round_idx}")
         return [ClientUpdate(c, record_state(replies[c].content.array_records[STATE]),
                              int(replies[c].content.metric_records[METRICS]["num-examples"]),

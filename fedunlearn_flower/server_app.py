@@ -18,6 +18,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedunlearn.errors import InputError
 from fedunlearn.federation.batch import DeletionBatch
 from fedunlearn.federation.local import State
 from fedunlearn_flower.fedavg import FedAvg
@@ -87,6 +88,8 @@ def _run(grid: Grid, job: Job, out: Path) -> dict:
     if job.method:
         algorithm, batch = ALGORITHMS[job.method](**job.params), DeletionBatch.from_dict(job.batch)
         if job.step_only:
+            if not hasattr(algorithm, "step"):
+                raise InputError(f"{job.method} has no separate unlearning round: step_only applies to PUF")
             _save(out / STEP, algorithm.step(federation, state, batch, training))
         else:
             unlearned, notes["unlearning"] = algorithm.run(federation, state, batch, training)
