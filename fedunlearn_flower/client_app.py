@@ -17,6 +17,7 @@ Message types (the server side: ``federation.Federation``):
   samples (HF-KCU, Algorithm 1 line 4).
 * ``query.hvp`` → H_j·v, H_j the Hessian of the mean objective over the retained samples (or a
   seeded mini-batch of ``hessian-batch`` of them), by double backprop (HF-KCU, federation Hessian).
+* ``query.krylov`` → HF-KCU's whole step on the client's own curvature (the paper's line 5).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from flwr.clientapp import ClientApp
 from fedunlearn.config import TrainConfig
 from fedunlearn.federation.fedavg import FedAvg
 from fedunlearn.federation.local import Tensors
-from fedunlearn_flower.partition import CPU, Scenario, own_split, subset
+from fedunlearn_flower.partition import CPU, Scenario, own_split
+from fedunlearn_flower.partition import subset as select
 from fedunlearn_flower.records import METRICS, STATE, VECTOR, config_of, record_state, record_vector, state_record, \
     vector_record
 
@@ -39,12 +41,13 @@ app = ClientApp()
 class _Job:
     """A message's job at this node: the scenario, the node's partition ID and the chosen subset."""
 
-    def __init__(self, message: Message, context: Context):
+    def __init__(self, message: Message, context: Context, subset: str | None = None):
         self.config = config_of(message)
         root = str(context.node_config.get("data-root") or self.config["root"])
         self.scenario = Scenario.load(root, str(self.config["scenario"]))
         self.client = int(context.node_config["partition-id"])
-        self.data = subset(own_split(root, self.scenario.name, self.client), str(self.config.get("subset", "all")),
+        which = subset or str(self.config.get("subset", "all"))
+        self.data = select(own_split(root, self.scenario.name, self.client), which,
                            list(self.config.get("forget-ids", [])))
         # One intra-op thread: the in-process engine's tests run with one, and the float results
         # match bit for bit only with the same reduction order; a SuperNode per core is the layout.
@@ -56,8 +59,8 @@ class _Job:
         return model
 
 
-def _reply(message: Message, job: _Job, train_loss: float = 0.0, **records) -> Message:
-    counts = MetricRecord({"partition-id": job.client, "num-examples": len(job.data), "train-loss": train_loss})
+def _reply(message: Message, job: _Job, metrics: dict | None = None, **records) -> Message:
+    counts = MetricRecord({"partition-id": job.client, "num-examples": len(job.data), **(metrics or {})})
     return Message(RecordDict({METRICS: counts, **records}), reply_to=message)
 
 
@@ -74,7 +77,7 @@ def train(message: Message, context: Context) -> Message:
     engine = FedAvg(job.scenario.model_fn, hyper, job.scenario.seed, CPU)
     update = engine.local_update(record_state(message.content.array_records[STATE]), job.data, job.client,
                                  int(config["round"]))
-    return _reply(message, job, float(update.train_loss), **{STATE: state_record(update.state)})
+    return _reply(message, job, {"train-loss": float(update.train_loss)}, **{STATE: state_record(update.state)})
 
 
 @app.query("gradient")
@@ -99,6 +102,30 @@ def curvature_product(message: Message, context: Context) -> Message:
     direction = record_vector(message.content.array_records[VECTOR])
     product = hvp_operator(flat_objective(model, curvature.x, curvature.y), flatten_parameters(model))(direction)
     return _reply(message, job, **{VECTOR: vector_record(product)})
+
+
+@app.query("krylov")
+def local_newton_step(message: Message, context: Context) -> Message:
+    """HF-KCU with the client's own curvature (Algorithm 1 lines 4–17, all at the client): g_i on
+    the forget samples, k CG steps on its retained samples' Hessian (its whole data when a request
+    leaves it none, line 5), the scaled step; the reply is the step and ‖g_i‖, nothing else."""
+    from fedunlearn.unlearning.krylov import (conjugate_gradient, flat_objective, flatten_parameters, gradient,
+                                              hvp_operator)  # see forget_gradient
+
+    config, job = config_of(message), _Job(message, context)
+    model, data = job.model(message), job.data
+    own = _Job(message, context, subset="retained")
+    own = own if len(own.data) else _Job(message, context, subset="all")
+    curvature = _curvature_sample(own, int(config.get("hessian-batch", 0)), int(config["round"]))
+    theta = flatten_parameters(model)
+    g = len(data) * gradient(flat_objective(model, data.x, data.y), theta)
+    operator = hvp_operator(flat_objective(model, curvature.x, curvature.y), theta, float(config["damping"]))
+    v = conjugate_gradient(operator, g / int(config["n-retained"]), int(config["cg-iterations"])).solution
+    scale = torch.ones_like(theta[0])
+    if float(config.get("beta", 0.0)) > 0:
+        v_norm = v.norm()
+        scale = torch.where(v_norm > 0, torch.clamp(float(config["beta"]) * theta.norm() / v_norm, max=1.0), scale)
+    return _reply(message, job, {"gradient-norm": float(g.norm())}, **{VECTOR: vector_record(scale * v)})
 
 
 def _curvature_sample(job: _Job, batch: int, round_idx: int) -> Tensors:

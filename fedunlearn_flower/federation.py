@@ -82,13 +82,13 @@ class Federation:
                              float(replies[c].content.metric_records[METRICS]["train-loss"])) for c in sorted(replies)]
 
     def vectors(self, message_type: str, state: State, jobs: dict[int, dict], group: str,
-                vector: torch.Tensor | None = None) -> dict[int, tuple[torch.Tensor, int]]:
-        """A ``query.*`` exchange whose replies are vectors: per client, the vector and the count of
-        samples behind it."""
+                vector: torch.Tensor | None = None) -> dict[int, tuple[torch.Tensor, dict]]:
+        """A ``query.*`` exchange whose replies are vectors: per client, the vector and the reply's
+        metrics (``num-examples``, the samples behind it, and what the handler adds)."""
         replies = self._send({c: self._content(state, vector, **config) for c, config in jobs.items()},
                              message_type, group)
-        return {c: (record_vector(r.content.array_records[VECTOR]),
-                    int(r.content.metric_records[METRICS]["num-examples"])) for c, r in sorted(replies.items())}
+        return {c: (record_vector(r.content.array_records[VECTOR]), dict(r.content.metric_records[METRICS]))
+                for c, r in sorted(replies.items())}
 
     def _content(self, state: State | None = None, vector: torch.Tensor | None = None, **config) -> RecordDict:
         return content(state, vector, root=self.root, scenario=self.scenario.name, **config)

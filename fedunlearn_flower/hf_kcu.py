@@ -1,9 +1,11 @@
-"""HF-KCU — Hessian-free Krylov causal unlearning, over Flower, with the federation's Hessian.
+"""HF-KCU — Hessian-free Krylov causal unlearning, over Flower.
 
 Paper: "Causal Unlearning in Collaborative Optimization: Exact and Approximate Influence Reversal
 under Adversarial Contributions" (hf-kcu-krylov-causal-unlearning.txt; §3, Algorithm 1). The
-in-process method is ``fedunlearn.unlearning.hf_kcu``; this is its ``hessian="federation"``
-variant with every Hessian-vector product computed where the data is:
+in-process method is ``fedunlearn.unlearning.hf_kcu``; both of its Hessians run here, every
+Hessian-vector product computed where the data is. With the client's own curvature (the paper's
+line 5, the default) each affected client runs the whole step in one ``query.krylov`` message.
+With the federation's retained Hessian the server runs CG:
 
     g_i   = Σ_{u∈U_i} ∇f_u(θ)                    a ``query.gradient`` message to each affected client
     H_r v = Σ_j (n_j^r/n_r) H_j v                a ``query.hvp`` message to every client with retained data
@@ -39,6 +41,10 @@ class HFKCU:
         λ in H + λI (the paper's value).
     beta : float | None (default: 0.01)
         β of the adaptive scale min(1, β‖θ‖/‖v‖) (the paper's value); None switches it off.
+    hessian : str (default: "client")
+        "client": each affected client's own curvature, the whole step computed there in one
+        ``query.krylov`` message (the paper's line 5); "federation": H_r, every product a
+        ``query.hvp`` exchange with every client holding retained data.
     hessian_batch : int | None (default: None)
         Curvature on a seeded mini-batch of this many retained samples per client (None: all).
     weights : str (default: "sum")
@@ -48,9 +54,13 @@ class HFKCU:
     """
 
     def __init__(self, *, cg_iterations: int = 10, damping: float = 0.01, beta: float | None = 0.01,
-                 hessian_batch: int | None = None, weights: str = "sum", finetune_rounds: int = 0):
+                 hessian: str = "client", hessian_batch: int | None = None, weights: str = "sum",
+                 finetune_rounds: int = 0):
         if weights not in ("sum", "causal"):
             raise ValueError(f"weights must be 'sum' or 'causal', not {weights!r}")
+        if hessian not in ("client", "federation"):
+            raise ValueError(f"hessian must be 'client' or 'federation', not {hessian!r}")
+        self.hessian = hessian
         self.cg_iterations = cg_iterations
         self.damping = damping
         self.beta = beta
@@ -62,14 +72,41 @@ class HFKCU:
             training: FedAvg) -> tuple[State, dict]:
         forget = forget_lists(batch)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
+        model = federation.scenario.model_from(state)
+        if self.hessian == "client":
+            steps, norms, exchanges = self._client_steps(federation, state, forget, retained, training.rounds)
+        else:
+            steps, norms, exchanges = self._federation_steps(federation, state, forget, retained, training.rounds,
+                                                             flatten_parameters(model))
+        norms_t = torch.stack(norms)
+        causal = norms_t / norms_t.sum().clamp_min(torch.finfo(norms_t.dtype).tiny)  # Eq. 7
+        weights = causal if self.weights == "causal" else torch.ones_like(causal)
+        unlearned = add_to_parameters(state, model, sum(w * s for w, s in zip(weights, steps)))
+        unlearned = training.run(federation, unlearned, first_round=training.rounds, rounds=self.finetune_rounds,
+                                 sizes=retained, forget_ids=forget)
+        return unlearned, {"target_clients": sorted(forget), "hessian": self.hessian, "hvp_exchanges": exchanges,
+                           "causal_weights": dict(zip(sorted(forget), causal.tolist()))}
+
+    def _client_steps(self, federation: Federation, state: State, forget: dict[int, list[str]],
+                      retained: dict[int, int], round_idx: int) -> tuple[list, list, int]:
+        """One ``query.krylov`` message per affected client: it runs the whole step on its own data."""
+        config = {"subset": "forget", "round": round_idx, "n-retained": sum(retained.values()),
+                  "cg-iterations": self.cg_iterations, "damping": self.damping, "beta": self.beta or 0.0,
+                  "hessian-batch": self.hessian_batch or 0}
+        replies = federation.vectors("query.krylov", state, {c: {**config, "forget-ids": ids}
+                                                             for c, ids in forget.items()}, "hf-kcu-krylov")
+        norms = [torch.tensor(metrics["gradient-norm"], dtype=step.dtype) for step, metrics in replies.values()]
+        return [step for step, _ in replies.values()], norms, 0
+
+    def _federation_steps(self, federation: Federation, state: State, forget: dict[int, list[str]],
+                          retained: dict[int, int], round_idx: int, theta: torch.Tensor) -> tuple[list, list, int]:
+        """g_i from the affected clients, then k CG steps on the server, each product one exchange."""
         n_retained = sum(retained.values())
         gradients = federation.vectors("query.gradient", state, {c: {"subset": "forget", "forget-ids": ids}
                                                                  for c, ids in forget.items()}, "hf-kcu-gradients")
-        operator, products = self._operator(federation, state, forget, retained, training.rounds)
-        model = federation.scenario.model_from(state)
-        theta = flatten_parameters(model)
+        operator, products = self._operator(federation, state, forget, retained, round_idx)
         steps, norms = [], []
-        for c, (g, _) in gradients.items():
+        for g, _ in gradients.values():
             v = conjugate_gradient(operator, g / n_retained, self.cg_iterations).solution
             scale = torch.ones_like(theta[0])
             if self.beta is not None:
@@ -77,14 +114,7 @@ class HFKCU:
                 scale = torch.where(v_norm > 0, torch.clamp(self.beta * theta.norm() / v_norm, max=1.0), scale)
             steps.append(scale * v)
             norms.append(g.norm())
-        norms_t = torch.stack(norms)
-        causal = norms_t / norms_t.sum().clamp_min(torch.finfo(norms_t.dtype).tiny)  # Eq. 7
-        weights = causal if self.weights == "causal" else torch.ones_like(causal)
-        unlearned = add_to_parameters(state, model, sum(w * s for w, s in zip(weights, steps)))
-        unlearned = training.run(federation, unlearned, first_round=training.rounds, rounds=self.finetune_rounds,
-                                 sizes=retained, forget_ids=forget)
-        return unlearned, {"target_clients": sorted(forget), "hessian": "federation", "hvp_exchanges": products[0],
-                           "causal_weights": dict(zip(sorted(gradients), causal.tolist()))}
+        return steps, norms, products[0]
 
     def _operator(self, federation: Federation, state: State, forget: dict[int, list[str]],
                   retained: dict[int, int], round_idx: int):

@@ -64,20 +64,22 @@ def _ray_processes_after(grace: float) -> list[str]:
         time.sleep(0.5)
 
 
-def test_simulation_hf_kcu_with_client_side_hessian_vector_products(workspace, tmp_path):
+@pytest.mark.parametrize("hessian", ["federation", "client"])
+def test_simulation_hf_kcu_with_client_side_hessian_vector_products(workspace, tmp_path, hessian):
     """A model trained in-process, unlearned through Flower by the engine function a pipeline
-    task calls: the HF-KCU step of the core, its Hessian-vector products computed on the clients."""
+    task calls: the HF-KCU step of the core, its Hessian-vector products computed on the clients
+    (``federation``: one ``query.hvp`` exchange per CG step; ``client``: one ``query.krylov``)."""
     from fedunlearn_flower.engine import unlearn_with_flower
 
     batch = sample_batch(workspace)
-    params = {"cg_iterations": 3, "hessian_batch": 64}
+    params = {"cg_iterations": 3, "hessian_batch": 64, "hessian": hessian}
     reference = in_process(workspace, rounds=2)  # the scenario's rounds: the unlearning round's seeds follow them
     unlearned, notes, runtime = unlearn_with_flower(workspace, SCENARIO, tmp_path / "run", reference.state, "hf-kcu",
                                                     params, batch, runner="simulation")
-    expected = unlearned_in_process(reference, batch, "hf-kcu", hessian="federation", lanczos_steps=1, **params)
+    expected = unlearned_in_process(reference, batch, "hf-kcu", lanczos_steps=1, **params)
     assert max_difference(unlearned, expected) <= 1e-5
     assert max_difference(unlearned, reference.state) > 1e-6  # the step moved the model
-    assert notes["hvp_exchanges"] == 3 and runtime == "flower-simulation"
+    assert notes["hvp_exchanges"] == (3 if hessian == "federation" else 0) and runtime == "flower-simulation"
 
 
 def _kill_when_training(deployment, partition: int) -> None:
