@@ -12,6 +12,7 @@ Flower process outlives a job.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from fedunlearn_flower.results import FlowerResult, read_result
 from fedunlearn_flower.server_app import Job
 
 HOST = "127.0.0.1"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CONNECTION = "fedunlearn"  # the SuperLink connection's name in the deployment's Flower configuration
 APP_TOML = """[build-system]
 requires = ["setuptools>=68"]
@@ -76,8 +78,8 @@ class FlowerProcess:
         return f"{self.role} (pid {self.process.pid}, {self.address})"
 
     def log_tail(self, lines: int = 15) -> str:
-        text = self.log.read_text(errors="replace").splitlines() if self.log.is_file() else []
-        return "\n".join(text[-lines:])
+        text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        return "\n".join(_ANSI.sub("", text).splitlines()[-lines:])  # Flower colours its log levels
 
 
 class FlowerHome:
