@@ -1,0 +1,55 @@
+"""What a pipeline task calls to train or unlearn through Flower (issue 38, item 3): one function
+per step, the engine chosen by name, the ``runtime`` tag of the version it produced returned with
+the model. Tasks keep registering, gating and writing receipts as they do for the in-process
+engine; nothing here touches a store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fedunlearn.errors import InputError
+from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.local import State
+from fedunlearn_flower.deployment import run_deployed
+from fedunlearn_flower.results import FlowerResult
+from fedunlearn_flower.server_app import ALGORITHMS, Job
+from fedunlearn_flower.simulation import run_simulated
+
+# The version tag ``runtime`` of a model each runner produced (the in-process engine's: ``in-process``).
+RUNTIMES = {"simulation": "flower-simulation", "deployment": "flower-deployment"}
+
+
+def run_flower(job: Job, runner: str, *, superlink: str | None = None) -> tuple[FlowerResult, str]:
+    """``job`` on the ``simulation`` engine or a ``deployment`` (local, or ``superlink``'s)."""
+    if runner not in RUNTIMES:
+        raise InputError(f"unknown Flower runner {runner!r}; choose {' or '.join(RUNTIMES)}")
+    if runner == "simulation":
+        return run_simulated(job), RUNTIMES[runner]
+    return run_deployed(job, superlink=superlink), RUNTIMES[runner]
+
+
+def train_with_flower(root: str | Path, scenario: str, out_dir: str | Path, *, runner: str = "simulation",
+                      superlink: str | None = None, rounds: int | None = None) -> tuple[State, str]:
+    """The scenario trained by FedAvg through Flower (``rounds``: None for the scenario's), and its runtime tag."""
+    job = Job(root=str(root), scenario=scenario, out_dir=str(out_dir), rounds=rounds)
+    result, runtime = run_flower(job, runner, superlink=superlink)
+    return result.trained, runtime
+
+
+def unlearn_with_flower(root: str | Path, scenario: str, out_dir: str | Path, state: State, method: str,
+                        params: dict, batch: DeletionBatch, *, runner: str = "simulation",
+                        superlink: str | None = None) -> tuple[State, dict, str]:
+    """``state`` with ``batch`` forgotten by ``method`` through Flower: the model, the run's notes
+    and its runtime tag."""
+    if method not in ALGORITHMS:
+        raise InputError(f"method {method!r} has no Flower version; choose one of {', '.join(ALGORITHMS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().cpu() for k, v in state.items()}, out / "initial.pt")
+    job = Job(root=str(root), scenario=scenario, out_dir=str(out), rounds=0, state=str(out / "initial.pt"),
+              method=method, params=params, batch=batch.to_dict())
+    result, runtime = run_flower(job, runner, superlink=superlink)
+    return result.unlearned, result.notes.get("unlearning", {}), runtime
