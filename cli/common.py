@@ -8,6 +8,11 @@ import contextlib
 import logging
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the flows are imported when a command runs, not when the CLI starts
+    from fedunlearn.requests.erasure import ErasureReport
+    from flows.results import IngestResult, ProcessResult
 
 DEFAULT_SCENARIO = "mnist5k-hfl"
 # What prepare_flow_run started for the command (its Prefect server): closed as the command ends.
@@ -137,72 +142,69 @@ def require_data_for_requests(root, scenario: str, command: str) -> None:
         require_prepared(scenario, root, f"`fedunlearn --root {root} {command} --scenario {scenario}`")
 
 
-def erasure_line(report: dict) -> str:
-    unverifiable = len(report["not_verifiable"])
+def erasure_line(report: ErasureReport) -> str:
+    unverifiable = len(report.not_verifiable)
     caveat = f"; {unverifiable} not verifiable (see the record)" if unverifiable else ""
-    stores = report.get("stores", [])
-    if report["found"]:
-        held = "; ".join(f"store {s['name']}: {', '.join(s['found'])}" for s in stores if s["found"])
-        return f"erasure NOT verified: the bytes of {len(report['found'])} deleted sample(s) are still in {held}"
-    if not report["verified"]:
-        return f"erasure not verifiable: none of the {report['deleted_samples']} deleted samples can be recognised"
-    skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
-    return (f"erasure verified: no bytes of the {report['checked_samples']} checked samples in "
-            f"{report['files_scanned']} files of the stores {', '.join(s['name'] for s in stores if s['in_scope'])}"
+    if report.found:
+        held = "; ".join(f"store {s.name}: {', '.join(s.found)}" for s in report.stores if s.found)
+        return f"erasure NOT verified: the bytes of {len(report.found)} deleted sample(s) are still in {held}"
+    if not report.verified:
+        return f"erasure not verifiable: none of the {report.deleted_samples} deleted samples can be recognised"
+    skipped = "; ".join(f"{s.name} ({s.note})" for s in report.stores if not s.in_scope)
+    return (f"erasure verified: no bytes of the {report.checked_samples} checked samples in "
+            f"{report.files_scanned} files of the stores {', '.join(s.name for s in report.stores if s.in_scope)}"
             f"{caveat}{'; not scanned: ' + skipped if skipped else ''}")
 
 
-def erasure_status(report: dict | None) -> int:
+def erasure_status(report: ErasureReport | None) -> int:
     """The exit status after a batch: ``ErasureNotVerified``'s when a store still holds a deleted row."""
     from fedunlearn.errors import ErasureNotVerified
 
-    return ErasureNotVerified.exit_code if report and report["found"] else 0
+    return ErasureNotVerified.exit_code if report is not None and report.found else 0
 
 
-def print_summary(result: dict) -> None:
-    for batch_id in result["resumed"]:
+def print_summary(result: IngestResult) -> None:
+    for batch_id in result.resumed:
         print(f"finished batch {batch_id}, which had been interrupted")
-    for name in result["already_applied"]:
+    for name in result.already_applied:
         print(f"already applied, moved to processed/: {name}")
-    for note in result["quarantined"]:
-        print(f"quarantined {note['file']!r}: {note['reason']}\n  -> {note['moved_to']} (reason in "
-              f"{note['moved_to']}.reason.txt)")
-    if result["left_pending"]:
-        print(f"left in the inbox (other scenarios): {', '.join(result['left_pending'])}")
-    for name, why in result.get("waiting", {}).items():
+    for note in result.quarantined:
+        print(f"quarantined {note.file!r}: {note.reason}\n  -> {note.moved_to} (reason in "
+              f"{note.moved_to}.reason.txt)")
+    if result.left_pending:
+        print(f"left in the inbox (other scenarios): {', '.join(result.left_pending)}")
+    for name, why in result.waiting.items():
         print(f"left in the inbox, still being written? {name!r}: {why}")
-    if "batch_id" not in result:
-        print(result["status"])
+    if result.batch_id is None:
+        print(result.status)
         return
-    per_client = ", ".join(f"client {c}: {n}" for c, n in result["per_client"].items())
-    print(f"batch {result['batch_id']}: {len(result['applied'])} request(s) applied, {result['deleted_ids']} sample "
+    per_client = ", ".join(f"client {c}: {n}" for c, n in result.per_client.items())
+    print(f"batch {result.batch_id}: {len(result.applied)} request(s) applied, {result.deleted_ids} sample "
           f"IDs deleted{f' ({per_client})' if per_client else ''}")
-    print(f"data version {result['data_version_before']} -> {result['data_version_after']}")
-    print(erasure_line(result["erasure"]))
-    print(f"record: {result['record']}")
+    print(f"data version {result.data_version_before} -> {result.data_version_after}")
+    print(erasure_line(result.erasure))
+    print(f"record: {result.record}")
 
 
-def describe_batch(result: dict) -> str:
+def describe_batch(result: ProcessResult) -> str:
     """What a processed batch did to the registry: the attempts, the version promoted, the receipt,
     where the flow's time went."""
-    models = result["models"]
-    chosen = models["unlearned"]
-    chain = " -> ".join(f"{a['method']} ({a['verdict'] or a['note'] or 'not gated'}"
-                        + (", serves on the interim tier" if a.get("interim") and a["verdict"] != "pass"
-                           and a is result["attempts"][-1] else "")
-                        + ")" for a in result["attempts"])
-    reference = f", retrained reference v{models['retrained']['version']}" if models["retrained"] else ""
-    timings = result["timings"]
-    tier = result.get("forgetting")
+    chosen, retrained = result.models.get("unlearned"), result.models.get("retrained")
+    last = result.attempts[-1] if result.attempts else None
+    chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'}"
+                        + (", serves on the interim tier" if a.interim and a.verdict != "pass" and a is last else "")
+                        + ")" for a in result.attempts)
+    reference = f", retrained reference v{retrained.version}" if retrained else ""
+    timings, tier = result.timings, result.forgetting
     owed = ""
-    if tier == "interim" and result.get("exact_due"):
-        owed = (f"; exact forgetting due by {datetime.fromisoformat(result['exact_due']):%Y-%m-%d %H:%M}Z; "
-                f"exact retrain {result['exact_run'] or 'not scheduled'}")
+    if tier == "interim" and result.exact_due:
+        owed = (f"; exact forgetting due by {datetime.fromisoformat(result.exact_due):%Y-%m-%d %H:%M}Z; "
+                f"exact retrain {result.exact_run or 'not scheduled'}")
     return (f"attempts: {chain}\n"
-            f"alias current -> v{chosen['version']} ({result['method']}, {result['certificate']}){reference}\n"
+            f"alias current -> v{chosen.version} ({result.method}, {result.certificate}){reference}\n"
             f"forgetting: {tier}{owed}\n"
-            f"receipt: {result['receipt']}\n"
-            f"{result['retrain_debt']}\n"
-            f"flow {timings['flow_seconds']:.1f} s: compute {timings['core_seconds']:.1f} s (data, unlearning, "
-            f"evaluation), orchestration {timings['orchestration_seconds']:.1f} s "
-            f"({timings['orchestration_share']:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")
+            f"receipt: {result.receipt}\n"
+            f"{result.retrain_debt}\n"
+            f"flow {timings.flow_seconds:.1f} s: compute {timings.core_seconds:.1f} s (data, unlearning, "
+            f"evaluation), orchestration {timings.orchestration_seconds:.1f} s "
+            f"({timings.orchestration_share:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")

@@ -84,12 +84,12 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
                                retrain_reference=args.retrain, method_options=args.method_options,
                                device=args.device, forgetting_policy=args.forgetting_policy)
     print_summary(result)
-    if "receipt" not in result:
-        if result.get("exact_run"):  # nothing pending, but the retrain debt could not wait
-            print(f"exact retrain {result['exact_run']}")
+    if result.receipt is None:
+        if result.exact_run:  # nothing pending, but the retrain debt could not wait
+            print(f"exact retrain {result.exact_run}")
         return 0
     print(describe_batch(result))
-    return erasure_status(result["erasure"])
+    return erasure_status(result.erasure)
 
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:
@@ -99,8 +99,8 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
     init_workspace(root)
     prepare_flow_run()
     result = retrain_reference(scenario=args.scenario, root=str(root), device=args.device)
-    print(f"{args.scenario} v{result['model_version']} (alias 'retrained') on data version {result['data_version']}"
-          f"{' (already there)' if result['reused'] else ''}")
+    print(f"{args.scenario} v{result.model_version} (alias 'retrained') on data version {result.data_version}"
+          f"{' (already there)' if result.reused else ''}")
     return 0
 
 
@@ -111,8 +111,8 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
     init_workspace(root)
     prepare_flow_run()
     result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
-    if result["repaid"]:
-        print(f"repaid {len(result['repaid'])} batch(es) with {args.scenario} v{result['version']} (alias current)")
+    if result.repaid:
+        print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
     else:
         print(f"no retrain debt for {args.scenario}: nothing to retrain")
     return 0

@@ -111,7 +111,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
     prepare_flow_run()
     result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
     print_summary(result)
-    return erasure_status(result.get("erasure"))
+    return erasure_status(result.erasure)
 
 
 

@@ -60,9 +60,9 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 
 def run_train(args: argparse.Namespace, root: Path) -> int:
     result = train(args, root)
-    poisoned = f"; backdoor on {result['backdoor_samples']} samples" if result["backdoor_samples"] else ""
-    print(f"\n{result['scenario']}: test_acc={result['test_acc']:.4f}, data version {result['data_version']}, "
-          f"registered version {result['model_version']} (alias 'original') in {result['wall_seconds']:.0f} s"
+    poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
+    print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
+          f"registered version {result.model_version} (alias 'original') in {result.wall_seconds:.0f} s"
           f"{poisoned}")
     return 0
 
@@ -81,22 +81,22 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     from stores.workspace import Workspace
 
     trained = train(build_defaults(args.scenario), root)
-    scenario = trained["scenario"]
-    print(f"\n== 1. {scenario} trained: test_acc={trained['test_acc']:.4f}, registered v{trained['model_version']} "
-          f"(alias 'original') on data version {trained['data_version']} in {trained['wall_seconds']:.0f} s "
-          f"on {trained['device']}")
+    scenario = trained.scenario
+    print(f"\n== 1. {scenario} trained: test_acc={trained.test_acc:.4f}, registered v{trained.model_version} "
+          f"(alias 'original') on data version {trained.data_version} in {trained.wall_seconds:.0f} s "
+          f"on {trained.device}")
     requests = submit_example_requests(root, scenario)
     print(f"\n== 2. deletion requests in data/deletion_requests/inbox/: {'; '.join(requests)}")
     batch = process_deletions(scenario=scenario, root=str(root))
-    print(f"\n== 3. batch {batch['batch_id']}: data version {batch['data_version_before']} -> "
-          f"{batch['data_version_after']}\n   {describe_batch(batch)}")
+    print(f"\n== 3. batch {batch.batch_id}: data version {batch.data_version_before} -> "
+          f"{batch.data_version_after}\n   {describe_batch(batch)}")
     ws = Workspace.open(root)
     print(f"\n== 4. fedunlearn status --scenario {scenario}:\n\n{deletion_status(ws, scenario).markdown()}")
     repaid = repay_retrain_debt(scenario=scenario, root=str(root))
-    receipt = read_receipt(ws.root, batch["batch_id"])
+    receipt = read_receipt(ws.root, batch.batch_id)
     print(f"\n== 5. fedunlearn repay-debt --scenario {scenario}: "
-          + (f"exact retrain v{repaid['version']} serves (alias current)" if repaid["repaid"] else "nothing owed")
-          + f"\n   receipt {batch['receipt']}: {receipt.tier_line()}")
+          + (f"exact retrain v{repaid.version} serves (alias current)" if repaid.repaid else "nothing owed")
+          + f"\n   receipt {batch.receipt}: {receipt.tier_line()}")
     print(f"\n== 6. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
     print(comparison(ws, scenario)[1])
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"

@@ -15,13 +15,13 @@ from typing import Any, Callable, Mapping
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.gates import GateOutcome
-from fedunlearn.certify.tiers import Tier, exact_due, serves, tier_of
+from fedunlearn.certify.tiers import Tier, exact_due, repay_now, serves, tier_of
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.federation.cost import CostRecord
-from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef, Receipt
+from fedunlearn.receipts import NO_MODEL, AttemptRecord, ExactForgetting, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchRecord
-from fedunlearn.unlearning.escalation import Attempt, removal_first
+from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, is_exact_retrain, removal_first
 
 UNCHANGED = "unchanged"  # the method of a batch that deleted only held-out samples: nothing to unlearn
 SOURCE_TAG = "source_version"
@@ -45,6 +45,14 @@ def route(refits_on_holdout: bool, deletes_held_out: bool, forget_samples: int |
     if forget_samples >= training_samples:
         return Route.no_model
     return Route.exact_only if transform_moved else Route.escalate
+
+
+def attempts_for_route(taken: Route, attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts the route leaves: where deleting held-out samples moved every sample's features,
+    only an exact retrain fits the new data version, whatever was asked."""
+    if taken in (Route.exact_only, Route.retrain_for_new_features):
+        return [Attempt(method=EXACT_RETRAIN_METHOD)]
+    return attempts
 
 
 def attempts_in_order(attempts: list[Attempt], setting: str, source_remembers: bool,
@@ -75,7 +83,7 @@ def stops(gates: GateOutcome, forgetting: ForgettingPolicy, exact_in_hand: bool 
 
 
 @dataclass
-class BatchOutcome:
+class BatchUnlearning:
     """What unlearning a batch came to: the source, the reference, every attempt, the one chosen."""
 
     source: ModelRef
@@ -101,16 +109,41 @@ def metrics_of(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[s
 
 
 def exact_certificate(scenario: str, batch_id: str, why: str) -> dict[str, Any]:
-    return {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN, "scenario": scenario,
-            "batch_id": batch_id, "notes": [f"retrained from scratch on the retained data ({why})"]}
+    """The certificate of a batch's exact retrain."""
+    return retrain_certificate(f"retrained from scratch on the retained data ({why})", scenario=scenario,
+                               batch_id=batch_id)
 
 
-def tier_fields(deadlines: dict[str, datetime], certificate: str | None, policy: ForgettingPolicy,
+def retrain_certificate(note: str, **batch: str) -> dict[str, Any]:
+    """An exact retrain's certificate as a receipt holds it; ``batch``: its scenario and batch ID, where
+    the retrain was the batch's own."""
+    return {"method": EXACT_RETRAIN_METHOD, "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN, **batch,
+            "notes": [note]}
+
+
+class DebtAction(str, Enum):
+    """What a batch does about the retrain debt once its receipt is written."""
+
+    repay = "repay"  # now: past ``requests.max_retrain_debt``, or its latest safe start has come
+    schedule = "schedule"  # a run of the repaying deployment at its latest safe start
+    nothing = "nothing"  # nothing is owed
+
+
+def debt_action(owed_requests: int, max_requests: int, start_by: datetime | None, now: datetime) -> DebtAction:
+    """The retrain debt after a batch: ``owed_requests`` forgotten only approximately, against the
+    most ``requests.max_retrain_debt`` allows; ``start_by`` the latest safe start of its exact retrain
+    (None: nothing due)."""
+    if owed_requests > max_requests or repay_now(start_by, now):
+        return DebtAction.repay
+    return DebtAction.nothing if start_by is None else DebtAction.schedule
+
+
+def tier_fields(deadlines: dict[str, datetime], certificate: str | None, forgetting: ForgettingPolicy,
                 start_by: Callable[[datetime], datetime]) -> dict:
     """The receipt's tier fields: the tier the chosen version forgets on, each request's deadline and,
     on the interim tier, when exact forgetting is due and the latest safe time to start it."""
     tier = tier_of(certificate)
-    fields = {"forgetting": tier.value, "policy": policy.value, "deadlines": deadlines}
+    fields = {"forgetting": tier.value, "policy": forgetting.value, "deadlines": deadlines}
     if tier is Tier.interim:
         due = exact_due(deadlines.values())
         fields.update(exact_due=due, exact_start_by=start_by(due))
@@ -125,34 +158,56 @@ def speedup(reference_seconds: float | None, chosen_seconds: float | None) -> fl
     return None if math.isnan(ratio) else ratio
 
 
-def _costs(outcome: BatchOutcome) -> dict[str, Any]:
-    reference = outcome.reference_metrics
-    costs: dict[str, Any] = {"unlearned": {"wall_seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
-                                           "comm_bytes": outcome.cost.comm_bytes}}
+def _costs(unlearning: BatchUnlearning) -> dict[str, Any]:
+    reference = unlearning.reference_metrics
+    cost = unlearning.cost
+    costs: dict[str, Any] = {"unlearned": {"wall_seconds": cost.wall_seconds, "flops": cost.flops,
+                                           "comm_bytes": cost.comm_bytes}}
     if reference:
         costs["retrained"] = {k: getattr(reference, k) for k in ("wall_seconds", "flops", "comm_bytes")}
-    costs["speedup_vs_retrain"] = speedup(reference.wall_seconds if reference else None, outcome.cost.wall_seconds)
+    costs["speedup_vs_retrain"] = speedup(reference.wall_seconds if reference else None, unlearning.cost.wall_seconds)
     return costs
 
 
-def receipt_for(record: BatchRecord, outcome: BatchOutcome, aliases: dict[str, ModelRef | None],
+def receipt_for(record: BatchRecord, unlearning: BatchUnlearning, aliases: dict[str, ModelRef | None],
                 erasure: dict, tier: dict, batch_record: str) -> Receipt:
     """The receipt of a batch whose chosen attempt now serves. ``aliases``: ``original`` and
     ``current`` as the registry has them after the promotion."""
-    chosen = outcome.chosen
-    retrained = outcome.reference or (chosen.version if chosen.method == "retrain" else None)
-    metrics = {"source": outcome.source_metrics.to_dict(), "unlearned": chosen.metrics,
-               **({"retrained": outcome.reference_metrics.to_dict()} if outcome.reference_metrics else {})}
+    chosen = unlearning.chosen
+    retrained = unlearning.reference or (chosen.version if is_exact_retrain(chosen.method) else None)
+    metrics = {"source": unlearning.source_metrics.to_dict(), "unlearned": chosen.metrics,
+               **({"retrained": unlearning.reference_metrics.to_dict()} if unlearning.reference_metrics else {})}
     return Receipt(
         batch_id=record.batch_id, scenario=record.scenario, request_ids=[e.request_id for e in record.requests],
-        deleted_samples=len(record.deleted_ids()), forgotten_per_client=outcome.forgotten_per_client,
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client=unlearning.forgotten_per_client,
         data_version_before=record.data_version_before, data_version_after=record.data_version_after,
-        method=chosen.method, models={"original": aliases.get("original"), "source": outcome.source,
+        method=chosen.method, models={"original": aliases.get("original"), "source": unlearning.source,
                                       "unlearned": chosen.version, "retrained": retrained,
                                       "current": aliases.get("current")},
-        certificate=outcome.certificate, gates=chosen.gates, attempts=outcome.attempts, promoted=True,
-        metrics=metrics, costs=_costs(outcome), erasure=erasure, source_gates=outcome.source_gates, **tier,
+        certificate=unlearning.certificate, gates=chosen.gates, attempts=unlearning.attempts, promoted=True,
+        metrics=metrics, costs=_costs(unlearning), erasure=erasure, source_gates=unlearning.source_gates, **tier,
         batch_record=batch_record)
+
+
+def receipt_closed_by_retrain(record: BatchRecord, retrain: ModelRef, original: ModelRef | None, erasure: dict,
+                              by: str, at: datetime, deadlines: dict[str, datetime], batch_record: str) -> Receipt:
+    """The receipt of a batch applied without unlearning (``fedunlearn ingest``) that the exact retrain
+    ``retrain`` closes: it serves, and forgets the batch's samples exactly."""
+    per_client: dict[str, int] = {}  # two requests of one batch may name samples of the same client
+    for entry in record.requests:
+        for client, ids in entry.clients.items():
+            per_client[client] = per_client.get(client, 0) + len(ids)
+    return Receipt(
+        batch_id=record.batch_id, scenario=record.scenario, request_ids=[e.request_id for e in record.requests],
+        deleted_samples=len(record.deleted_ids()), forgotten_per_client=per_client,
+        data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+        method=EXACT_RETRAIN_METHOD, models={"original": original, "source": None, "unlearned": retrain,
+                                             "retrained": retrain, "current": retrain},
+        certificate=retrain_certificate(f"applied without unlearning; retrained from scratch on data version "
+                                        f"{retrain.data_version} ({by})"),
+        promoted=True, metrics={}, costs={}, erasure=erasure,
+        exactly_forgotten=ExactForgetting(at=at, version=retrain.version, by=by), forgetting="exact",
+        deadlines=deadlines, batch_record=batch_record)
 
 
 def receipt_without_model(record: BatchRecord, source: ModelRef, original: ModelRef | None, erasure: dict,

@@ -14,24 +14,25 @@ from __future__ import annotations
 
 from prefect import flow
 
-from fedunlearn.device import resolve_device
+from flows.results import AuditReferencesResult
 from tasks.audit import ROLE, audit_model, register_references, train_audit_references
-from tasks.data import load_data, reproduce_data
+from tasks.data import command_device, load_data, reproduce_data
+from tasks.models import log_data_version
 from stores.workspace import Workspace
 
 
 @flow(name="train-audit-references", log_prints=True)
-def audit_references(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> dict:
+def audit_references(scenario: str = "mnist5k-hfl", root: str = ".",
+                     device: str | None = None) -> AuditReferencesResult:
     """Train and register ``scenario``'s audit reference models on its current held-out split."""
     ws = Workspace.open(root)
     data_version = reproduce_data(ws, scenario)
-    federation = load_data(ws, scenario, resolve_device(device or ws.params.device))
+    federation = load_data(ws, scenario, command_device(ws, device))
     references = train_audit_references(ws, federation)
     version = register_references(ws, scenario, references, data_version)
     # Its data: the held-out split of this data version (the lineage every version's run records).
-    ws.registry.log_data_version(ws.registry.version(audit_model(scenario), version).run_id, scenario, data_version,
-                                 ROLE)
+    log_data_version(ws, ws.registry.version(audit_model(scenario), version).run_id, scenario, data_version, ROLE)
     print(f"{len(references)} audit references of {scenario} on {len(federation.test)} held-out samples in "
           f"{references.seconds:.1f} s: {scenario}-audit v{version}")
-    return {"scenario": scenario, "version": version, "references": len(references),
-            "seconds": references.seconds}
+    return AuditReferencesResult(scenario=scenario, version=version, references=len(references),
+                                 seconds=references.seconds)

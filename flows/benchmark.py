@@ -14,12 +14,13 @@ from prefect import flow
 
 from fedunlearn.benchmark import runner
 from fedunlearn.benchmark.spec import parse_request
-from fedunlearn.device import intra_op_threads, resolve_device
+from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.records import ResultRow
 from fedunlearn.training import prepare_unlearning, trained
 from fedunlearn.unlearning import available_methods
+from fedunlearn.unlearning.escalation import is_exact_retrain
 from tasks.benchmark import audit_ulira, log_benchmark, train_or_reuse_original, write_report
-from tasks.data import load_data, reproduce_data, validate_partition
+from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import evaluate
 from tasks.unlearning import unlearn
 from stores.workspace import Workspace
@@ -33,7 +34,7 @@ def select_methods(methods: str, setting: str, kind: str) -> list[str]:
     if unknown:
         raise ValueError(f"method(s) {unknown} do not support {setting} {kind} requests; available: "
                          f"{', '.join(supported)}")
-    return [m for m in chosen if m != "retrain"]
+    return [m for m in chosen if not is_exact_retrain(m)]
 
 
 
@@ -77,7 +78,7 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
     with intra_op_threads(cfg.threads):
         data_version = reproduce_data(ws, scenario)
         validate_partition(ws, scenario)
-        dev = resolve_device(device or ws.params.device)
+        dev = command_device(ws, device)
         setup = runner.build_setup(scenario, load_data(ws, scenario, dev), spec, backdoor=backdoor)
         print(f"request {spec.text}: {setup.batch.num_forget} samples to forget at clients "
               f"{setup.batch.affected_clients}; methods: retrain, {', '.join(chosen)}")

@@ -16,6 +16,7 @@ from prefect import flow
 
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
+from flows.results import RepayResult
 from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
 from stores.workspace import Workspace
 
@@ -25,7 +26,7 @@ LOCK_TIMEOUT_S = 1800.0
 
 
 @flow(name="repay-retrain-debt", log_prints=True)
-def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> dict:
+def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> RepayResult:
     """Retrain ``scenario`` exactly on its current data version and serve it, if any request was
     forgotten only approximately since the last exact retrain. Holds the batch lock: no deletion
     batch moves the data or ``current`` meanwhile."""
@@ -34,16 +35,16 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
         return repay(ws, scenario, device)
 
 
-def repay(ws: Workspace, scenario: str, device: str | None) -> dict:
+def repay(ws: Workspace, scenario: str, device: str | None) -> RepayResult:
     """The repayment itself, for a caller that holds the batch lock (``process-deletions``). Batches
     applied without unlearning are closed by the same retrain (``close_by_retrain``)."""
     debt = retrain_debt(ws, scenario)
     if not debt.receipts and not open_batches(ws, scenario):
         print("no retrain debt")
-        return {"scenario": scenario, "repaid": []}
+        return RepayResult(scenario=scenario, repaid=[])
     reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device, close_open=False)
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
-    repaid = closed + mark_repaid(ws, scenario, reference["model_version"], "repay-retrain-debt")
-    print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference['model_version']} "
+    repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
+    print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
-    return {"scenario": scenario, "repaid": repaid, "version": reference["model_version"]}
+    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)

@@ -22,6 +22,7 @@ from fedunlearn.requests.folders import LOCK_TIMEOUT_S, RequestFolders
 from fedunlearn.requests.model import DeletionRequestModel
 from flows.heartbeat import parent_heartbeat
 from flows.intake import apply_deletions, intake_requests
+from flows.results import IngestResult
 from tasks.requests import submit_requests
 from stores.workspace import Workspace
 
@@ -30,7 +31,7 @@ NO_PENDING = "no pending requests"
 
 @flow(name="ingest-deletions")
 def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool = False,
-                     requests: list[DeletionRequestModel] | None = None) -> dict:
+                     requests: list[DeletionRequestModel] | None = None) -> IngestResult:
     """Apply all pending deletion requests of ``scenario`` as one batch: a new data version
     without the deleted samples, verified free of their bytes. ``requests`` (a form in the
     Prefect UI) are written to the inbox first; ``purge`` removes earlier data versions from
@@ -41,31 +42,29 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     if requests:
         submit_requests(ws, scenario, requests)
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"), parent_heartbeat():
-        taken = intake_requests(root=str(ws.root), scenario=scenario, purge=purge)
-        record = apply_deletions(root=str(ws.root), batch_id=taken.batch.batch_id).record if taken.batch else None
+        taken = intake_requests(ws, scenario, purge=purge)
+        record = apply_deletions(ws, taken.batch).record if taken.batch else None
     summary = summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
                         taken.already_applied)
-    logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary["status"],
-                len(taken.quarantined), len(taken.resumed), summary.get("data_version_before"),
-                summary.get("data_version_after"))
+    logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary.status,
+                len(taken.quarantined), len(taken.resumed), summary.data_version_before, summary.data_version_after)
     return summary
 
 
 def summarize(folders: RequestFolders, scenario: str, record: BatchRecord | None, resumed: list[BatchRecord],
-              inbox: Triage, quarantined: list[QuarantineNote], already_applied: list[str]) -> dict:
-    """What the CLI prints and the flow returns."""
-    summary = {"scenario": scenario, "resumed": [r.batch_id for r in resumed],
-               "quarantined": [note.model_dump() for note in quarantined], "already_applied": already_applied,
-               "left_pending": [item.name for item in inbox.elsewhere],
+              inbox: Triage, quarantined: list[QuarantineNote], already_applied: list[str]) -> IngestResult:
+    """What the CLI prints and the flow returns (``process-deletions`` adds its batch's fields)."""
+    summary = {"scenario": scenario, "resumed": [r.batch_id for r in resumed], "quarantined": list(quarantined),
+               "already_applied": already_applied, "left_pending": [item.name for item in inbox.elsewhere],
                "waiting": {item.name: item.waiting for item in inbox.waiting}}
     if record is None:
-        return {**summary, "status": "no valid requests" if quarantined else NO_PENDING}
+        return IngestResult(**summary, status="no valid requests" if quarantined else NO_PENDING)
     per_client = Counter()
     for entry in record.requests:
         per_client.update({int(client): len(ids) for client, ids in entry.clients.items()})
-    return {**summary, "status": record.status.value, "batch_id": record.batch_id,
-            "applied": [entry.request_id for entry in record.requests],
-            "deleted_ids": len(record.deleted_ids()), "per_client": dict(sorted(per_client.items())),
-            "data_version_before": record.data_version_before, "data_version_after": record.data_version_after,
-            "erasure": record.erasure.model_dump() if record.erasure else None,
-            "record": record_path(folders, record.batch_id).relative_to(folders.workspace).as_posix()}
+    return IngestResult(**summary, status=record.status.value, batch_id=record.batch_id,
+                        applied=[entry.request_id for entry in record.requests],
+                        deleted_ids=len(record.deleted_ids()), per_client=dict(sorted(per_client.items())),
+                        data_version_before=record.data_version_before, data_version_after=record.data_version_after,
+                        erasure=record.erasure,
+                        record=record_path(folders, record.batch_id).relative_to(folders.workspace).as_posix())

@@ -22,13 +22,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.faults import failpoint
-from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage, load_records
-from fedunlearn.requests.erasure import Fingerprints
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage
+from flows.batch import Applied
 from tasks.backup import sync_state
-from tasks.progress import owed_batch
-from tasks.requests import (append_ledger, capture_fingerprints, close_batch, collect_inbox, file_applied_requests,
-                            open_batch, purge_cache, quarantine_requests, recover_interrupted_batches,
-                            reproduce_versions, validate_requests, verify_erasure)
+from tasks.debt import close_by_retrain
+from tasks.progress import Owed, owed_batch
+from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
+from tasks.requests import (append_ledger, close_batch, collect_inbox, file_applied_requests, open_batch,
+                            quarantine_requests, recover_interrupted_batches, reproduce_versions)
+from tasks.validation import validate_requests
 from stores.workspace import Workspace
 
 
@@ -45,15 +47,9 @@ class Intake:
     quarantined: list[QuarantineNote] = field(default_factory=list)
 
 
-@dataclass
-class Applied:
-    record: BatchRecord
-    fingerprints: Fingerprints | None  # the deleted rows' bytes, memory only; None if taken by an earlier run
-
-
 def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
     """Every ingest step the journal does not record as done, in order."""
-    fingerprints = None
+    fingerprints, found_clean = None, {}
     if record.status in (BatchStatus.FORMED, BatchStatus.LEDGER_APPENDED, BatchStatus.VERSIONED):
         fingerprints = capture_fingerprints(ws, record)
     if record.status is BatchStatus.FORMED:
@@ -64,24 +60,25 @@ def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
     if record.status is BatchStatus.VERSIONED:
         if record.purge_requested and not record.purged:
             record = purge_cache(ws, record, fingerprints)
-        record = verify_erasure(ws, record, fingerprints)
+        record = verify_erasure(ws, record, fingerprints, found_clean)
     if record.status is BatchStatus.VERIFIED:
         record = close_batch(ws, record)
     sync_state(ws.root, f"batch {record.batch_id}: ledger and new data version")  # with a default DVC remote
-    return Applied(record, fingerprints)
+    return Applied(record, fingerprints, found_clean)
 
 
 @task(name="intake-requests", task_run_name="intake-requests", cache_policy=NO_CACHE)
-def intake_requests(root: str, scenario: str, purge: bool = False, take_owed: bool = False) -> Intake:
+def intake_requests(ws: Workspace, scenario: str, purge: bool = False, take_owed: bool = False) -> Intake:
     """The batch this run works on. ``take_owed`` (process-deletions): a batch of ``scenario`` an
     earlier run left unfinished comes first (``tasks.progress``), and the inbox waits."""
-    ws = Workspace.open(root)
     interrupted = recover_interrupted_batches(ws)
     sync_state(ws.root, "the remote was behind this workspace")  # a push an earlier run could not make
     resumed = [finish_steps(ws, r).record for r in interrupted if not (take_owed and r.scenario == scenario)]
-    owed = owed_batch(ws, scenario) if take_owed else None
-    if owed is not None:
-        return Intake(batch=owed, owed=True, resumed=resumed)
+    owed = owed_batch(ws, scenario) if take_owed else Owed()
+    if owed.closes_open is not None:  # a model on the current data serves: the open batches get their receipts
+        close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, owed.closes_open), "process-deletions")
+    if owed.batch is not None:
+        return Intake(batch=owed.batch, owed=True, resumed=resumed)
     inbox = collect_inbox(ws, scenario)
     already_applied = file_applied_requests(ws, inbox.applied)
     plan = validate_requests(ws, scenario, inbox.pending)
@@ -91,8 +88,6 @@ def intake_requests(root: str, scenario: str, purge: bool = False, take_owed: bo
 
 
 @task(name="apply-deletions", task_run_name="apply-deletions", cache_policy=NO_CACHE)
-def apply_deletions(root: str, batch_id: str) -> Applied:
+def apply_deletions(ws: Workspace, record: BatchRecord) -> Applied:
     """The batch's ingest steps: ledger, new data version, (purge), erasure check, files filed."""
-    ws = Workspace.open(root)
-    [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
     return finish_steps(ws, record)

@@ -9,8 +9,12 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          + per-example audit ─▶ register ─▶ gates; until an attempt passes (the last
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
-    debt and status      the retrain debt repaid now or its exact retrain scheduled ─▶ status
+    debt-and-status      the retrain debt repaid, scheduled or left (``batch_decisions.debt_action``)
+                         ─▶ status
 
+The batch is one value (``flows.batch.Batch``) built where the flow starts — its record, the device
+chosen once for the command, the forgetting policy, the attempts — and each stage returns the next
+(applied, ``Unlearned``, ``Receipted``): no stage opens the workspace or reads the journal again.
 Each stage is a task run with its steps' task runs (and ``unlearn-and-register``'s flows: training,
 audit references) nested under it: a sub-flow's creation and state changes are blocking calls to
 the Prefect server, a task run's are events. The stages live in ``flows.intake``,
@@ -25,33 +29,37 @@ residual budget carried from version to version in the registry). One resume poi
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
 
 from fedunlearn.certify.gates import PromotionGates
-from fedunlearn.certify.tiers import repay_now
+from fedunlearn.batch_decisions import DebtAction, debt_action
 from fedunlearn.config import ForgettingPolicy
-from fedunlearn.device import intra_op_threads, resolve_device
+from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
-from fedunlearn.receipts import Receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
-from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_method, default_policy
+from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_method, default_escalation
+from flows.batch import Batch, Receipted
 from flows.debt import repay
 from flows.heartbeat import parent_heartbeat
 from flows.ingest import summarize
 from flows.intake import Intake, apply_deletions, intake_requests
 from flows.promote import promote_and_receipt
+from flows.results import AttemptLine, ProcessResult, Timings
 from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
 from stores.workspace import Workspace
+from tasks.data import command_device
 from tasks.debt import (REPAY_DEPLOYMENT, Debt, late_repayment, repayment_time, retrain_debt,
                         schedule_repayment)
+from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
 from tasks.status import publish_status
@@ -111,7 +119,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                       requests: list[DeletionRequestModel] | None = None, retrain_reference: bool = False,
                       gates: PromotionGates | None = None, method_options: dict[str, Any] | None = None,
                       escalation: list[Attempt] | None = None, device: str | None = None,
-                      forgetting_policy: ForgettingPolicy | None = None) -> dict:
+                      forgetting_policy: ForgettingPolicy | None = None) -> ProcessResult:
     """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
     the Prefect UI) go to the inbox first. ``method`` ``auto`` is the setting's default; ``escalation``
     the attempts in order (default: the method, stronger, another method, exact retrain);
@@ -121,77 +129,103 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     until an attempt passes every check. With nothing pending nothing changes."""
     clock, ws = FlowClock(), Workspace.open(root)
     cfg = ws.scenario(scenario)
-    tier_policy = ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy)
+    choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),
+                    retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy))
     choose_method(method, cfg.setting)  # an unknown name fails before anything is taken
-    gates = gates or PromotionGates()
     if requests:
         submit_requests(ws, scenario, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
             intra_op_threads(cfg.threads), parent_heartbeat():
-        taken = intake_requests(root=str(ws.root), scenario=scenario, take_owed=True)
+        taken = intake_requests(ws, scenario, take_owed=True)
         clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
             return nothing_to_process(ws, scenario, taken, device)
-        record = taken.batch
-        if taken.owed:
-            get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
-                                     "inbox wait for the next run", record.batch_id)
-        # An unsupported method stops here, before the ledger moves on.
-        first = Attempt(method=choose_method(method, cfg.setting, record.kind), options=method_options or {})
-        policy = (checked_policy(cfg.setting, record.kind, escalation) if escalation
-                  else default_policy(cfg.setting, record.kind, first))
-        with stage(record, "ingest (ledger, new data version, erasure check)"):
-            record = apply_deletions(root=str(ws.root), batch_id=record.batch_id).record
+        batch = start_batch(ws, taken, choice, device)
+        with stage(batch.record, "ingest (ledger, new data version, erasure check)"):
+            batch = batch.applied(apply_deletions(ws, batch.record))
         clock.stage("apply-deletions")
-        with stage(record, "unlearn and register"), gpu_slot(resolve_device(device or ws.params.device)):
-            outcome = unlearn_and_register(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
-                                           policy=policy, gates=gates, retrain_reference=retrain_reference,
-                                           device=device, forgetting=tier_policy, chosen_by_user=bool(
-                                               escalation or method_options or MethodChoice(method).value != "auto"))
+        with stage(batch.record, "unlearn and register"), gpu_slot(batch.device):
+            unlearned = unlearn_and_register(batch)
         clock.stage("unlearn-and-register")
-        with stage(record, "alias and receipt"):
-            receipt, path = promote_and_receipt(root=str(ws.root), scenario=scenario, batch_id=record.batch_id,
-                                                outcome=outcome, policy=tier_policy)
-            publish_receipt(receipt)
+        with stage(batch.record, "alias and receipt"):
+            receipted = promote_and_receipt(unlearned)
+            publish_receipt(receipted.receipt)
         clock.stage("promote-and-receipt")
-        announce_processed(receipt.request_ids, scenario, "forgotten", record.batch_id)
-        debt, exact_run = settle_debt(ws, scenario, device)
+        announce_processed(receipted.receipt.request_ids, scenario, "forgotten", batch.batch_id)
+        debt, exact_run = settle_debt(ws, scenario, batch.device_name)
         publish_status(ws, scenario)
         clock.stage("debt-and-status")
-    print(receipt.markdown())
-    timings = clock.split()
+    print(receipted.receipt.markdown())
+    timings = Timings(**clock.split())
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
-    return {**summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied),
-            **batch_result(ws, receipt, path), "retrain_debt": debt.line(ws.params.requests.max_retrain_debt),
-            "exact_run": exact_run, "timings": timings}
+    summary = summarize(ws.folders, scenario, batch.record, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied)
+    return ProcessResult(**dict(summary), **batch_result(ws, receipted),
+                         retrain_debt=debt.line(ws.params.requests.max_retrain_debt), exact_run=exact_run,
+                         timings=timings)
 
 
-def print_timings(timings: dict) -> None:
-    print(f"flow {timings['flow_seconds']:.2f} s: compute {timings['core_seconds']:.2f} s, orchestration "
-          f"{timings['orchestration_seconds']:.2f} s ({timings['orchestration_share']:.1%})"
+@dataclass(frozen=True)
+class Choice:
+    """What the caller chose for the batch: the method (``auto``: the setting's default) and its
+    options, the escalation's attempts if named, the gates, whether to retrain the reference first,
+    and the forgetting policy."""
+
+    method: MethodChoice
+    method_options: dict[str, Any]
+    escalation: list[Attempt] | None
+    gates: PromotionGates
+    retrain_reference: bool
+    forgetting: ForgettingPolicy
+
+    @property
+    def by_user(self) -> bool:
+        """The user named the attempts, so the source's audit does not reorder them."""
+        return bool(self.escalation or self.method_options) or self.method.value != "auto"
+
+
+def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None) -> Batch:
+    """The batch value every stage is handed: the device chosen once for the command, the attempts in
+    order (an unsupported method stops here, before the ledger moves on), and the attempts an earlier
+    run registered (read once, here)."""
+    record = taken.batch
+    if taken.owed:
+        get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
+                                 "inbox wait for the next run", record.batch_id)
+    setting = ws.scenario(record.scenario).setting
+    first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
+    attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
+                else default_escalation(setting, record.kind, first))
+    return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(attempts), choice.by_user,
+                 choice.gates, choice.retrain_reference, attempts_registered(ws, record.scenario, record.batch_id))
+
+
+def print_timings(timings: Timings) -> None:
+    print(f"flow {timings.flow_seconds:.2f} s: compute {timings.core_seconds:.2f} s, orchestration "
+          f"{timings.orchestration_seconds:.2f} s ({timings.orchestration_share:.1%})"
           + "; orchestration by stage: " + ", ".join(f"{name} {seconds:.2f} s"
-                                                   for name, seconds in timings["orchestration_by_stage"].items()))
+                                                   for name, seconds in timings.orchestration_by_stage.items()))
 
 
-def batch_result(ws: Workspace, receipt: Receipt, path) -> dict:
-    """What the flow returns of its receipt: method, certificate, attempts, models, tier."""
+def batch_result(ws: Workspace, receipted: Receipted) -> dict[str, Any]:
+    """The fields of ``ProcessResult`` its receipt gives: method, certificate, attempts, models, tier."""
+    receipt, path = receipted.receipt, receipted.path
     return {"method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
-            "attempts": [a.model_dump(mode="json", include={"attempt", "method", "note"}) | {
-                "verdict": a.gates.verdict if a.gates else None, "interim": a.gates.interim if a.gates else None}
-                for a in receipt.attempts],
-            "models": {key: ref.model_dump() if ref else None for key, ref in receipt.models.items()},
-            "receipt": ws.relative(path), "forgetting": receipt.forgetting,
+            "attempts": [AttemptLine(attempt=a.attempt, method=a.method, note=a.note,
+                                     verdict=a.gates.verdict if a.gates else None,
+                                     interim=a.gates.interim if a.gates else None) for a in receipt.attempts],
+            "models": dict(receipt.models), "receipt": ws.relative(path), "forgetting": receipt.forgetting,
             "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
 
 
-def nothing_to_process(ws: Workspace, scenario: str, taken: Intake, device: str | None) -> dict:
+def nothing_to_process(ws: Workspace, scenario: str, taken: Intake, device: str | None) -> ProcessResult:
     """No batch to run: what intake did, and the retrain debt repaid if it could not wait."""
     exact_run = repay_if_late(ws, scenario, device)
-    return {**summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied), **({"exact_run": exact_run} if exact_run else {})}
+    summary = summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
+                        taken.already_applied)
+    return ProcessResult(**dict(summary), exact_run=exact_run)
 
 
 def repay_if_late(ws: Workspace, scenario: str, device: str | None) -> str | None:
@@ -221,10 +255,11 @@ def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt,
     and what was done about it."""
     debt = retrain_debt(ws, scenario)
     start_by = repayment_time(ws, scenario, debt)
-    if debt.requests > ws.params.requests.max_retrain_debt or repay_now(start_by, utc_now()):
+    action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
+    if action is DebtAction.repay:
         repay(ws, scenario, device)
         return retrain_debt(ws, scenario), "repaid in this run"
-    if start_by is None:
+    if action is DebtAction.nothing:
         return debt, None
     scheduled = schedule_repayment(ws, scenario, start_by)
     if scheduled is None:

@@ -3,25 +3,25 @@ the erasure scan of every store, the receipt (assembled by ``fedunlearn.batch_de
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.batch_decisions import BatchOutcome, receipt_for, tier_fields
+from fedunlearn.batch_decisions import receipt_for, tier_fields
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.tiers import Tier
-from fedunlearn.config import ForgettingPolicy
 from fedunlearn.faults import failpoint
-from fedunlearn.receipts import ExactForgetting, ModelRef, Receipt
-from fedunlearn.requests.batch import BatchRecord, load_records, record_path
+from fedunlearn.receipts import ExactForgetting, ModelRef
+from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.model import utc_now
+from fedunlearn.unlearning.escalation import is_exact_retrain
+from flows.batch import Receipted, Unlearned
 from stores.registry import version_ref
 from stores.workspace import Workspace
 from tasks.backup import sync_state
 from tasks.debt import FORGETTING_TAG, mark_repaid, safe_start
+from tasks.models import move_alias, tag_version
 from tasks.receipts import write_receipt
-from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
+from tasks.erasure import capture_fingerprints, scan_stores
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
@@ -34,41 +34,40 @@ def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
 
 
 @task(name="promote-and-receipt", task_run_name="promote-and-receipt", cache_policy=NO_CACHE)
-def promote_and_receipt(root: str, scenario: str, batch_id: str, outcome: BatchOutcome,
-                        policy: ForgettingPolicy = ForgettingPolicy.interim) -> tuple[Receipt, Any]:
+def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     """Alias ``current`` to the attempt chosen (its version tagged with its tier, ``forgetting``), the
     erasure scan of every store (now that the batch registered its versions and logged its runs),
     the receipt. With a default DVC remote the data versions and the state are on it before the
     alias moves, and again with the receipt."""
-    ws = Workspace.open(root)
-    [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
-    chosen = outcome.chosen
+    batch, unlearning = unlearned.batch, unlearned.unlearning
+    ws, record, scenario, batch_id, forgetting = batch.ws, batch.record, batch.scenario, batch.batch_id, batch.forgetting
+    chosen = unlearning.chosen
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
     # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.
     sync_state(ws.root, f"batch {batch_id}: before alias current moves")
     deadlines = record.deadlines(ws.params.requests.deadline_days)
-    tier = tier_fields(deadlines, chosen.certificate, policy, lambda due: safe_start(ws, scenario, due))
-    ws.registry.set_version_tag(scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
+    tier = tier_fields(deadlines, chosen.certificate, forgetting, lambda due: safe_start(ws, scenario, due))
+    tag_version(ws, scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
     exact = exact_retrain_on(ws, record) if tier["forgetting"] == Tier.interim.value else None
     if exact is not None:
-        tier = tier_fields(deadlines, EXACT_RETRAIN, policy, lambda due: safe_start(ws, scenario, due))
-        ws.registry.set_version_tag(scenario, exact.version, FORGETTING_TAG, tier["forgetting"])
+        tier = tier_fields(deadlines, EXACT_RETRAIN, forgetting, lambda due: safe_start(ws, scenario, due))
+        tag_version(ws, scenario, exact.version, FORGETTING_TAG, tier["forgetting"])
         get_run_logger().warning("%s v%s, an exact retrain on the batch's data version %s, was registered while the "
                                  "batch ran: it serves instead of the interim v%s", scenario, exact.version,
                                  record.data_version_after, chosen.version.version)
-    ws.registry.set_alias(scenario, "current", (exact or chosen.version).version)
+    move_alias(ws, scenario, "current", (exact or chosen.version).version)
     failpoint("after-alias-move")
-    erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
-    release_fingerprints(ws, batch_id)
+    erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
+                          batch.found_clean)
     aliases = {"original": ws.registry.alias_ref(scenario, "original"),
                "current": ws.registry.alias_ref(scenario, "current")}
-    receipt = receipt_for(record, outcome, aliases, erasure.model_dump(mode="json"), tier,
+    receipt = receipt_for(record, unlearning, aliases, erasure.model_dump(mode="json"), tier,
                           ws.relative(record_path(ws.folders, batch_id)))
     if exact is not None:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=exact.version, by="retrain-reference")
     path = write_receipt(ws, receipt)
-    if chosen.method == "retrain" or exact is not None:  # an exact retrain serves: it repays earlier batches' debt
+    if is_exact_retrain(chosen.method) or exact is not None:  # an exact retrain serves: it repays earlier batches' debt
         mark_repaid(ws, scenario, (exact or chosen.version).version, f"batch {batch_id}")
     sync_state(ws.root, f"batch {batch_id}: receipt")
     failpoint("after-receipt")
-    return receipt, path
+    return Receipted(batch, receipt, path)

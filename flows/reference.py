@@ -14,9 +14,11 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.heartbeat import parent_heartbeat
+from flows.results import ReferenceResult
 from flows.train import train_federated
 from tasks.data import reproduce_data
 from tasks.debt import close_by_retrain, open_batches
+from tasks.models import move_alias
 from stores.workspace import Workspace
 
 
@@ -26,7 +28,7 @@ LOCK_TIMEOUT_S = 1800.0
 
 @flow(name="retrain-reference", log_prints=True)
 def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None,
-                      batch_id: str | None = None, close_open: bool = True) -> dict:
+                      batch_id: str | None = None, close_open: bool = True) -> ReferenceResult:
     """Retrain ``scenario`` from scratch on its current data version and register the result with
     alias ``retrained``; a data version that already has its reference keeps it (retraining is
     deterministic for a seed, so a second one would be the same model). Batches applied without
@@ -37,20 +39,22 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
     existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)
     if existing:
         version = str(existing[-1].version)
-        ws.registry.set_alias(scenario, "retrained", version)
+        move_alias(ws, scenario, "retrained", version)
         print(f"data version {data_version} already has its reference: {scenario} v{version}")
-        result = {"scenario": scenario, "data_version": data_version, "model_version": version, "reused": True}
+        result = ReferenceResult(scenario=scenario, data_version=data_version, model_version=version, reused=True)
     else:
         with parent_heartbeat():
-            result = {**train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
-                                        batch_id=batch_id), "reused": False}
+            trained = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
+                                      batch_id=batch_id)
+            result = ReferenceResult.of_training(trained)
     if close_open and batch_id is None and open_batches(ws, scenario):
         with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
             # Asked again under the lock: a batch that held it meanwhile moved the data, or finished (and
             # chose what serves) the batch it found open. Then this retrain is a reference, nothing more.
-            if ws.data_version(scenario) == result["data_version"] and open_batches(ws, scenario):
-                result["closed"] = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
-                                                    "retrain-reference")
-                print(f"alias current -> {scenario} v{result['model_version']}: it closes the batch(es) applied "
-                      f"without unlearning {', '.join(result['closed'])} (receipts written)")
+            if ws.data_version(scenario) == result.data_version and open_batches(ws, scenario):
+                closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
+                                          "retrain-reference")
+                result = result.model_copy(update={"closed": closed})
+                print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied "
+                      f"without unlearning {', '.join(closed)} (receipts written)")
     return result

@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.certify.certificate import EXACT_RETRAIN, NOT_CERTIFIED
-from fedunlearn.device import intra_op_threads, resolve_device
+from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
 from fedunlearn.evaluation.records import VersionMetrics
@@ -24,7 +24,8 @@ from fedunlearn.federation.local import map_inline
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.receipts import ModelRef
 from fedunlearn.training import TrainingRound, train
-from tasks.data import load_data, reproduce_data, validate_partition
+from flows.results import TrainResult
+from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, register_version, training_description
 from stores.registry import ModelWeights
@@ -36,7 +37,7 @@ from stores.workspace import Workspace
 def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int | None = None,
                     local_epochs: int | None = None, client_tasks: bool = True,
                     device: str | None = None, backdoor_request: str | None = None,
-                    role: Literal["original", "retrained"] = "original", batch_id: str | None = None) -> dict:
+                    role: Literal["original", "retrained"] = "original", batch_id: str | None = None) -> TrainResult:
     """Train the scenario's federated model (any setting) from scratch on the current data version
     and register it as the ``original`` version. ``client_tasks=False`` runs the units of work
     (client / party / node updates) inline instead of as task runs. ``backdoor_request`` (a
@@ -61,7 +62,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
     with intra_op_threads(cfg.threads):
         data_version = reproduce_data(ws, scenario)
         validate_partition(ws, scenario)
-        dev = resolve_device(device or ws.params.device)
+        dev = command_device(ws, device)
         poisoned = backdoor_ids(ws, scenario) if role == "retrained" else []
         federation = load_data(ws, scenario, dev, map_updates=map_with_prefect if client_tasks else map_inline,
                                backdoor_ids=poisoned)
@@ -88,9 +89,9 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
             ref, metrics = train_and_register(ws, scenario, federation, tags, run_id, poisoned, training_description(
                 scenario, cfg, data_version, role, batch_id, len(poisoned)))
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)
-    return {"scenario": scenario, "data_version": data_version, "test_acc": metrics.test_acc,
-            "model_version": ref.version, "run_id": run_id, "device": str(dev),
-            "wall_seconds": time.perf_counter() - started, "backdoor_samples": len(poisoned)}
+    return TrainResult(scenario=scenario, data_version=data_version, test_acc=metrics.test_acc,
+                       model_version=ref.version, run_id=run_id, device=str(dev),
+                       wall_seconds=time.perf_counter() - started, backdoor_samples=len(poisoned))
 
 
 def train_and_register(ws: Workspace, scenario: str, federation: Federation, tags: dict[str, str], run_id: str,

@@ -8,20 +8,20 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchOutcome, Route, attempts_in_order, exact_certificate,
-                                        metrics_of, receipt_without_model, recorded_source, route, stops)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, Route, attempts_for_route, attempts_in_order,
+                                        exact_certificate, metrics_of, receipt_without_model, recorded_source, route,
+                                        stops)
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
-from fedunlearn.device import resolve_device
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.evaluation.evaluator import evaluation_sets
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
@@ -29,10 +29,11 @@ from fedunlearn.faults import failpoint
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.receipts import AttemptRecord, ModelRef
-from fedunlearn.requests.batch import BatchRecord, load_records, record_path
-from fedunlearn.unlearning.base import Outcome
+from fedunlearn.requests.batch import BatchRecord, record_path
+from fedunlearn.unlearning.base import DeletionBatch, Outcome
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
 from flows.audit import audit_references
+from flows.batch import Batch, Unlearned
 from flows.reference import retrain_reference as retrain_reference_flow
 from flows.train import train_federated
 from stores.registry import ModelWeights, RegisteredModel
@@ -41,10 +42,9 @@ from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data, read_federation
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
-                          register_version, remove_alias, retrained_model)
-from tasks.progress import attempts_registered
+                          log_run_metrics, register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
-from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
+from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.unlearning import unlearn_in_gpu_slot
 
 
@@ -74,8 +74,9 @@ class BatchContext:
     clean_forget_labels: Any
     source_eval: Evaluation
     source_audit: Any
-    registered: dict
+    registered: Mapping[int, Any]
     gates: PromotionGates
+    device: str
     reference: RegisteredModel | None = None
     reference_eval: Evaluation | None = None
 
@@ -88,56 +89,55 @@ class BatchContext:
 
 
 @task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
-def unlearn_and_register(root: str, scenario: str, batch_id: str, policy: list[Attempt], gates: PromotionGates,
-                         retrain_reference: bool = False, device: str | None = None,
-                         forgetting: ForgettingPolicy = ForgettingPolicy.interim,
-                         chosen_by_user: bool = True) -> BatchOutcome:
-    """The batch's attempts in order, each registered and gated, until one may serve under the
-    ``forgetting`` policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts
-    registered by an earlier run are read back, not redone. Unless ``chosen_by_user``, a forget set
-    the source remembers tries the methods that can remove it first (``attempts_in_order``)."""
-    ws = Workspace.open(root)
-    [record] = [r for r in load_records(ws.folders) if r.batch_id == batch_id]
-    registered = attempts_registered(ws, scenario, batch_id)
-    source = load_source_model(ws, scenario, record.data_version_before, recorded_source(registered))
-    poisoned = backdoor_ids(ws, scenario)
-    dev = resolve_device(device or ws.params.device)
-    federation = with_weights(load_data(ws, scenario, dev, record.data_version_before, backdoor_ids=poisoned), source)
-    batch = record.forget_set(federation.clients)
-    taken = route(refits_on_holdout_deletion(read_manifest(scenario, ws.root)),
-                  any(e.held_out for e in record.requests), None if batch is None else batch.num_forget,
+def unlearn_and_register(batch: Batch) -> Unlearned:
+    """The batch's attempts in order, each registered and gated, until one may serve under its
+    forgetting policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts registered
+    by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
+    source remembers tries the methods that can remove it first (``attempts_in_order``)."""
+    ws, record = batch.ws, batch.record
+    source = load_source_model(ws, batch.scenario, record.data_version_before, recorded_source(batch.registered))
+    poisoned = backdoor_ids(ws, batch.scenario)
+    federation = with_weights(load_data(ws, batch.scenario, batch.device, record.data_version_before,
+                                        backdoor_ids=poisoned), source)
+    forget = record.forget_set(federation.clients)
+    taken = route(refits_on_holdout_deletion(read_manifest(batch.scenario, ws.root)),
+                  any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
                   sum(len(c) for c in federation.clients))
     if taken in (Route.exact_only, Route.retrain_for_new_features):
         get_run_logger().warning("batch %s deletes held-out samples, on which %s's feature transform is fit: every "
-                                 "sample's features moved, so the batch retrains exactly", batch_id, scenario)
-        policy = [Attempt(method=EXACT_RETRAIN_METHOD)]
+                                 "sample's features moved, so the batch retrains exactly", batch.batch_id,
+                                 batch.scenario)
     if taken is Route.retrain_for_new_features:
-        return retrain_for_new_features(ws, record, source, device)
+        return Unlearned(batch, retrain_for_new_features(batch, source))
     if taken is Route.keep_source:
-        return keep_source(ws, record, source, registered)
+        return Unlearned(batch, keep_source(batch, source))
     if taken is Route.no_model:
-        close_without_model(ws, record, source)
-    ctx = batch_context(ws, record, source, federation, batch, poisoned, registered, gates, device)
-    if retrain_reference:
-        retrain_reference_flow(scenario=scenario, root=str(ws.root), device=device, batch_id=batch_id)
-    ctx.reference = find_reference(ws, scenario, record.data_version_after)
+        close_without_model(batch, source)
+    ctx = batch_context(batch, source, federation, forget, poisoned)
+    if batch.retrain_reference:
+        retrain_reference_flow(scenario=batch.scenario, root=str(ws.root), device=batch.device_name,
+                               batch_id=batch.batch_id)
+    ctx.reference = find_reference(ws, batch.scenario, record.data_version_after)
     if ctx.reference is not None:
         ctx.reference_eval = evaluate(ctx.evaluator, "retrained", federation.model_from(ctx.reference.state))
-    source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=gates,
+    source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=batch.gates,
                                 source_audit=ctx.source_audit.as_check(), canaries=ctx.source_audit.canaries)
-    log_source_audit(ws, source.ref.run_id, batch_id, ctx.source_audit, source_gates)
-    ordered = attempts_in_order(policy, ws.scenario(scenario).setting, ctx.source_audit.remembered(), chosen_by_user)
-    if ordered != policy:
+    log_source_audit(ws, source.ref.run_id, batch.batch_id, ctx.source_audit, source_gates)
+    planned = attempts_for_route(taken, list(batch.attempts))
+    ordered = attempts_in_order(planned, ws.scenario(batch.scenario).setting, ctx.source_audit.remembered(),
+                                batch.chosen_by_user)
+    if ordered != planned:
         get_run_logger().info("the source model remembers the forget set (audit AUC %.3f): %s first, where the "
                               "seed methods' gradient is close to zero", ctx.source_audit.auc, ordered[0].method)
-    attempts, certificate, cost = escalate(ctx, ordered, forgetting, device)
-    return batch_outcome(ctx, attempts, certificate, cost, source_gates)
+    attempts, certificate, cost = escalate(ctx, ordered, batch.forgetting)
+    return Unlearned(batch, batch_outcome(ctx, attempts, certificate, cost, source_gates))
 
 
-def batch_context(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation, batch,
-                  poisoned: list[str], registered: dict, gates: PromotionGates, device: str | None) -> BatchContext:
+def batch_context(of: Batch, source: RegisteredModel, federation: Federation, batch: DeletionBatch,
+                  poisoned: list[str]) -> BatchContext:
     """The evaluation sets, evaluator and audit references of the batch (references trained first if
     the scenario has none usable), and the source model evaluated and audited on them."""
+    ws, record = of.ws, of.record
     forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
     clean_forget_labels = None
     if poisoned and forget_ids <= set(poisoned):  # the forget set carries the trigger: so must its non-members
@@ -150,26 +150,26 @@ def batch_context(ws: Workspace, record: BatchRecord, source: RegisteredModel, f
     source_eval = evaluate(evaluator, f"source-v{source.ref.version}", source_model)
     references = load_references(ws, record.scenario, federation, record.deleted_ids())
     if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
-        audit_references(scenario=record.scenario, root=str(ws.root), device=device)
+        audit_references(scenario=record.scenario, root=str(ws.root), device=of.device_name)
         references = load_references(ws, record.scenario, federation, record.deleted_ids())
     if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
         federation.calibration = references.calibration_rows(federation.test)
     source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
                          clean_forget_labels)
     return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
-                        clean_forget_labels, source_eval, source_audit, registered, gates)
+                        clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name)
 
 
-def escalate(ctx: BatchContext, policy: list[Attempt], forgetting: ForgettingPolicy,
-             device: str | None) -> tuple[list[AttemptRecord], dict[str, Any], CostRecord]:
+def escalate(ctx: BatchContext, planned: list[Attempt],
+             forgetting: ForgettingPolicy) -> tuple[list[AttemptRecord], dict[str, Any], CostRecord]:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
     attempts, certificate, cost = [], {}, CostRecord()
-    for number, attempt in enumerate(policy):
+    for number, attempt in enumerate(planned):
         if attempt.exact:
-            record, certificate, cost = try_exact(ctx, attempt, number, len(policy), device)
+            record, certificate, cost = try_exact(ctx, attempt, number, len(planned))
             attempts.append(record)
             break
-        record, certificate, cost = try_method(ctx, attempt, number, len(policy))
+        record, certificate, cost = try_method(ctx, attempt, number, len(planned))
         attempts.append(record)
         gate = record.gates
         if stops(gate, forgetting, exact_in_hand=ctx.reference is not None):
@@ -180,12 +180,12 @@ def escalate(ctx: BatchContext, policy: list[Attempt], forgetting: ForgettingPol
     return attempts, certificate, cost
 
 
-def try_exact(ctx: BatchContext, attempt: Attempt, number: int, steps: int,
-              device: str | None) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
+def try_exact(ctx: BatchContext, attempt: Attempt, number: int,
+              steps: int) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
     """The escalation's last step: the reference of the new data version, or an exact retrain now;
     audited, described, no gate needed. It becomes the batch's reference."""
     ws, scenario, batch_id = ctx.ws, ctx.scenario, ctx.record.batch_id
-    exact = ctx.reference or exact_retrain(ws, scenario, batch_id, number, device)
+    exact = ctx.reference or exact_retrain(ws, scenario, batch_id, ctx.device)
     tag_attempt(ws, scenario, exact.ref.version, number)
     exact_model = ctx.federation.model_from(exact.state)
     exact_eval = ctx.reference_eval or evaluate(ctx.evaluator, "retrained", exact_model)
@@ -231,14 +231,14 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
 
 
 def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: dict[str, Any], cost: CostRecord,
-                  source_gates: GateOutcome) -> BatchOutcome:
+                  source_gates: GateOutcome) -> BatchUnlearning:
     reference, reference_metrics = ctx.reference, None
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
-        ctx.ws.registry.log_metrics(reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
-                                                           "mia_auc": ctx.reference_eval.mia_auc})
+        log_run_metrics(ctx.ws, reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
+                                                       "mia_auc": ctx.reference_eval.mia_auc})
         reference_metrics = VersionMetrics.of(ctx.reference_eval, registered_cost(reference))
-    return BatchOutcome(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
+    return BatchUnlearning(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
                         {str(c): len(ids) for c, ids in ctx.batch.forget_ids.items()},
                         reference.ref if reference else None, reference_metrics, source_gates)
 
@@ -287,10 +287,10 @@ def read_attempt(ws: Workspace, scenario: str, version) -> tuple[ModelRef, Outco
 
 
 def tag_attempt(ws: Workspace, scenario: str, version: str, number: int) -> None:
-    ws.registry.set_version_tag(scenario, version, "attempt", str(number))
+    tag_version(ws, scenario, version, "attempt", str(number))
 
 
-def exact_retrain(ws: Workspace, scenario: str, batch_id: str, number: int, device: str | None) -> RegisteredModel:
+def exact_retrain(ws: Workspace, scenario: str, batch_id: str, device: str) -> RegisteredModel:
     """The escalation's last step: the batch's new data version trained from scratch (``train-federated``,
     role and alias ``retrained``). Only called when that version has no reference yet, so the
     retrain-reference flow's reuse check would have nothing to reuse: its sub-flow is skipped (each
@@ -305,26 +305,27 @@ def registered_cost(model: RegisteredModel) -> CostRecord:
                       int(model.metrics.get("comm_bytes", 0) or 0))
 
 
-def retrain_for_new_features(ws: Workspace, record: BatchRecord, source: RegisteredModel,
-                             device: str | None) -> BatchOutcome:
+def retrain_for_new_features(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
     """A batch that deleted only held-out samples of a scenario whose feature transform is fit on
     the held-out split: no model of the earlier data version fits the new one's features (nor may
     it keep statistics of the deleted samples), so the new data version gets an exact retrain."""
+    ws, record = batch.ws, batch.record
     exact = retrained_model(ws, record.scenario, record.data_version_after) or exact_retrain(
-        ws, record.scenario, record.batch_id, 0, device)
+        ws, record.scenario, record.batch_id, batch.device_name)
     tag_attempt(ws, record.scenario, exact.ref.version, 0)
     why = "held-out samples deleted: the feature transform fit on them changed"
     cost = registered_cost(exact)
     attempt = AttemptRecord(attempt=0, method=EXACT_RETRAIN_METHOD, version=exact.ref, certificate=EXACT_RETRAIN,
                             metrics=metrics_of(None, cost), note=f"exact retrain: {why}")
-    return BatchOutcome(source.ref, VersionMetrics(), [attempt], exact_certificate(record.scenario, record.batch_id,
+    return BatchUnlearning(source.ref, VersionMetrics(), [attempt], exact_certificate(record.scenario, record.batch_id,
                                                                                  why), cost, {}, exact.ref)
 
 
-def keep_source(ws: Workspace, record: BatchRecord, source: RegisteredModel, registered: dict) -> BatchOutcome:
+def keep_source(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
     """A batch that deleted only held-out test samples: no model was trained on them, so the source
     model is, unchanged, the model of the new data version — registered as its version with the
     source's guarantee (an original or retrained source is exactly what retraining gives)."""
+    ws, record, registered = batch.ws, batch.record, batch.registered
     exact = source.ref.role in ("original", "retrained")
     guarantee = EXACT_RETRAIN if exact else source.tags.get("certificate", EXACT_RETRAIN)
     if 0 in registered:
@@ -341,18 +342,18 @@ def keep_source(ws: Workspace, record: BatchRecord, source: RegisteredModel, reg
     attempt = AttemptRecord(attempt=0, method=UNCHANGED, version=ref, certificate=guarantee,
                             metrics=metrics_of(None, CostRecord(0.0, 0.0, 0)),
                             note="only held-out samples deleted: nothing to unlearn")
-    return BatchOutcome(source.ref, VersionMetrics(), [attempt], {"method": UNCHANGED, "guarantee": guarantee},
+    return BatchUnlearning(source.ref, VersionMetrics(), [attempt], {"method": UNCHANGED, "guarantee": guarantee},
                         CostRecord(0.0, 0.0, 0), {})
 
 
-def close_without_model(ws: Workspace, record: BatchRecord, source: RegisteredModel) -> None:
+def close_without_model(batch: Batch, source: RegisteredModel) -> None:
     """The batch deleted every training sample: no model can be trained or unlearned on what is left.
     The deletion stands (ledger, data version); alias ``current`` — a model trained on the deleted
     samples — is removed; a receipt says so, so no later run retries the batch."""
-    scenario = record.scenario
+    ws, record, scenario = batch.ws, batch.record, batch.scenario
     remove_alias(ws, scenario, "current")
-    erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
-    release_fingerprints(ws, record.batch_id)
+    erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
+                          batch.found_clean)
     receipt = receipt_without_model(record, source.ref, ws.registry.alias_ref(scenario, "original"),
                                     erasure.model_dump(mode="json"),
                                     ws.relative(record_path(ws.folders, record.batch_id)))

@@ -48,7 +48,7 @@ from fedunlearn.config import load_params  # noqa: E402
 from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
-from fedunlearn.unlearning.escalation import Attempt, default_method, default_policy  # noqa: E402
+from fedunlearn.unlearning.escalation import Attempt, default_method, default_escalation  # noqa: E402
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
 # Each method from its defaults upward; the escalation's "stronger" is the second rung of each.
@@ -128,12 +128,12 @@ def effective(method: str, options: dict[str, Any]) -> str:
 
 def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "sample") -> dict[str, Any] | None:
     """What a deletion batch's default escalation would have run on this draw, rebuilt from the
-    draw's runs: the attempts of ``default_policy``, in the order the batch puts them in for its
+    draw's runs: the attempts of ``default_escalation``, in the order the batch puts them in for its
     source's audit (``attempts_in_order``), until one may serve on the interim tier, their costs
     summed (orchestration and evaluation not counted); the exact retrain if none may. None when the
     grid lacks an attempt of the chain."""
     runs = {(r["method"], effective(r["method"], r["options"])): r for r in draw["candidates"]}
-    policy = attempts_in_order(default_policy(setting, kind, Attempt(method=default_method(setting))), setting,
+    policy = attempts_in_order(default_escalation(setting, kind, Attempt(method=default_method(setting))), setting,
                                bool(draw.get("source_remembered")), chosen_by_user=False)
     seconds = flops = 0.0
     for attempt in policy:

@@ -309,10 +309,10 @@ def process_batch(root: Path, scenario: str) -> int:
     result = process_deletions(scenario=scenario, root=str(root), retrain_reference=True,
                                escalation=[Attempt(method="puf-special"), Attempt(method="retrain")])
     print_summary(result)
-    if "receipt" not in result:
+    if result.receipt is None:
         return 0
     print(describe_batch(result))
-    return erasure_status(result["erasure"])
+    return erasure_status(result.erasure)
 
 
 # --- the intake path alone, up to 10,000 request files ---------------------------------------------
@@ -341,7 +341,8 @@ def intake_micro(counts: list[int], work: Path) -> dict:
     from fedunlearn.requests.inbox import file_processed, submit_request
     from fedunlearn.requests.integrity import ensure_intact
     from fedunlearn.requests.model import RequestKind, build_request
-    from tasks.requests import append_ledger, check_subjects, open_batch, read_inbox
+    from tasks.requests import append_ledger, open_batch, read_inbox
+    from tasks.validation import check_subjects
     from stores.workspace import Workspace
     import great_expectations  # noqa: F401  (imported before the clock starts, as the CLI preloads it)
 

@@ -9,6 +9,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from fedunlearn.device import resolve_device
 from fedunlearn.evaluation.backdoor import poison_clients
 from fedunlearn.federation.local import MapUpdates, map_inline
 from fedunlearn.federation.protocol import Federation
@@ -17,6 +18,12 @@ from fedunlearn.unlearning.base import DeletionBatch
 from stores import validation
 from fedunlearn.timing import core_compute
 from stores.workspace import Workspace, checkout_from_cache
+
+
+def command_device(ws: Workspace, device: str | None) -> torch.device:
+    """The device a command computes on, chosen once where its flow starts (``device``, else params.yaml's):
+    the flows it runs, and the stages of a batch, are handed it rather than choosing again."""
+    return resolve_device(device or ws.params.device)
 
 
 @task(name="reproduce-data", cache_policy=NO_CACHE, retries=1)

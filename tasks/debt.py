@@ -7,7 +7,6 @@ repaying it marks them (``exactly_forgotten``). ``schedule_repayment`` asks Pref
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -17,13 +16,13 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Scheduled
 
-from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.batch_decisions import receipt_closed_by_retrain
 from fedunlearn.certify.tiers import exact_due, latest_safe_time, repay_now
 from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrain, read_receipt, read_receipts,
                                  write_receipt)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
-from tasks.requests import capture_fingerprints, release_fingerprints, scan_stores
+from tasks.erasure import capture_fingerprints, scan_stores
 from stores.workspace import Workspace
 
 REPAY_DEPLOYMENT = "repay-retrain-debt/weekly"
@@ -138,23 +137,9 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
     ws.registry.set_alias(scenario, "current", version.version)
     for record in open_batches(ws, scenario):
         erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
-        release_fingerprints(ws, record.batch_id)
-        now = utc_now()
-        per_client = Counter()  # two requests of one batch may name samples of the same client
-        for entry in record.requests:
-            per_client.update({client: len(ids) for client, ids in entry.clients.items()})
-        write_receipt(ws.root, Receipt(
-            batch_id=record.batch_id, scenario=scenario, request_ids=[e.request_id for e in record.requests],
-            deleted_samples=len(record.deleted_ids()), forgotten_per_client=dict(per_client),
-            data_version_before=record.data_version_before, data_version_after=record.data_version_after,
-            method="retrain", models={"original": ws.registry.alias_ref(scenario, "original"), "source": None,
-                                      "unlearned": version, "retrained": version, "current": version},
-            certificate={"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
-                         "notes": [f"applied without unlearning; retrained from scratch on data version "
-                                   f"{version.data_version} ({by})"]},
-            promoted=True, metrics={}, costs={}, erasure=erasure.model_dump(mode="json"),
-            exactly_forgotten=ExactForgetting(at=now, version=version.version, by=by), forgetting="exact",
-            deadlines=record.deadlines(ws.params.requests.deadline_days),
-            batch_record=ws.relative(record_path(ws.folders, record.batch_id))))
+        write_receipt(ws.root, receipt_closed_by_retrain(
+            record, version, ws.registry.alias_ref(scenario, "original"), erasure.model_dump(mode="json"), by,
+            utc_now(), record.deadlines(ws.params.requests.deadline_days),
+            ws.relative(record_path(ws.folders, record.batch_id))))
         closed.append(record.batch_id)
     return closed

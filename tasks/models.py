@@ -16,6 +16,7 @@ from fedunlearn.config import ScenarioConfig
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.receipts import ModelRef
 from fedunlearn.requests.batch import BatchRecord
+from fedunlearn.unlearning.escalation import is_exact_retrain
 from stores.registry import ModelWeights, RegisteredModel
 from stores.workspace import Workspace
 
@@ -130,7 +131,7 @@ def batch_description(record: BatchRecord, number: int, steps: int, method: str,
                                                                if len(ids) > SHOWN_REQUESTS else "")
     kinds = sorted({str(getattr(entry.kind, "value", entry.kind)) for entry in record.requests if entry.kind})
     held_out = len({i for entry in record.requests for i in entry.held_out})
-    role = "**Exact retrain**" if method == "retrain" else "**Unlearned**"
+    role = "**Exact retrain**" if is_exact_retrain(method) else "**Unlearned**"
     if gate is not None:
         checks = " · ".join(f"{c.name} {c.verdict}" for c in gate.checks)
         gates, verdict = f"**{gate.verdict}** ({gate.policy}){': ' + checks if checks else ''}", f"**{gate.verdict}**"
@@ -157,6 +158,22 @@ def batch_description(record: BatchRecord, number: int, steps: int, method: str,
 @task(name="move-alias", cache_policy=NO_CACHE)
 def move_alias(ws: Workspace, scenario: str, alias: str, version: str) -> None:
     ws.registry.set_alias(scenario, alias, version)
+
+
+@task(name="tag-version", cache_policy=NO_CACHE)
+def tag_version(ws: Workspace, scenario: str, version: str, key: str, value: str) -> None:
+    ws.registry.set_version_tag(scenario, version, key, value)
+
+
+@task(name="log-run-metrics", cache_policy=NO_CACHE)
+def log_run_metrics(ws: Workspace, run_id: str, metrics: dict[str, float]) -> None:
+    ws.registry.log_metrics(run_id, metrics)
+
+
+@task(name="log-data-version", cache_policy=NO_CACHE)
+def log_data_version(ws: Workspace, run_id: str, scenario: str, data_version: str, context: str) -> None:
+    """The data version a registered version's run read, as its dataset input (lineage in MLflow)."""
+    ws.registry.log_data_version(run_id, scenario, data_version, context)
 
 
 @task(name="remove-alias", cache_policy=NO_CACHE)

@@ -16,13 +16,14 @@ holds that data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, in_journal_order, load_records
-from tasks.debt import close_by_retrain
 from tasks.models import SOURCE_ALIASES
 from stores.workspace import Workspace, cached
 
@@ -37,29 +38,37 @@ def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int
     return found
 
 
+@dataclass(frozen=True)
+class Owed:
+    """What a run owes ``scenario`` before it takes new requests: a ``batch`` to finish, or the alias
+    whose model, registered on the current data version since the batches applied without unlearning,
+    ``closes_open`` them (the caller closes them: ``close_by_retrain``), or nothing."""
+
+    batch: BatchRecord | None = None
+    closes_open: str | None = None
+
+
 @task(name="find-owed-batch", cache_policy=NO_CACHE)
-def owed_batch(ws: Workspace, scenario: str) -> BatchRecord | None:
-    """The batch of ``scenario`` a run must finish before taking new requests, or None. The last batch
-    is the last one the ledger applied (``in_journal_order``), whatever the clock said when it ran."""
+def owed_batch(ws: Workspace, scenario: str) -> Owed:
+    """What a run of ``scenario`` owes (``Owed``); it reads the stores and changes nothing. The last
+    batch is the last one the ledger applied (``in_journal_order``), whatever the clock said when it ran."""
     records = [r for r in in_journal_order(load_records(ws.folders), ws.ledger.entries()) if r.scenario == scenario]
     unfinished = [r for r in records if r.status is not BatchStatus.COMPLETE]
     if unfinished:
-        return unfinished[0]
+        return Owed(unfinished[0])
     if not records or read_receipt(ws.root, records[-1].batch_id) is not None:
-        return None
+        return Owed()
     last, current = records[-1], ws.data_version(scenario)
     if last.data_version_after != current:
-        return None
+        return Owed()
     if ws.registry.versions(scenario, batch_id=last.batch_id):
-        return last  # killed after registering a version for it: the resumed batch goes on to its receipt
+        return Owed(last)  # killed after registering a version for it: the resumed batch goes on to its receipt
     registered = {alias: v for alias in SOURCE_ALIASES if (v := ws.registry.by_alias(scenario, alias)) is not None}
     on = {alias: v.tags.get("data_version") for alias, v in registered.items()}
     if current in on.values():  # a model was registered on the current data (e.g. `fedunlearn retrain`): it serves
-        alias = next(a for a, d in on.items() if d == current)
-        close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, alias), "process-deletions")
-        return None
+        return Owed(closes_open=next(a for a, d in on.items() if d == current))
     if last.data_version_before in on.values() and cached(ws.root, last.data_version_before):
-        return last
+        return Owed(last)
     listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
     raise BatchCannotSucceed(
         f"the data of {scenario} moved on to data version {current} (batch {last.batch_id}, applied without "

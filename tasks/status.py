@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.model import utc_now
+from fedunlearn.unlearning.escalation import is_exact_retrain
 from tasks.debt import late_repayment, retrain_debt
 from tasks.requests import read_inbox
 from stores.workspace import Workspace
@@ -117,7 +118,7 @@ class DeletionStatus:
             lines.append("last batch: none yet")
         else:
             verdict = batch.attempts[-1].gates.verdict if batch.attempts and batch.attempts[-1].gates else (
-                "exact retrain" if batch.method == "retrain" else batch.outcome)
+                "exact retrain" if is_exact_retrain(batch.method) else batch.outcome)
             chain = " → ".join(a.method for a in batch.attempts)
             lines.append(f"last batch: {batch.batch_id} at {batch.created_at:%Y-%m-%d %H:%M}Z, "
                          f"{len(batch.request_ids)} request(s), {chain or batch.outcome}: {verdict}, "

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedunlearn.batch_decisions import (BatchOutcome, Route, attempts_in_order, exact_certificate, metrics_of,
-                                        receipt_for, receipt_without_model, recorded_source, route, speedup, stops, tier_fields)
+from fedunlearn.batch_decisions import (BatchUnlearning, DebtAction, Route, attempts_for_route, attempts_in_order,
+                                        debt_action, exact_certificate, metrics_of, receipt_closed_by_retrain,
+                                        receipt_for, receipt_without_model, recorded_source, route, speedup, stops,
+                                        tier_fields)
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.config import ForgettingPolicy
@@ -78,9 +80,9 @@ def test_with_an_exact_retrain_in_hand_only_a_pass_ends_the_escalation():
 
 
 def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_chose():
-    from fedunlearn.unlearning.escalation import Attempt, default_policy
+    from fedunlearn.unlearning.escalation import Attempt, default_escalation
 
-    hfl = default_policy("hfl", "sample", Attempt(method="puf-special"))
+    hfl = default_escalation("hfl", "sample", Attempt(method="puf-special"))
     assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
 
     remembered = attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=False)
@@ -88,7 +90,7 @@ def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_
     assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
     assert attempts_in_order(hfl, "hfl", source_remembers=False, chosen_by_user=False) == hfl
     assert attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=True) == hfl
-    vfl = default_policy("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
+    vfl = default_escalation("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
     assert attempts_in_order(vfl, "vfl", source_remembers=True, chosen_by_user=False) == vfl
 
 
@@ -110,13 +112,13 @@ def test_speedup_against_retraining(reference, chosen, expected):
     assert speedup(reference, chosen) == expected
 
 
-def outcome(method: str, with_reference: bool) -> BatchOutcome:
+def outcome(method: str, with_reference: bool) -> BatchUnlearning:
     chosen = AttemptRecord(attempt=1, method=method, version=ref("5", "unlearned"), certificate="empirical",
                            gates=gates(False, True), metrics=metrics_of(None, CostRecord(4.0, 1e9, 0)))
     first = AttemptRecord(attempt=0, method="puf-special", version=ref("4", "unlearned"), certificate="empirical",
                           gates=gates(False, False), metrics={})
     reference = VersionMetrics(test_acc=0.9, wall_seconds=20.0, flops=1e10, comm_bytes=5) if with_reference else None
-    return BatchOutcome(ref("3", "original"), VersionMetrics(test_acc=0.95), [first, chosen],
+    return BatchUnlearning(ref("3", "original"), VersionMetrics(test_acc=0.95), [first, chosen],
                         {"method": method, "guarantee": "empirical"}, CostRecord(4.0, 1e9, 0), {"0": 1, "2": 1},
                         ref("6", "retrained") if with_reference else None, reference)
 
@@ -154,3 +156,37 @@ def test_metrics_of_report_what_was_not_measured_as_none_and_the_exact_certifica
     assert metrics["wall_seconds"] == 2.0 and metrics["flops"] is None and metrics["test_acc"] is None
     certificate = exact_certificate(SCENARIO, "b1", "the escalation's last step")
     assert certificate["guarantee"] == EXACT_RETRAIN and "the escalation's last step" in certificate["notes"][0]
+
+
+@pytest.mark.parametrize("taken", [Route.exact_only, Route.retrain_for_new_features])
+def test_a_batch_whose_features_moved_retrains_exactly_whatever_was_asked(taken):
+    from fedunlearn.unlearning.escalation import Attempt
+
+    asked = [Attempt(method="ga"), Attempt(method="retrain")]
+
+    assert [a.method for a in attempts_for_route(taken, asked)] == ["retrain"]
+    assert attempts_for_route(Route.escalate, asked) is asked
+
+
+@pytest.mark.parametrize("owed, start_by, expected", [
+    (3, None, DebtAction.repay),                          # past requests.max_retrain_debt (2)
+    (1, DUE - timedelta(hours=1), DebtAction.repay),      # its latest safe start has come
+    (1, DUE + timedelta(hours=1), DebtAction.schedule),   # a run at its latest safe start
+    (0, None, DebtAction.nothing),
+])
+def test_after_a_batch_the_retrain_debt_is_repaid_scheduled_or_left(owed, start_by, expected):
+    assert debt_action(owed, 2, start_by, DUE) is expected
+
+
+def test_a_batch_applied_without_unlearning_is_closed_by_the_retrain_that_serves():
+    retrain = ref("4", "retrained")
+
+    receipt = receipt_closed_by_retrain(record(), retrain, ref("1", "original"), {}, "repay-retrain-debt", DUE,
+                                        {"r0": DUE}, "data/deletion_requests/batches/b1.json")
+
+    assert receipt.method == "retrain" and receipt.forgetting == "exact" and receipt.promoted
+    assert receipt.models["current"] == receipt.models["unlearned"] == receipt.models["retrained"] == retrain
+    assert receipt.certificate == {"method": "retrain", "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN,
+                                   "notes": ["applied without unlearning; retrained from scratch on data version v1 "
+                                             "(repay-retrain-debt)"]}
+    assert receipt.exactly_forgotten.version == "4" and receipt.request_ids == ["r0", "r1"]

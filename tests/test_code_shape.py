@@ -28,6 +28,34 @@ def test_no_function_is_over_60_lines():
     assert [f for path in files for f in long_functions(path)] == []
 
 
+def module_caches(source: str) -> list[str]:
+    """Module-level names bound to an empty dict, list or set: state a process would keep between runs."""
+    def empty(value) -> bool:
+        if isinstance(value, ast.Dict):
+            return not value.keys
+        if isinstance(value, (ast.List, ast.Set)):
+            return not value.elts
+        return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and not value.args
+                and value.func.id in ("dict", "list", "set", "defaultdict", "OrderedDict"))
+
+    found = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        if targets and getattr(node, "value", None) is not None and empty(node.value):
+            found += [f"{target.id} (line {node.lineno})" for target in targets if isinstance(target, ast.Name)]
+    return found
+
+
+def test_no_module_level_cache_in_the_flows_or_tasks():
+    """A batch's state travels in its values (``flows.batch``), not in a module's memory."""
+    files = [p for package in ("flows", "tasks") for p in sorted((ROOT / package).rglob("*.py"))]
+    assert {f"{path.relative_to(ROOT)}: {name}" for path in files for name in module_caches(path.read_text())} \
+        == set()
+    assert module_caches("_CAPTURED: dict[str, int] = {}\nSEEN = set()\nNAMES = {'a': 1}\n") == [
+        "_CAPTURED (line 1)", "SEEN (line 2)"]
+
+
 def test_the_check_finds_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
     sample = ROOT / "tests" / f"_shape_probe_{tmp_path.name}.py"

@@ -16,8 +16,9 @@ from fedunlearn.requests.erasure import RowMatcher, Store, text_numbers
 from fedunlearn.requests.erasure import verify_erasure as scan
 from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.model import DeletionRequestModel
-from tasks.requests import (append_ledger, capture_fingerprints, open_batch, purge_cache, reproduce_versions,
-                            validate_requests, verify_erasure)
+from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
+from tasks.requests import append_ledger, open_batch, reproduce_versions
+from tasks.validation import validate_requests
 from stores.workspace import Workspace, reproduce
 
 
@@ -164,30 +165,32 @@ def test_a_second_scan_reads_only_what_changed_and_finds_a_row_written_since(tmp
     assert not report.verified and report.found == {"s1": ["store/b.json"]}
 
 
-def test_a_batch_captures_its_fingerprints_once_per_process(workspace, monkeypatch):
-    """The receipt's scan uses the rows the ingest captured (not read back from the DVC cache); another
-    batch's capture replaces them, so one batch's rows are all the process holds."""
-    import tasks.requests as requests_tasks
+def test_a_batch_carries_its_fingerprints_and_what_its_scans_found_clean(workspace, monkeypatch):
+    """The process keeps no batch's rows: each capture reads them (the batch value carries them from
+    its ingest to its receipt's scan), and what the ingest's scan found clean travels with them, so the
+    receipt's scan reads again only what changed."""
+    import tasks.erasure as erasure_tasks
+    from tasks.erasure import scan_stores
 
     reproduce(workspace, "digits-hfl")
     ws = Workspace.open(workspace)
-    ids = load_horizontal("digits-hfl", workspace).clients[0].sample_ids[:3].tolist()
-    records = []
-    for sample_ids in (ids[:2], ids[2:]):
-        request = DeletionRequestModel(kind="sample", scenario="digits-hfl", sample_ids=sample_ids)
-        plan = validate_requests.fn(ws, "digits-hfl",
-                                    [PendingRequest(request, [InboxItem("r.json", Path("r.json"), request=request)])])
-        records.append(open_batch.fn(ws, plan, [], False))
+    ids = load_horizontal("digits-hfl", workspace).clients[0].sample_ids[:2].tolist()
+    record = deletion_batch(ws, ids)
     taken = []
-    capture = requests_tasks._fingerprints
-    monkeypatch.setattr(requests_tasks, "_fingerprints", lambda w, r: taken.append(r.batch_id) or capture(w, r))
-    first = capture_fingerprints.fn(ws, records[0])
-    assert capture_fingerprints.fn(ws, records[0]) is first and set(first.by_sample) == set(ids[:2])
-    second = capture_fingerprints.fn(ws, records[1])
-    assert set(second.by_sample) == set(ids[2:]) and list(requests_tasks._CAPTURED.values()) == [second]
-    assert taken == [records[0].batch_id, records[1].batch_id]
-    requests_tasks.release_fingerprints(ws, records[1].batch_id)  # the receipt's scan has used them
-    assert requests_tasks._CAPTURED == {}
+    capture = erasure_tasks._fingerprints
+    monkeypatch.setattr(erasure_tasks, "_fingerprints", lambda w, r: taken.append(r.batch_id) or capture(w, r))
+    found_clean: dict = {}
+
+    fingerprints = capture_fingerprints.fn(ws, record)
+    again = capture_fingerprints.fn(ws, record)
+    applied = verify_erasure.fn(ws, reproduce_versions.fn(ws, append_ledger.fn(ws, record)), fingerprints,
+                                found_clean)
+    [memo_after_ingest] = found_clean  # one set of rows scanned for: one entry, that the next scan reuses
+    receipt_scan = scan_stores(ws, applied.purged, fingerprints, found_clean)
+
+    assert taken == [record.batch_id, record.batch_id] and again is not fingerprints
+    assert set(fingerprints.by_sample) == set(ids) and applied.erasure.verified and receipt_scan.verified
+    assert list(found_clean) == [memo_after_ingest]
 
 
 def image_rows(seed: int, n: int = 6) -> np.ndarray:
@@ -227,7 +230,7 @@ def test_a_row_an_earlier_batch_deleted_is_found_when_it_comes_back_by_keyed_fin
     fingerprint file itself holds nothing the scan finds. Without the key they match nothing."""
     from fedunlearn.requests.erasure import ERASED_ROWS_PATH, FINGERPRINT_KEY_PATH, ErasedRows, fingerprint_key
     from stores import erasure as stores
-    from tasks.requests import release_fingerprints, scan_stores
+    from tasks.erasure import scan_stores
 
     reproduce(workspace, "digits-hfl")
     ws = Workspace.open(workspace)
@@ -237,7 +240,6 @@ def test_a_row_an_earlier_batch_deleted_is_found_when_it_comes_back_by_keyed_fin
     gone = client.sample_ids[0]
     rows = {r for found in fingerprints.by_sample.values() for r in found}
     verify_erasure.fn(ws, reproduce_versions.fn(ws, append_ledger.fn(ws, first)), fingerprints)
-    release_fingerprints(ws, first.batch_id)
 
     kept = (workspace / ERASED_ROWS_PATH).read_bytes()
     assert kept.count(b"\n") == 1 and len(json.loads(kept)["rows"]) == len(fingerprints.by_sample)

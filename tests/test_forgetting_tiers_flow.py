@@ -197,7 +197,7 @@ def test_an_exact_retrain_made_while_a_batch_ran_serves_and_a_late_retrain_chang
 
     [receipt] = read_receipts(workspace, SCENARIO)
     serving = current(workspace)
-    assert raced and str(serving.version) == raced[0]["model_version"] and serving.tags["role"] == "retrained"
+    assert raced and str(serving.version) == raced[0].model_version and serving.tags["role"] == "retrained"
     assert receipt.forgetting == "exact" and receipt.exact_due is None and receipt.models["current"].version == \
         str(serving.version) and receipt.exactly_forgotten.version == str(serving.version)
     assert receipt.models["unlearned"].version != str(serving.version)  # the interim version, registered, not served

@@ -154,7 +154,7 @@ def test_a_batch_interrupted_after_its_ledger_append_is_finished_by_the_next_run
     assert interrupted.ledger_after_crash == interrupted.first
     assert interrupted.inbox_after_crash == 2 and interrupted.records_after_crash == ["ledger_appended"]
     result = interrupted.first_rerun
-    assert result["status"] == "no pending requests" and len(result["resumed"]) == 1
+    assert result.status == "no pending requests" and len(result.resumed) == 1
     inbox, processed = interrupted.folders_after_rerun
     assert inbox == [] and len(processed) == 2
     assert interrupted.middle != interrupted.before
@@ -163,7 +163,7 @@ def test_a_batch_interrupted_after_its_ledger_append_is_finished_by_the_next_run
 def test_a_batch_interrupted_after_its_new_data_version_is_finished_by_the_next_run(interrupted):
     assert interrupted.after_crash != interrupted.middle and interrupted.inbox_after_second_crash == 1
     result = interrupted.second_rerun
-    assert len(result["resumed"]) == 1 and result["status"] == "no pending requests"
+    assert len(result.resumed) == 1 and result.status == "no pending requests"
     record = load_records(RequestFolders.create(interrupted.workspace))[-1]
     assert record.status.value == "complete" and record.erasure.verified
     # rows re-read from the DVC cache after the crash

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+import flows.process as process_flow
 import flows.unlearn as unlearn_stage
 from cli import main
 from fedunlearn.data.store import load_horizontal
@@ -23,7 +24,7 @@ from fedunlearn.federation.local import Tensors
 from fedunlearn.receipts import Receipt, read_receipt, read_receipts, write_receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
-from fedunlearn.unlearning.escalation import Attempt, checked_policy, default_policy, stronger
+from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, stronger
 from stores.registry import Registry, tracking_uri
 from stores.workspace import data_version
 from workspaces import Printed, call_cli, cli_training, copy_workspace
@@ -65,6 +66,7 @@ class Resumed:
     roles_after_crash: list[str]
     remaining_after_crash: set[str]
     resumed: Printed           # the next `process --retrain`
+    stages: list[str]          # the stages the resuming run called, in order
 
     @property
     def receipt(self) -> Receipt:
@@ -96,8 +98,23 @@ def resumed(trained_workspaces, prefect_server, tmp_path_factory) -> Resumed:
                 after=data_version(workspace, SCENARIO), roles_after_crash=sorted(versions_by_role(workspace)),
                 remaining_after_crash=set(np.concatenate([c.sample_ids
                                                           for c in load_horizontal(SCENARIO, workspace).clients])))
-    return Resumed(workspace, ids, request_id, before, crashed, resumed=run("process", "--scenario", SCENARIO,
-                                                                              "--retrain"), **left)
+    stages: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in STAGES:
+            patch.setattr(process_flow, name, recording(getattr(process_flow, name), name, stages))
+        printed = run("process", "--scenario", SCENARIO, "--retrain")
+    return Resumed(workspace, ids, request_id, before, crashed, resumed=printed, stages=stages, **left)
+
+
+# The stages of process-deletions as its module docstring draws them, the debt settled last.
+STAGES = ["intake_requests", "apply_deletions", "unlearn_and_register", "promote_and_receipt", "settle_debt"]
+
+
+def recording(stage, name: str, called: list[str]):
+    def record(*args, **kwargs):
+        called.append(name)
+        return stage(*args, **kwargs)
+    return record
 
 
 def test_with_nothing_pending_a_run_changes_nothing(workspace, prefect_server, capsys):
@@ -127,8 +144,10 @@ def test_the_resumed_batch_escalates_until_an_attempt_passes_registering_each_on
     assert receipt.batch_id == retrained.tags["batch_id"]
     assert receipt.request_ids == [resumed.request_id] and receipt.forgotten_per_client == {"1": 12}
     assert (receipt.data_version_before, receipt.data_version_after) == (resumed.before, resumed.after)
-    # Every attempt is registered once, in order, and every one but the last did not pass its gates.
-    assert [a.attempt for a in attempts] == list(range(len(attempts))) and attempts[0].method == "puf-special"
+    # Every attempt is registered once, in the policy's order, and every one but the last did not pass its gates.
+    policy = default_escalation("hfl", "sample", Attempt(method="puf-special"))
+    assert [a.attempt for a in attempts] == list(range(len(attempts)))
+    assert [a.method for a in attempts] == [a.method for a in policy][:len(attempts)]
     assert all(a.gates.policy == "vs retrained reference" for a in attempts if a.gates)
     assert all(not a.passed for a in attempts[:-1]) and attempts[-1].passed
     unlearned = {int(v.tags["attempt"]): v for v in roles.get("unlearned", [])}
@@ -150,9 +169,12 @@ def test_current_is_the_passing_attempt_a_version_of_the_new_data_version(resume
     artifacts = [a.path for a in registry(workspace).list_artifacts(current.run_id, "receipt")]
     assert artifacts == [f"receipt/{batch_id}.json"]
     unlearned = {int(v.tags["attempt"]): v for v in versions_by_role(workspace).get("unlearned", [])}
-    if attempts[0].version is not None and attempts[0].method != "retrain":
-        certificate = registry(workspace).download_artifacts(unlearned[0].run_id, "certificate.json", str(tmp_path))
-        assert json.loads(Path(certificate).read_text())["guarantee"] == "empirical only"
+    certificate = registry(workspace).download_artifacts(unlearned[0].run_id, "certificate.json", str(tmp_path))
+    assert json.loads(Path(certificate).read_text())["guarantee"] == "empirical only"
+
+
+def test_the_batch_runs_its_stages_in_the_order_of_the_flow_diagram(resumed):
+    assert resumed.stages == STAGES
 
 
 def test_every_version_logs_the_same_metrics_and_the_reference_the_forget_accuracy(resumed):
@@ -270,21 +292,21 @@ def test_a_batch_resolves_to_training_samples_per_client_keeping_a_shared_kind()
 
 
 def test_the_escalation_policy_ends_with_exact_retrain_and_refuses_what_does_not_apply():
-    policy = default_policy("hfl", "sample", Attempt(method="puf-special"))
+    policy = default_escalation("hfl", "sample", Attempt(method="puf-special"))
     assert [a.method for a in policy] == ["puf-special", "puf-special", "puf-regular", "fedquit", "retrain"]
     assert policy[1].options == {"eta_u": 4.0, "unlearn_epochs": 2} and policy[3].options == {}
     # fedquit takes no class requests, so the class chain goes from the fallback to the retrain.
-    assert [a.method for a in default_policy("hfl", "class", Attempt(method="ga"))] == ["ga", "ga", "puf-regular",
+    assert [a.method for a in default_escalation("hfl", "class", Attempt(method="ga"))] == ["ga", "ga", "puf-regular",
                                                                                        "retrain"]
     # A last resort already chosen first is not tried again with its defaults.
-    assert [a.method for a in default_policy("hfl", "client", Attempt(method="fedquit", options={"rounds": 5}))] == \
+    assert [a.method for a in default_escalation("hfl", "client", Attempt(method="fedquit", options={"rounds": 5}))] == \
         ["fedquit", "puf-regular", "retrain"]
-    assert [a.method for a in default_policy("vfl", "class", Attempt(method="fedora"))] == ["fedora", "fedora", "ga",
+    assert [a.method for a in default_escalation("vfl", "class", Attempt(method="fedora"))] == ["fedora", "fedora", "ga",
                                                                                            "retrain"]
-    assert [a.method for a in default_policy("dfl", "client", Attempt(method="certified-dfu"))][-1] == "retrain"
-    assert [a.method for a in checked_policy("hfl", "sample", [Attempt(method="finetune")])] == ["finetune", "retrain"]
+    assert [a.method for a in default_escalation("dfl", "client", Attempt(method="certified-dfu"))][-1] == "retrain"
+    assert [a.method for a in checked_escalation("hfl", "sample", [Attempt(method="finetune")])] == ["finetune", "retrain"]
     with pytest.raises(ValueError, match="does not support"):
-        default_policy("vfl", "client", Attempt(method="fedora"))
+        default_escalation("vfl", "client", Attempt(method="fedora"))
 
 
 def test_fedora_is_the_vfl_default_for_its_own_setting_and_ga_for_sample_requests():

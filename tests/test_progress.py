@@ -76,7 +76,7 @@ def test_a_crashed_batch_is_owed_although_an_earlier_one_was_dated_a_day_ahead(t
                                                                                           crashed.batch_id]
     # The clock's order would take the batch dated ahead as the last, find its receipt and owe nothing.
     owed = owed_batch.fn(ws, SCENARIO)
-    assert owed is not None and owed.batch_id == crashed.batch_id
+    assert owed.batch is not None and owed.batch.batch_id == crashed.batch_id and owed.closes_open is None
 
 
 def test_a_journaled_batch_not_yet_in_the_ledger_comes_after_every_applied_one():

@@ -18,7 +18,7 @@ from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, InboxItem, quarantine, scan_inbox, submit_request
 from fedunlearn.requests.model import (MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, DeletionRequestModel, RequestError,
                                        build_request, parse_request)
-from tasks.requests import validate_requests
+from tasks.validation import validate_requests
 from stores.workspace import Workspace, init_workspace, reproduce
 
 SCENARIO = "digits-hfl"

@@ -18,6 +18,6 @@ def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefe
     dask_runner = DaskTaskRunner(cluster_kwargs={"n_workers": 2, "threads_per_worker": 1, "processes": True})
     dask = train_federated.with_options(task_runner=dask_runner)(scenario="digits-hfl", root=str(workspace))
     dask_state = Registry(workspace).load("digits-hfl", alias="original").state
-    assert dask["model_version"] != threads["model_version"]
-    assert dask["test_acc"] == threads["test_acc"]
+    assert dask.model_version != threads.model_version
+    assert dask.test_acc == threads.test_acc
     assert all(torch.equal(thread_state[k], dask_state[k]) for k in thread_state)

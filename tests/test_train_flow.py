@@ -10,23 +10,23 @@ def test_train_flow_registers_the_original_model(workspace, prefect_server):
     from flows.train import train_federated
 
     result = train_federated(scenario="digits-hfl", root=str(workspace))
-    assert result["model_version"] == "1"
+    assert result.model_version == "1"
     client = mlflow.MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
     version = client.get_model_version_by_alias("digits-hfl", "original")
     assert str(version.version) == "1"
     assert version.tags["role"] == "original"
     assert version.tags["scenario"] == "digits-hfl"
-    assert version.tags["data_version"] == result["data_version"]
-    history = client.get_metric_history(result["run_id"], "test_acc")
+    assert version.tags["data_version"] == result.data_version
+    history = client.get_metric_history(result.run_id, "test_acc")
     assert [m.step for m in history] == [1, 2]
-    assert len(client.get_metric_history(result["run_id"], "train_loss")) == 2
+    assert len(client.get_metric_history(result.run_id, "train_loss")) == 2
     registered = Registry(workspace).load("digits-hfl", alias="original")
     state = registered.state
     assert registered.tags["role"] == "original" and "classifier.2.weight" in state
     # The inline path gives the same model as the mapped task runs (deterministic client updates).
     inline = train_federated(scenario="digits-hfl", root=str(workspace), client_tasks=False)
     inline_state = Registry(workspace).load("digits-hfl", alias="original").state
-    assert inline["model_version"] == "2"
+    assert inline.model_version == "2"
     assert all((state[k] == inline_state[k]).all() for k in state)
 
 

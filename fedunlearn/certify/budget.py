@@ -92,7 +92,7 @@ def _check_privacy(epsilon: float, delta: float) -> None:
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
+class BudgetEntry:
     """One released batch: its action — "newton" (the unlearning step, charged) or "retrain" (the
     sum restarted) — the bound of the released model, the budget used and left after it, and for
     a retrain the bound that triggered it (None: a retrain not triggered by the budget). The last
@@ -113,14 +113,14 @@ class ResidualLedger:
     returns a new ledger."""
 
     budget: float
-    entries: tuple[LedgerEntry, ...] = field(default_factory=tuple)
+    entries: tuple[BudgetEntry, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if not (0 < self.budget < math.inf):
             raise ValueError(f"residual budget must be finite and > 0, got {self.budget}")
 
     @property
-    def since_retrain(self) -> tuple[LedgerEntry, ...]:
+    def since_retrain(self) -> tuple[BudgetEntry, ...]:
         """The releases the current sum covers: from the last retrain (included) on."""
         retrains = [i for i, e in enumerate(self.entries) if e.action == "retrain"]
         return self.entries[retrains[-1]:] if retrains else self.entries
@@ -157,7 +157,7 @@ class ResidualLedger:
             used = bound
         else:
             raise ValueError(f"unknown ledger action {action!r}")
-        entry = LedgerEntry(batch_id, action, bound, max(0.0, self.budget - used), used,
+        entry = BudgetEntry(batch_id, action, bound, max(0.0, self.budget - used), used,
                             None if triggering_bound is None else float(triggering_bound))
         return replace(self, entries=(*self.entries, entry))
 
@@ -168,9 +168,9 @@ class ResidualLedger:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResidualLedger":
         """Reads what ``to_dict`` wrote, and ledgers written before the cumulative rule."""
-        known = {f.name for f in fields(LedgerEntry)}
+        known = {f.name for f in fields(BudgetEntry)}
         return cls(float(data["budget"]),
-                   tuple(LedgerEntry(**{k: v for k, v in e.items() if k in known}) for e in data.get("entries", [])))
+                   tuple(BudgetEntry(**{k: v for k, v in e.items() if k in known}) for e in data.get("entries", [])))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

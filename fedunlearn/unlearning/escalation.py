@@ -7,7 +7,7 @@ no batch ends with the serving model on deleted data, and no version that kept i
 
 Exact retrain is the last step of every policy: retrained from scratch on the retained data it
 holds nothing of the deleted samples by construction, so it needs no gate. A policy is a list of
-``Attempt``s (a form in the Prefect UI); the default one is built by ``default_policy``. Every
+``Attempt``s (a form in the Prefect UI); the default one is built by ``default_escalation``. Every
 attempt is registered (or logged) and the receipt lists the chain.
 
 "Stronger" (``stronger``) scales what the first attempt chose — its own options, the method's
@@ -61,7 +61,12 @@ class Attempt(BaseModel):
 
     @property
     def exact(self) -> bool:
-        return self.method == EXACT_RETRAIN_METHOD
+        return is_exact_retrain(self.method)
+
+
+def is_exact_retrain(method: str) -> bool:
+    """Whether a method name (an attempt's, a receipt's, a registered version's) is the exact retrain."""
+    return method == EXACT_RETRAIN_METHOD
 
 
 def default_method(setting: str, kind: str | None = None) -> str:
@@ -69,32 +74,32 @@ def default_method(setting: str, kind: str | None = None) -> str:
     return DEFAULT_BY_KIND.get((setting, kind), DEFAULT_METHODS[setting])
 
 
-def default_policy(setting: str, kind: str, first: Attempt) -> list[Attempt]:
+def default_escalation(setting: str, kind: str, first: Attempt) -> list[Attempt]:
     """``first`` → ``first`` stronger (if the method has a stronger setting) → the setting's
     fallback method supporting ``kind`` → its last-resort methods supporting ``kind`` → exact
     retrain. A method already in the chain is not tried again with its default settings."""
     if first.exact:
         return [first]
     get_method_class(first.method, setting).check_supported(setting, kind)
-    policy = [first]
+    attempts = [first]
     if first.method in STRONGER_SCALES:
-        policy.append(stronger(first, setting))
+        attempts.append(stronger(first, setting))
     supported = set(available_methods(setting, kind))
     fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
     if fallback is not None:
-        policy.append(Attempt(method=fallback))
-    tried = {attempt.method for attempt in policy}
-    policy += [Attempt(method=m) for m in LAST_RESORT[setting] if m in supported and m not in tried]
-    return policy + [Attempt(method=EXACT_RETRAIN_METHOD)]
+        attempts.append(Attempt(method=fallback))
+    tried = {attempt.method for attempt in attempts}
+    attempts += [Attempt(method=m) for m in LAST_RESORT[setting] if m in supported and m not in tried]
+    return attempts + [Attempt(method=EXACT_RETRAIN_METHOD)]
 
 
-def removal_first(policy: list[Attempt], setting: str) -> list[Attempt]:
-    """``policy`` with the setting's last-resort methods moved ahead of the others, for a forget set
+def removal_first(attempts: list[Attempt], setting: str) -> list[Attempt]:
+    """``attempts`` with the setting's last-resort methods moved ahead of the others, for a forget set
     the source model remembers: the seed methods move the model along the loss gradient at the forget
     samples, and a memorised sample's gradient is close to zero, so they would be paid for and fail
     before the method that can remove it is tried (docs/methods.md, "Which method first")."""
-    first = [attempt for attempt in policy if attempt.method in LAST_RESORT[setting]]
-    return first + [attempt for attempt in policy if attempt not in first]
+    first = [attempt for attempt in attempts if attempt.method in LAST_RESORT[setting]]
+    return first + [attempt for attempt in attempts if attempt not in first]
 
 
 def stronger(attempt: Attempt, setting: str) -> Attempt:
@@ -108,10 +113,10 @@ def stronger(attempt: Attempt, setting: str) -> Attempt:
     return Attempt(method=attempt.method, options=options)
 
 
-def checked_policy(setting: str, kind: str, policy: list[Attempt]) -> list[Attempt]:
-    """A policy given in the form: every method exists and supports the setting and kind, and it
+def checked_escalation(setting: str, kind: str, attempts: list[Attempt]) -> list[Attempt]:
+    """Attempts given in the form: every method exists and supports the setting and kind, and it
     ends with exact retrain (added when missing) — no batch can run out of steps."""
-    for attempt in policy:
+    for attempt in attempts:
         if not attempt.exact:
             get_method_class(attempt.method, setting).check_supported(setting, kind)
-    return policy if policy and policy[-1].exact else [*policy, Attempt(method=EXACT_RETRAIN_METHOD)]
+    return attempts if attempts and attempts[-1].exact else [*attempts, Attempt(method=EXACT_RETRAIN_METHOD)]

@@ -47,7 +47,8 @@ from fedunlearn.requests.catalog import load_catalog
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import REASON_SUFFIX, file_processed, quarantine
 from fedunlearn.requests.model import MAX_IDS_PER_REQUEST, MAX_REQUEST_BYTES, MAX_SAMPLE_ID_LENGTH
-from tasks.requests import read_inbox, validate_requests
+from tasks.requests import read_inbox
+from tasks.validation import validate_requests
 from stores.workspace import Workspace, init_workspace, reproduce
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -1069,9 +1070,9 @@ def test_one_of_every_class_with_valid_requests_through_the_ingest_flow(workspac
 
     result = ingest.ingest_deletions(scenario=SCENARIO, root=str(workspace))
 
-    assert result["status"] == "complete" and result["erasure"]["verified"]
-    assert len(result["quarantined"]) == sum(f.reason is not None for f in files)
-    assert result["already_applied"] == [f.scanned_name for f in files if f.request_id == APPLIED]
+    assert result.status == "complete" and result.erasure.verified
+    assert len(result.quarantined) == sum(f.reason is not None for f in files)
+    assert result.already_applied == [f.scanned_name for f in files if f.request_id == APPLIED]
     lost = check_every_file_filed(facts, files + valid)
     report(reliability_report, files + valid, facts, lost)
     assert lost == 0

@@ -1,0 +1,88 @@
+"""The values a deletion batch is as it goes through the stages of ``process-deletions``: built once
+where the flow starts (``Batch``), each stage taking one and returning the next — applied
+(``Batch`` with its ingest done and its deleted rows read), ``Unlearned``, ``Receipted``. No stage
+opens the workspace again or looks its batch up in the journal: what a resumed batch needs from the
+stores is read once, at entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from fedunlearn.batch_decisions import BatchUnlearning
+from fedunlearn.certify.gates import PromotionGates
+from fedunlearn.config import ForgettingPolicy
+from fedunlearn.receipts import Receipt
+from fedunlearn.requests.batch import BatchRecord
+from fedunlearn.requests.erasure import Fingerprints
+from fedunlearn.unlearning.escalation import Attempt
+from stores.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The ingest steps done: the batch's record as the journal now has it, and the deleted rows'
+    bytes when this process read them (memory only; None when an earlier run took them)."""
+
+    record: BatchRecord
+    fingerprints: Fingerprints | None = None
+    # What this process's erasure scans found clean, per set of fingerprints: the scan before the
+    # receipt reads again only what changed since the scan after the ingest.
+    found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One deletion batch as every stage of ``process-deletions`` sees it: the workspace, its record,
+    the device chosen for the command, the forgetting policy (which tier may serve), the escalation's
+    attempts in order (``chosen_by_user``: the user named them, so the source's audit does not
+    reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
+    registered (read at entry) and, once applied, the deleted rows' bytes."""
+
+    ws: Workspace
+    record: BatchRecord
+    device: torch.device
+    forgetting: ForgettingPolicy
+    attempts: tuple[Attempt, ...]
+    chosen_by_user: bool
+    gates: PromotionGates
+    retrain_reference: bool = False
+    registered: Mapping[int, Any] = field(default_factory=dict)
+    fingerprints: Fingerprints | None = None
+    found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def scenario(self) -> str:
+        return self.record.scenario
+
+    @property
+    def batch_id(self) -> str:
+        return self.record.batch_id
+
+    @property
+    def device_name(self) -> str:
+        """The device as the flows this batch starts take it (their ``device`` parameter)."""
+        return str(self.device)
+
+    def applied(self, done: Applied) -> Batch:
+        return replace(self, record=done.record, fingerprints=done.fingerprints, found_clean=done.found_clean)
+
+
+@dataclass(frozen=True)
+class Unlearned:
+    """``unlearn-and-register`` done: every attempt registered and gated, the one chosen last."""
+
+    batch: Batch
+    unlearning: BatchUnlearning
+
+
+@dataclass(frozen=True)
+class Receipted:
+    """``promote-and-receipt`` done: alias ``current`` moved, the receipt written at ``path``."""
+
+    batch: Batch
+    receipt: Receipt
+    path: Path

