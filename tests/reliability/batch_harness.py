@@ -330,6 +330,28 @@ def trained_workspace(scratch: Path, template: Path) -> Iterator[tuple[Cli, Samp
         server.stop()
 
 
+@contextmanager
+def prefect_server(scratch: Path) -> Iterator[str]:
+    """A Prefect server (API only) for the harness's CLI runs; its URL. It stops afterwards."""
+    server = PrefectServer(scratch / "prefect-server", services=False, env=base_environment(scratch / "prefect-home"))
+    server.launch()
+    try:
+        yield server.wait_until_healthy()
+    finally:
+        server.stop()
+
+
+@contextmanager
+def workspace_copy(scratch: Path, template: Path, api_url: str) -> Iterator[tuple[Cli, SampleIds]]:
+    """A copy of ``template`` of its own, the CLI against the server at ``api_url``, and the copy's
+    unused sample IDs; no run of the CLI outlives it."""
+    cli = Cli(copy_workspace(template, scratch / "workspace"), api_url, scratch)
+    try:
+        yield cli, SampleIds(cli.workspace)
+    finally:
+        cli.kill_leftovers()
+
+
 def wait_for(condition: Callable[[], bool], runs: list[Running], timeout: float = RUN_TIMEOUT_S) -> None:
     """Poll ``condition`` until it holds; give up when every run has exited or time is up."""
     deadline = time.monotonic() + timeout

@@ -4,8 +4,8 @@ must show the batch finished exactly once: one ledger entry per request (none lo
 one unlearned model version and one receipt per batch, the alias `current` on an existing version
 the receipts account for, the inbox empty, every request file processed once, the lock free.
 
-Each stage is a new batch in the same workspace, so every batch also starts from whatever the
-killed and resumed batches before it left behind. The killed run starts its own Prefect server
+Each test has a copy of the trained workspace of its own (one Prefect server for the module), so
+no case depends on which ran before it. The killed run starts its own Prefect server
 (`runtime.local_server`), as a user's does: nothing it started may outlive it. The same holds for runs
 killed from outside at random moments. `make test` runs one stage and one outside kill,
 `make reliability` (RELIABILITY_FULL=1) all six stages and eight outside kills.
@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from batch_harness import Stores, check_exactly_once, group_members, submit, tally, trained_workspace, wait_for
+from batch_harness import (Stores, check_exactly_once, group_members, prefect_server, submit, tally, wait_for,
+                           workspace_copy)
 from fedunlearn.faults import FAILPOINTS
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -36,16 +37,22 @@ IDS_PER_REQUEST = 10
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory, digits_hfl_template):
-    """A copy of the session's trained digits-hfl workspace for all stages, with this module's
-    Prefect server."""
-    with trained_workspace(tmp_path_factory.mktemp("fault-injection"), digits_hfl_template) as bench:
+def api_url(tmp_path_factory):
+    """The module's Prefect server."""
+    with prefect_server(tmp_path_factory.mktemp("fault-injection")) as url:
+        yield url
+
+
+@pytest.fixture
+def bench(tmp_path, digits_hfl_template, api_url):
+    """A copy of the session's trained digits-hfl workspace for this test alone."""
+    with workspace_copy(tmp_path, digits_hfl_template, api_url) as bench:
         yield bench
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def submitted() -> list[str]:
-    """Every request submitted to the module's workspace, across stages."""
+    """Every request this test submitted to its workspace."""
     return []
 
 
