@@ -62,10 +62,10 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     init_workspace(root)
     prepare_flow_run()
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
-    rows = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
+    result = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
                      backdoor=args.backdoor, root=str(root), device=args.device, method_options=args.method_options,
                      ulira_pairs=args.ulira, rounds=args.rounds, local_epochs=args.local_epochs)
-    print("\n" + markdown_table(rows, SUMMARY_KEYS))
+    print("\n" + markdown_table(result.rows, SUMMARY_KEYS))
     print(f"\nwrote {out}/results.json, results.md, plots and certificates/")
     if baseline is None:
         return 0

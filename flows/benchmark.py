@@ -19,6 +19,7 @@ from fedunlearn.evaluation.records import ResultRow
 from fedunlearn.training import prepare_unlearning, trained
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import is_exact_retrain
+from flows.results import BenchmarkResult
 from tasks.benchmark import audit_ulira, log_benchmark, train_or_reuse_original, write_report
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import evaluate
@@ -66,7 +67,7 @@ def add_ulira(setup, records: list[dict], attacks: dict, retrain_test_acc: float
 def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", methods: str = "all",
               out: str = "results/benchmark", backdoor: bool = False, root: str = ".",
               device: str | None = None, method_options: dict[str, dict] | None = None,
-              ulira_pairs: int = 0, rounds: int | None = None, local_epochs: int | None = None) -> list[dict]:
+              ulira_pairs: int = 0, rounds: int | None = None, local_epochs: int | None = None) -> BenchmarkResult:
     """``ulira_pairs`` > 0 adds the per-example U-LiRA audit (2·pairs shadow federations per
     method: for small scenarios). ``rounds`` / ``local_epochs`` override the scenario's training
     protocol (original, retrain and every method's recovery use the same one)."""
@@ -122,4 +123,4 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
                   "flow_seconds": round(time.perf_counter() - started, 1)}
         files = write_report(Path(out).resolve(), records, attacks, histories, header, certificates)
         log_benchmark(ws, scenario, records, files, header)
-    return records
+    return BenchmarkResult(records)

@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
 
-from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.batch_decisions import DebtAction, debt_action
+from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
@@ -45,7 +45,7 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
-from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_method, default_escalation
+from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
 from flows.batch import Batch, Receipted
 from flows.debt import repay
 from flows.heartbeat import parent_heartbeat

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, model_serializer
+from pydantic import BaseModel, RootModel, model_serializer
 
 from fedunlearn.receipts import ModelRef
 from fedunlearn.requests.batch import QuarantineNote
@@ -65,6 +65,14 @@ class ReferenceResult(FlowResult):
     def of_training(cls, result: TrainResult) -> ReferenceResult:
         return cls(scenario=result.scenario, data_version=result.data_version, model_version=result.model_version,
                    reused=False, trained=result)
+
+
+class BenchmarkResult(RootModel[list[dict[str, Any]]]):
+    """``benchmark``: its rows, as results.json holds them (one per method, original and retrain first)."""
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.root
 
 
 class AuditReferencesResult(FlowResult):

@@ -27,7 +27,8 @@ from fedunlearn.training import TrainingRound, train
 from flows.results import TrainResult
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
-from tasks.models import BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, register_version, training_description
+from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
+                          start_run, training_description)
 from stores.registry import ModelWeights
 from tasks.training import map_with_prefect
 from stores.workspace import Workspace
@@ -78,14 +79,14 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
         if poisoned:
             tags["backdoor"] = backdoor_request or "inherited"
 
-        run_id = ws.registry.start_run(scenario, f"train-{scenario}", {
+        run_id = start_run(ws, scenario, f"train-{scenario}", {
             "scenario": scenario, "dataset": cfg.dataset, "setting": cfg.setting, "model": cfg.model,
             "seed": ws.params.seed, "device": str(dev), "data_version": data_version,
             **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
             **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
         # Training takes minutes: a failure in it (or a full disk at registration) ends the run as FAILED.
         with ws.registry.failed_on_error(run_id):
-            ws.registry.log_data_version(run_id, scenario, data_version, DATA_CONTEXTS[role])
+            log_data_version(ws, run_id, scenario, data_version, DATA_CONTEXTS[role])
             ref, metrics = train_and_register(ws, scenario, federation, tags, run_id, poisoned, training_description(
                 scenario, cfg, data_version, role, batch_id, len(poisoned)))
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)

@@ -160,6 +160,12 @@ def move_alias(ws: Workspace, scenario: str, alias: str, version: str) -> None:
     ws.registry.set_alias(scenario, alias, version)
 
 
+@task(name="start-run", cache_policy=NO_CACHE)
+def start_run(ws: Workspace, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> str:
+    """A new MLflow run of ``experiment`` with its parameters and tags; its ID."""
+    return ws.registry.start_run(experiment, run_name, params, tags)
+
+
 @task(name="tag-version", cache_policy=NO_CACHE)
 def tag_version(ws: Workspace, scenario: str, version: str, key: str, value: str) -> None:
     ws.registry.set_version_tag(scenario, version, key, value)

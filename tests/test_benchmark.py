@@ -51,7 +51,7 @@ def test_benchmark_writes_rows_plots_certificates_and_mlflow_runs(workspace, pre
     out = tmp_path / "bench"
     rows = benchmark(scenario="digits-hfl", request="client:largest", methods="ga,finetune", out=str(out),
                      backdoor=True, root=str(workspace),
-                     method_options={"finetune": {"rounds": 1}, "ga": {"recovery_rounds": 1}})
+                     method_options={"finetune": {"rounds": 1}, "ga": {"recovery_rounds": 1}}).rows
     assert [r["method"] for r in rows] == ["original", "retrain", "ga", "finetune"]
     saved = json.loads((out / "results.json").read_text())
     assert [r["method"] for r in saved] == [r["method"] for r in rows]
@@ -79,7 +79,7 @@ def test_benchmark_writes_rows_plots_certificates_and_mlflow_runs(workspace, pre
     assert all({"test_acc", "forget_acc", "mia_auc", "wall_seconds"} <= set(r.data.metrics) for r in children)
     # A second run reuses the original model instead of training it again.
     again = benchmark(scenario="digits-hfl", request="client:largest", methods="finetune", out=str(out),
-                      backdoor=True, root=str(workspace), method_options={"finetune": {"rounds": 1}})
+                      backdoor=True, root=str(workspace), method_options={"finetune": {"rounds": 1}}).rows
     assert again[0]["notes"] == {"reused": True}
     assert again[0]["test_acc"] == pytest.approx(by_method["original"]["test_acc"])
 

@@ -45,3 +45,11 @@ def test_a_reference_result_is_the_training_result_when_it_trained_and_three_fie
     closed = ReferenceResult.of_training(trained).model_copy(update={"closed": ["b1"]})
     assert closed.model_dump()["closed"] == ["b1"]
     assert RepayResult(scenario="s", repaid=[]).model_dump() == {"scenario": "s", "repaid": []}
+
+
+def test_a_benchmark_result_is_its_rows():
+    from flows.results import BenchmarkResult
+
+    rows = [{"method": "original", "test_acc": 0.9}, {"method": "retrain", "test_acc": 0.88}]
+
+    assert BenchmarkResult(rows).rows == rows and BenchmarkResult(rows).model_dump(mode="json") == rows
