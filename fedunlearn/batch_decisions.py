@@ -1,8 +1,10 @@
 """The decisions of a deletion batch, apart from the flow that carries them out: which model the
 batch unlearns from, which route it takes (unlearn and escalate, keep the source, retrain for new
-features, close without a model), when the escalation stops, and the receipt assembled from what
-the batch did. Plain functions of plain values: ``flows.unlearn`` and ``flows.promote`` call them,
-``tests/test_batch_decisions.py`` checks every branch without Prefect or a workspace.
+features, close without a model) and which attempts that leaves, when the escalation stops, what
+it does about the retrain debt (repay, schedule or nothing), and one receipt builder per outcome
+(served, no model left, closed by an exact retrain). Plain functions of plain values: the flows
+and tasks call them, ``tests/test_batch_decisions.py`` checks every branch without Prefect or a
+workspace.
 """
 
 from __future__ import annotations

@@ -55,20 +55,16 @@ class Batch:
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
-    def scenario(self) -> str:
-        return self.record.scenario
-
-    @property
-    def batch_id(self) -> str:
-        return self.record.batch_id
-
-    @property
     def device_name(self) -> str:
         """The device as the flows this batch starts take it (their ``device`` parameter)."""
         return str(self.device)
 
     def applied(self, done: Applied) -> Batch:
         return replace(self, record=done.record, fingerprints=done.fingerprints, found_clean=done.found_clean)
+
+    @property
+    def scenario(self) -> str:
+        return self.record.scenario
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, 
 from flows.batch import Applied
 from tasks.backup import sync_state
 from tasks.debt import close_by_retrain
-from tasks.progress import Owed, owed_batch
 from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
+from tasks.progress import Owed, owed_batch
 from tasks.requests import (append_ledger, close_batch, collect_inbox, file_applied_requests, open_batch,
                             quarantine_requests, recover_interrupted_batches, reproduce_versions)
 from tasks.validation import validate_requests

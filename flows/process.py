@@ -153,7 +153,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             receipted = promote_and_receipt(unlearned)
             publish_receipt(receipted.receipt)
         clock.stage("promote-and-receipt")
-        announce_processed(receipted.receipt.request_ids, scenario, "forgotten", batch.batch_id)
+        announce_processed(receipted.receipt.request_ids, scenario, "forgotten", batch.record.batch_id)
         debt, exact_run = settle_debt(ws, scenario, batch.device_name)
         publish_status(ws, scenario)
         clock.stage("debt-and-status")

@@ -19,9 +19,9 @@ from stores.registry import version_ref
 from stores.workspace import Workspace
 from tasks.backup import sync_state
 from tasks.debt import FORGETTING_TAG, mark_repaid, safe_start
+from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.models import move_alias, tag_version
 from tasks.receipts import write_receipt
-from tasks.erasure import capture_fingerprints, scan_stores
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
@@ -40,7 +40,8 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     the receipt. With a default DVC remote the data versions and the state are on it before the
     alias moves, and again with the receipt."""
     batch, unlearning = unlearned.batch, unlearned.unlearning
-    ws, record, scenario, batch_id, forgetting = batch.ws, batch.record, batch.scenario, batch.batch_id, batch.forgetting
+    ws, record, forgetting = batch.ws, batch.record, batch.forgetting
+    scenario, batch_id = record.scenario, record.batch_id
     chosen = unlearning.chosen
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
     # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.

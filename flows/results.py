@@ -119,11 +119,13 @@ class IngestResult(FlowResult):
 
 
 class AttemptLine(BaseModel):
-    """One attempt of the escalation as the command prints it."""
+    """One attempt of the escalation as the command prints it: what its gates said, and whether it
+    serves on the interim tier."""
 
     attempt: int
     method: str
     note: str | None = None
+    # None where no gate judged the attempt (an exact retrain needs none)
     verdict: str | None = None
     interim: bool | None = None
 

@@ -40,11 +40,11 @@ from stores.registry import ModelWeights, RegisteredModel
 from stores.workspace import Workspace
 from tasks.audit import audit, load_references, log_audit, log_source_audit
 from tasks.data import load_data, read_federation
+from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
                           log_run_metrics, register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
-from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.unlearning import unlearn_in_gpu_slot
 
 
@@ -105,7 +105,7 @@ def unlearn_and_register(batch: Batch) -> Unlearned:
                   sum(len(c) for c in federation.clients))
     if taken in (Route.exact_only, Route.retrain_for_new_features):
         get_run_logger().warning("batch %s deletes held-out samples, on which %s's feature transform is fit: every "
-                                 "sample's features moved, so the batch retrains exactly", batch.batch_id,
+                                 "sample's features moved, so the batch retrains exactly", batch.record.batch_id,
                                  batch.scenario)
     if taken is Route.retrain_for_new_features:
         return Unlearned(batch, retrain_for_new_features(batch, source))
@@ -116,13 +116,13 @@ def unlearn_and_register(batch: Batch) -> Unlearned:
     ctx = batch_context(batch, source, federation, forget, poisoned)
     if batch.retrain_reference:
         retrain_reference_flow(scenario=batch.scenario, root=str(ws.root), device=batch.device_name,
-                               batch_id=batch.batch_id)
+                               batch_id=batch.record.batch_id)
     ctx.reference = find_reference(ws, batch.scenario, record.data_version_after)
     if ctx.reference is not None:
         ctx.reference_eval = evaluate(ctx.evaluator, "retrained", federation.model_from(ctx.reference.state))
     source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=batch.gates,
                                 source_audit=ctx.source_audit.as_check(), canaries=ctx.source_audit.canaries)
-    log_source_audit(ws, source.ref.run_id, batch.batch_id, ctx.source_audit, source_gates)
+    log_source_audit(ws, source.ref.run_id, batch.record.batch_id, ctx.source_audit, source_gates)
     planned = attempts_for_route(taken, list(batch.attempts))
     ordered = attempts_in_order(planned, ws.scenario(batch.scenario).setting, ctx.source_audit.remembered(),
                                 batch.chosen_by_user)

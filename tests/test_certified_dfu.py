@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedunlearn.certify.budget import ResidualLedger, classical_delta, composition, gaussian_delta, gaussian_sigma
+from fedunlearn.certify.budget import ResidualBudget, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL, NOT_CERTIFIED, certificate_for
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.datasets import load_source
@@ -284,7 +284,7 @@ def test_registered_for_dfl_only_and_needs_a_topology(breast_cancer_oracle):
 # --- budget and sequences ----------------------------------------------------------------------------
 
 def test_ledger_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
-    ledger = ResidualLedger(1e-3).charge("b1", 2e-4, "newton").charge("b2", 5e-4, "newton")
+    ledger = ResidualBudget(1e-3).charge("b1", 2e-4, "newton").charge("b2", 5e-4, "newton")
     assert (ledger.used, ledger.left, ledger.retrains) == (pytest.approx(7e-4), pytest.approx(3e-4), 0)
     assert [e.budget_used for e in ledger.entries] == [2e-4, pytest.approx(7e-4)]
     assert ledger.admits(3e-4 * (1 - 1e-9)) and not ledger.admits(4e-4)
@@ -295,12 +295,12 @@ def test_ledger_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
     assert len(ledger.entries) == 2 and later.retrains == 1 and later.used == 1e-4
     assert later.entries[-1].triggering_bound == 4e-4 and len(later.since_retrain) == 1
     assert later.charge("b4", 6e-4, "newton").used == pytest.approx(7e-4)
-    assert ResidualLedger.from_json(later.to_json()) == later and later.to_dict()["releases_since_retrain"] == 1
+    assert ResidualBudget.from_json(later.to_json()) == later and later.to_dict()["releases_since_retrain"] == 1
     # Even a retrained model's bound may exceed B: that release is not certified, and nothing is left.
     over = later.charge("b4", 3e-3, "retrain", triggering_bound=2e-3)
     assert over.used == 3e-3 and over.left == 0 and over.entries[-1].budget_left == 0
     with pytest.raises(ValueError, match="residual budget must be finite and > 0"):
-        ResidualLedger(0.0)
+        ResidualBudget(0.0)
 
 
 def test_a_ledger_written_by_the_per_batch_rule_reads_back_summed():
@@ -308,7 +308,7 @@ def test_a_ledger_written_by_the_per_batch_rule_reads_back_summed():
     old = {"budget": 1e-3, "used": 4e-4, "left": 6e-4, "retrains": 0,
            "entries": [{"batch_id": "b1", "action": "newton", "residual_bound": 3e-4, "budget_left": 7e-4},
                        {"batch_id": "b2", "action": "newton", "residual_bound": 4e-4, "budget_left": 6e-4}]}
-    ledger = ResidualLedger.from_dict(old)
+    ledger = ResidualBudget.from_dict(old)
     assert ledger.used == pytest.approx(7e-4) and ledger.left == pytest.approx(3e-4)
     assert ledger.entries[0].budget_used is None and ledger.entries[0].triggering_bound is None
 

@@ -5,7 +5,7 @@ torch, no I/O.
 ``gaussian_sigma`` is the classical calibration σ = (Δ/ε)·√(2 ln(1.25/δ)) [1]_; ``gaussian_delta``
 the exact δ(ε) of the Gaussian mechanism [2]_, [3]_, from which ``classical_delta`` says whether the
 classical σ is valid at a given (ε, δ) (the method refuses a pair where it is not).
-``ResidualLedger`` keeps the data-dependent calibration [4]_: σ is fixed in advance from (ε, δ)
+``ResidualBudget`` keeps the data-dependent calibration [4]_: σ is fixed in advance from (ε, δ)
 and a budget B; each batch's measured distance bound r_t = ‖∇L_r(ŵ_t)‖/λ is charged, the sum since
 the last retrain may not exceed B, and a batch whose bound would not fit retrains instead and
 starts a new sum. ``composition`` states what the releases since the last retrain guarantee
@@ -107,10 +107,10 @@ class BudgetEntry:
 
 
 @dataclass(frozen=True)
-class ResidualLedger:
+class ResidualBudget:
     """Budget B and one entry per batch since the model was first unlearned; the budget used is
     the sum of the bounds since the last retrain (module docstring). Immutable: ``charge``
-    returns a new ledger."""
+    returns a new budget."""
 
     budget: float
     entries: tuple[BudgetEntry, ...] = field(default_factory=tuple)
@@ -142,7 +142,7 @@ class ResidualLedger:
         return self.used + residual_bound <= self.budget
 
     def charge(self, batch_id: str, residual_bound: float, action: str,
-               triggering_bound: float | None = None) -> "ResidualLedger":
+               triggering_bound: float | None = None) -> "ResidualBudget":
         """Record a release. "newton" adds its bound to the sum, and must fit; "retrain" starts a
         new sum with it, ``triggering_bound`` the bound that did not fit."""
         bound = float(residual_bound)
@@ -166,8 +166,8 @@ class ResidualLedger:
                 "releases_since_retrain": len(self.since_retrain), "entries": [asdict(e) for e in self.entries]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ResidualLedger":
-        """Reads what ``to_dict`` wrote, and ledgers written before the cumulative rule."""
+    def from_dict(cls, data: dict[str, Any]) -> "ResidualBudget":
+        """Reads what ``to_dict`` wrote, and budgets written before the cumulative rule."""
         known = {f.name for f in fields(BudgetEntry)}
         return cls(float(data["budget"]),
                    tuple(BudgetEntry(**{k: v for k, v in e.items() if k in known}) for e in data.get("entries", [])))
@@ -176,5 +176,5 @@ class ResidualLedger:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ResidualLedger":
+    def from_json(cls, text: str) -> "ResidualBudget":
         return cls.from_dict(json.loads(text))

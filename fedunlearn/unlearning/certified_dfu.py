@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedunlearn.certify.budget import ResidualLedger, classical_delta, composition, gaussian_delta, gaussian_sigma
+from fedunlearn.certify.budget import ResidualBudget, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL
 from fedunlearn.federation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
 from fedunlearn.federation.dpsgd import average_state
@@ -520,11 +520,11 @@ class CertifiedDFU(UnlearningMethod):
         bounds = [n / problem.lam if problem.lam > 0 else math.inf for n in norms]
         return _Step(best[1], min(bounds), kept, flops, steps, refreshes, bounds, len(partial) + refreshes * len(active))
 
-    def _ledger(self, fed_state: DecentralizedState) -> ResidualLedger:
+    def _ledger(self, fed_state: DecentralizedState) -> ResidualBudget:
         """The federation's ledger if it was kept with this budget, else a new one."""
         if fed_state.ledger is not None and float(fed_state.ledger["budget"]) == self.residual_budget:
-            return ResidualLedger.from_dict(fed_state.ledger)
-        return ResidualLedger(self.residual_budget)
+            return ResidualBudget.from_dict(fed_state.ledger)
+        return ResidualBudget(self.residual_budget)
 
     def _calibration_numbers(self, problem: FlatObjective, fed_state: DecentralizedState,
                              batch: DeletionBatch) -> dict[str, Any]:
@@ -543,7 +543,7 @@ class CertifiedDFU(UnlearningMethod):
         return {"sensitivity": sensitivity, "sigma": sigma, "constants": constants,
                 "delta_exact": gaussian_delta(sensitivity, sigma, self.epsilon)}
 
-    def _certificate_inputs(self, numbers: dict[str, Any], step: _Step, ledger: ResidualLedger, action: str,
+    def _certificate_inputs(self, numbers: dict[str, Any], step: _Step, ledger: ResidualBudget, action: str,
                             triggering_bound: float | None, convex: bool, sigma: float,
                             after: Topology) -> dict[str, Any]:
         budgeted = convex and self.calibration == "residual"
