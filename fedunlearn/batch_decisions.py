@@ -9,13 +9,14 @@ workspace.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from typing import Any, Callable, Mapping
 
-from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.certify.tiers import Tier, exact_due, repay_now, serves, tier_of
 from fedunlearn.config import ForgettingPolicy
@@ -91,7 +92,7 @@ class BatchUnlearning:
     source: ModelRef
     source_metrics: VersionMetrics
     attempts: list[AttemptRecord]
-    certificate: dict[str, Any]
+    certificate: Certificate | None  # the chosen attempt's; serialised only in the receipt
     cost: CostRecord
     forgotten_per_client: dict[str, int]
     reference: ModelRef | None = None
@@ -110,17 +111,31 @@ def metrics_of(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[s
             for k, v in VersionMetrics.of(evaluation, cost).to_dict().items()}
 
 
-def exact_certificate(scenario: str, batch_id: str, why: str) -> dict[str, Any]:
+def exact_certificate(scenario: str, batch_id: str, why: str) -> Certificate:
     """The certificate of a batch's exact retrain."""
-    return retrain_certificate(f"retrained from scratch on the retained data ({why})", scenario=scenario,
-                               batch_id=batch_id)
+    return retrain_certificate(f"retrained from scratch on the retained data ({why})", scenario, batch_id)
 
 
-def retrain_certificate(note: str, **batch: str) -> dict[str, Any]:
-    """An exact retrain's certificate as a receipt holds it; ``batch``: its scenario and batch ID, where
-    the retrain was the batch's own."""
-    return {"method": EXACT_RETRAIN_METHOD, "guarantee": EXACT_RETRAIN, "claimed": EXACT_RETRAIN, **batch,
-            "notes": [note]}
+def retrain_certificate(note: str, scenario: str = "", batch_id: str = "") -> Certificate:
+    """An exact retrain's certificate; ``scenario`` and ``batch_id`` where the retrain was a batch's own."""
+    return Certificate(method=EXACT_RETRAIN_METHOD, guarantee=EXACT_RETRAIN, claimed=EXACT_RETRAIN,
+                       scenario=scenario, batch_id=batch_id, notes=[note])
+
+
+def certificate_record(certificate: Certificate | None) -> dict[str, Any]:
+    """A certificate as a receipt records it. A method's, whole; an exact retrain's and an unchanged
+    model's carry no numbers or assumptions, so they name only what they say: the method, the
+    guarantee and (exact retrain) the claim, the batch it was made for and why."""
+    if certificate is None:
+        return {}
+    if certificate.method == UNCHANGED:
+        return {"method": UNCHANGED, "guarantee": certificate.guarantee}
+    if is_exact_retrain(certificate.method):
+        made_for = ({"scenario": certificate.scenario, "batch_id": certificate.batch_id} if certificate.batch_id
+                    else {})
+        return {"method": certificate.method, "guarantee": certificate.guarantee, "claimed": certificate.claimed,
+                **made_for, "notes": list(certificate.notes)}
+    return json.loads(certificate.to_json())
 
 
 class DebtAction(str, Enum):
@@ -186,9 +201,9 @@ def receipt_for(record: BatchRecord, unlearning: BatchUnlearning, aliases: dict[
         method=chosen.method, models={"original": aliases.get("original"), "source": unlearning.source,
                                       "unlearned": chosen.version, "retrained": retrained,
                                       "current": aliases.get("current")},
-        certificate=unlearning.certificate, gates=chosen.gates, attempts=unlearning.attempts, promoted=True,
-        metrics=metrics, costs=_costs(unlearning), erasure=erasure, source_gates=unlearning.source_gates, **tier,
-        batch_record=batch_record)
+        certificate=certificate_record(unlearning.certificate), gates=chosen.gates, attempts=unlearning.attempts,
+        promoted=True, metrics=metrics, costs=_costs(unlearning), erasure=erasure,
+        source_gates=unlearning.source_gates, **tier, batch_record=batch_record)
 
 
 def receipt_closed_by_retrain(record: BatchRecord, retrain: ModelRef, original: ModelRef | None, erasure: dict,
@@ -205,8 +220,8 @@ def receipt_closed_by_retrain(record: BatchRecord, retrain: ModelRef, original: 
         data_version_before=record.data_version_before, data_version_after=record.data_version_after,
         method=EXACT_RETRAIN_METHOD, models={"original": original, "source": None, "unlearned": retrain,
                                              "retrained": retrain, "current": retrain},
-        certificate=retrain_certificate(f"applied without unlearning; retrained from scratch on data version "
-                                        f"{retrain.data_version} ({by})"),
+        certificate=certificate_record(retrain_certificate(
+            f"applied without unlearning; retrained from scratch on data version {retrain.data_version} ({by})")),
         promoted=True, metrics={}, costs={}, erasure=erasure,
         exactly_forgotten=ExactForgetting(at=at, version=retrain.version, by=by), forgetting="exact",
         deadlines=deadlines, batch_record=batch_record)

@@ -5,7 +5,6 @@ exact retrain. Attempts an earlier run registered are read back, not redone."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -161,9 +160,9 @@ def batch_context(of: Batch, source: RegisteredModel, federation: Federation, ba
 
 
 def escalate(ctx: BatchContext, planned: list[Attempt],
-             forgetting: ForgettingPolicy) -> tuple[list[AttemptRecord], dict[str, Any], CostRecord]:
+             forgetting: ForgettingPolicy) -> tuple[list[AttemptRecord], Certificate | None, CostRecord]:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
-    attempts, certificate, cost = [], {}, CostRecord()
+    attempts, certificate, cost = [], None, CostRecord()
     for number, attempt in enumerate(planned):
         if attempt.exact:
             record, certificate, cost = try_exact(ctx, attempt, number, len(planned))
@@ -181,7 +180,7 @@ def escalate(ctx: BatchContext, planned: list[Attempt],
 
 
 def try_exact(ctx: BatchContext, attempt: Attempt, number: int,
-              steps: int) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
+              steps: int) -> tuple[AttemptRecord, Certificate, CostRecord]:
     """The escalation's last step: the reference of the new data version, or an exact retrain now;
     audited, described, no gate needed. It becomes the batch's reference."""
     ws, scenario, batch_id = ctx.ws, ctx.scenario, ctx.record.batch_id
@@ -203,7 +202,7 @@ def try_exact(ctx: BatchContext, attempt: Attempt, number: int,
 
 
 def try_method(ctx: BatchContext, attempt: Attempt, number: int,
-               steps: int) -> tuple[AttemptRecord, dict[str, Any], CostRecord]:
+               steps: int) -> tuple[AttemptRecord, Certificate, CostRecord]:
     """One unlearning attempt (or the one an earlier run registered, read back): evaluated, audited,
     registered, gated against the source or the reference, described."""
     ws, scenario, name = ctx.ws, ctx.scenario, f"{attempt.method}-{number}"
@@ -227,10 +226,10 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
         gate))
     record = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
                            certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
-    return record, json.loads(certificate.to_json()), outcome.cost
+    return record, certificate, outcome.cost
 
 
-def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: dict[str, Any], cost: CostRecord,
+def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: Certificate | None, cost: CostRecord,
                   source_gates: GateOutcome) -> BatchUnlearning:
     reference, reference_metrics = ctx.reference, None
     if reference is not None:
@@ -328,21 +327,21 @@ def keep_source(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
     ws, record, registered = batch.ws, batch.record, batch.registered
     exact = source.ref.role in ("original", "retrained")
     guarantee = EXACT_RETRAIN if exact else source.tags.get("certificate", EXACT_RETRAIN)
+    certificate = Certificate(method=UNCHANGED, guarantee=guarantee, claimed=guarantee, scenario=record.scenario,
+                              batch_id=record.batch_id, notes=["only held-out samples were deleted: the model "
+                                                               "never trained on them"])
     if 0 in registered:
         ref = ModelRef(version=str(registered[0].version), role="unlearned",
                        data_version=record.data_version_after, run_id=registered[0].run_id)
     else:
         federation = read_federation(ws, record.scenario, torch.device("cpu"), record.data_version_after)
         federation = with_weights(federation, source)
-        certificate = Certificate(method=UNCHANGED, guarantee=guarantee, claimed=guarantee, scenario=record.scenario,
-                                  batch_id=record.batch_id, notes=["only held-out samples were deleted: the model "
-                                                                   "never trained on them"])
         ref = register_attempt(ws, record, source, federation, Attempt(method=UNCHANGED), 0,
                                Outcome(source.state, CostRecord(0.0, 0.0, 0)), certificate, None)
     attempt = AttemptRecord(attempt=0, method=UNCHANGED, version=ref, certificate=guarantee,
                             metrics=metrics_of(None, CostRecord(0.0, 0.0, 0)),
                             note="only held-out samples deleted: nothing to unlearn")
-    return BatchUnlearning(source.ref, VersionMetrics(), [attempt], {"method": UNCHANGED, "guarantee": guarantee},
+    return BatchUnlearning(source.ref, VersionMetrics(), [attempt], certificate,
                         CostRecord(0.0, 0.0, 0), {})
 
 

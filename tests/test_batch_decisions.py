@@ -3,17 +3,18 @@ the escalation stops, the tier fields, the receipt assembled from an outcome."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
 
-from fedunlearn.batch_decisions import (BatchUnlearning, DebtAction, Route, attempts_for_route, attempts_in_order,
-                                        debt_action, exact_certificate, metrics_of, receipt_closed_by_retrain,
-                                        receipt_for, receipt_without_model, recorded_source, route, speedup, stops,
-                                        tier_fields)
-from fedunlearn.certify.certificate import EXACT_RETRAIN
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, DebtAction, Route, attempts_for_route,
+                                        attempts_in_order, certificate_record, debt_action, exact_certificate,
+                                        metrics_of, receipt_closed_by_retrain, receipt_for, receipt_without_model,
+                                        recorded_source, route, speedup, stops, tier_fields)
+from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import VersionMetrics
@@ -119,7 +120,8 @@ def outcome(method: str, with_reference: bool) -> BatchUnlearning:
                           gates=gates(False, False), metrics={})
     reference = VersionMetrics(test_acc=0.9, wall_seconds=20.0, flops=1e10, comm_bytes=5) if with_reference else None
     return BatchUnlearning(ref("3", "original"), VersionMetrics(test_acc=0.95), [first, chosen],
-                        {"method": method, "guarantee": "empirical"}, CostRecord(4.0, 1e9, 0), {"0": 1, "2": 1},
+                        Certificate(method=method, guarantee=EMPIRICAL_ONLY, claimed=EMPIRICAL_ONLY),
+                        CostRecord(4.0, 1e9, 0), {"0": 1, "2": 1},
                         ref("6", "retrained") if with_reference else None, reference)
 
 
@@ -155,7 +157,19 @@ def test_metrics_of_report_what_was_not_measured_as_none_and_the_exact_certifica
     metrics = metrics_of(None, CostRecord(2.0, math.nan, 0))
     assert metrics["wall_seconds"] == 2.0 and metrics["flops"] is None and metrics["test_acc"] is None
     certificate = exact_certificate(SCENARIO, "b1", "the escalation's last step")
-    assert certificate["guarantee"] == EXACT_RETRAIN and "the escalation's last step" in certificate["notes"][0]
+    assert certificate.guarantee == EXACT_RETRAIN and "the escalation's last step" in certificate.notes[0]
+    assert certificate_record(certificate) == {"method": "retrain", "guarantee": EXACT_RETRAIN,
+                                               "claimed": EXACT_RETRAIN, "scenario": SCENARIO, "batch_id": "b1",
+                                               "notes": certificate.notes}
+
+
+def test_a_receipt_records_a_method_certificate_whole_and_an_unchanged_model_by_its_guarantee():
+    method = Certificate(method="ga", guarantee=EMPIRICAL_ONLY, claimed=EMPIRICAL_ONLY, scenario=SCENARIO,
+                         batch_id="b1", numbers={"steps": 3})
+    unchanged = Certificate(method=UNCHANGED, guarantee=EXACT_RETRAIN, claimed=EXACT_RETRAIN, notes=["held out"])
+
+    assert certificate_record(method) == json.loads(method.to_json())
+    assert certificate_record(unchanged) == {"method": UNCHANGED, "guarantee": EXACT_RETRAIN}
 
 
 @pytest.mark.parametrize("taken", [Route.exact_only, Route.retrain_for_new_features])
