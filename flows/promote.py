@@ -22,6 +22,7 @@ from tasks.debt import FORGETTING_TAG, mark_repaid, safe_start
 from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.models import move_alias, tag_version
 from tasks.receipts import write_receipt
+from tasks.transparency import publish_tree_head_task
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
@@ -69,6 +70,8 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     path = write_receipt(ws, receipt)
     if is_exact_retrain(chosen.method) or exact is not None:  # an exact retrain serves: it repays earlier batches' debt
         mark_repaid(ws, scenario, (exact or chosen.version).version, f"batch {batch_id}")
+    # Signed before the state is pushed, so the snapshot on the remote carries the head that logs this batch.
+    publish_tree_head_task(ws.root, (exact or chosen.version).run_id)
     sync_state(ws.root, f"batch {batch_id}: receipt")
     failpoint("after-receipt")
     return Receipted(batch, receipt, path)

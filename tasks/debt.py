@@ -22,8 +22,9 @@ from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrai
                                  write_receipt)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
-from tasks.erasure import capture_fingerprints, scan_stores
+from stores.transparency import publish_tree_head
 from stores.workspace import Workspace
+from tasks.erasure import capture_fingerprints, scan_stores
 
 REPAY_DEPLOYMENT = "repay-retrain-debt/weekly"
 FORGETTING_TAG = "forgetting"  # MLflow version tag: interim | exact | formal
@@ -117,6 +118,8 @@ def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[str
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=version, by=by)
         write_receipt(ws.root, receipt)
         repaid.append(receipt.batch_id)
+    if repaid:  # the exact-forgetting statements go into the Merkle log under a newly signed head
+        publish_tree_head(ws.root, ws.registry.version(scenario, version).run_id)
     return repaid
 
 
@@ -142,4 +145,6 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
             utc_now(), record.deadlines(ws.params.requests.deadline_days),
             ws.relative(record_path(ws.folders, record.batch_id))))
         closed.append(record.batch_id)
+    if closed:
+        publish_tree_head(ws.root, version.run_id)
     return closed

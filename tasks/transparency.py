@@ -1,12 +1,9 @@
 """The Merkle log's tree head published with a batch, as a Prefect task run (issue 39, item 4).
 
-Where it belongs (not wired here: the flows are being restructured, issue 36): right after the
-batch's receipt is written — ``tasks.receipts.write_receipt`` (called by flows/promote.py and
-flows/unlearn.py), before flows/promote.py's ``sync_state(..., "receipt")`` so that the state
-snapshot pushed to the DVC remote carries the new head — and after ``tasks.debt`` writes a receipt
-with ``exactly_forgotten`` (the exact-forgetting statement). One line each::
-
-    publish_tree_head_task(ws.root, receipt.models["unlearned"].run_id if receipt.models.get("unlearned") else None)
+``flows.promote.promote_and_receipt`` runs it right after the batch's receipt is written and before
+the state snapshot is pushed, so the snapshot on the DVC remote carries the head that logs the batch;
+``tasks.debt`` publishes (``stores.transparency.publish_tree_head``) after it marks receipts exactly
+forgotten, so the exact-forgetting statements are logged under a newly signed head.
 """
 
 from __future__ import annotations

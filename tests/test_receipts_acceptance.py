@@ -45,6 +45,10 @@ def as_subject(directory: Path, monkeypatch, *args: str) -> tuple[int, str]:
 def test_a_subject_verifies_alone_and_a_dishonest_operator_cannot_hide_a_dropped_request(batch, tmp_path,
                                                                                            monkeypatch):
     workspace, request_id, ids = batch
+    # The batch itself signed a head that logs its ledger entries and its receipt, before anyone asked.
+    logged = TransparencyLog(workspace).records()
+    assert TransparencyLog(workspace).head() and len(logged) >= 2
+    assert {r.kind for r in logged} >= {"deletion", "batch"}, {r.kind for r in logged}
     written = call_cli(workspace, "receipt", request_id, "--out", str(tmp_path / "r.tlog-proof"))
     assert written.status == 0, written.err
     subject = tmp_path / "subject"
