@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.batch import DeletionBatch, resolve_request
+
+if TYPE_CHECKING:  # annotations only: parsing a request needs no torch
+    from fedunlearn.federation.local import Tensors
 
 REQUEST_FORMS = "client:<id>[,<id>...] | class:<label>[,<label>...] | samples:<fraction>@<client id|all>"
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedunlearn.federation.local import Tensors
+if TYPE_CHECKING:  # annotations only: parsing a request needs no torch
+    from fedunlearn.federation.local import Tensors
+
 
 REQUEST_KINDS = ("sample", "class", "client")
 
