@@ -126,6 +126,17 @@ def end_command() -> None:
     _COMMAND_SCOPE.close()
 
 
+def require_scenario(root, scenario: str) -> None:
+    """Before anything starts (a Prefect server, a flow run): ``scenario`` is one params.yaml defines,
+    else one line naming those it does (exit 2)."""
+    from fedunlearn.config import load_params
+    from fedunlearn.errors import InputError
+
+    known = load_params(root / "params.yaml").scenarios
+    if scenario not in known:
+        raise InputError(f"unknown scenario {scenario!r}; params.yaml defines: {', '.join(known)}")
+
+
 def require_data_for_requests(root, scenario: str, command: str) -> None:
     """Before a flow starts: requests of ``scenario`` waiting in the inbox are checked against its
     data, so a workspace initialised but never prepared is told to run `fedunlearn prepare` (exit 2)

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from cli.common import (DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary,
-                        require_data_for_requests)
+                        require_data_for_requests, require_scenario)
 from fedunlearn.device import DEVICE_CHOICES
 
 
@@ -74,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_process(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from flows.process import process_deletions
     from stores.workspace import init_workspace
 
@@ -93,6 +94,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from flows.reference import retrain_reference
     from stores.workspace import init_workspace
 
@@ -105,6 +107,7 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from flows.debt import repay_retrain_debt
     from stores.workspace import init_workspace
 
