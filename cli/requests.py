@@ -94,11 +94,31 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
     request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject,
                              "deadline": args.deadline})
+    if kind is RequestKind.SAMPLE:
+        require_known_ids(root, args.scenario, request.sample_ids)
     path = submit_request(RequestFolders.create(root), request)
     print(request.request_id)
     print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only "
           f"delete the data: `fedunlearn ingest --scenario {args.scenario}`)", file=sys.stderr)
     return 0
+
+
+def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:
+    """Sample IDs the scenario's partition never held are refused now (exit 2, nothing submitted),
+    not quarantined by the next batch. Before `fedunlearn prepare` there is nothing to check against:
+    the batch checks them then. Already-deleted IDs are the batch's to report (it reads the ledger)."""
+    from fedunlearn.data.store import PARTITIONS_DIR
+    from fedunlearn.errors import InputError
+    from fedunlearn.requests.catalog import load_catalog
+
+    if not (root / PARTITIONS_DIR / scenario / "manifest.json").is_file():
+        return
+    known = load_catalog(scenario, root, set()).labels
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise InputError(f"{len(unknown)} of {len(ids)} sample ID(s) are not in {scenario}'s data: {shown}; nothing "
+                         f"was submitted — list the valid ones with `fedunlearn ids --scenario {scenario}`")
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:

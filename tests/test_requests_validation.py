@@ -245,3 +245,16 @@ def test_a_client_with_nothing_left_is_already_deleted(folders, prepared, client
     plan = validate_requests.fn(Workspace.open(prepared), SCENARIO, pending(request(kind="client", client=2)))
     assert plan.rejected[0].reason.startswith("client 2 has no remaining training samples in digits-hfl: already "
                                               "deleted")
+
+
+def test_request_refuses_sample_ids_the_data_never_held_and_submits_nothing(folders, client_ids, capsys):
+    from cli import main
+
+    root = folders.workspace
+    refused = main(["--root", str(root), "request", "samples", "--scenario", SCENARIO,
+                    "--ids", client_ids[0][0], "digits-99999", "does-not-exist"])
+    error = capsys.readouterr().err
+    assert refused == 2 and "2 of 3 sample ID(s) are not in digits-hfl's data: digits-99999, does-not-exist" in error
+    assert "fedunlearn ids --scenario digits-hfl" in error and list(folders.inbox.iterdir()) == []
+    accepted = main(["--root", str(root), "request", "samples", "--scenario", SCENARIO, "--ids", client_ids[0][0]])
+    assert accepted == 0 and len(list(folders.inbox.iterdir())) == 1
