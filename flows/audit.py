@@ -24,7 +24,13 @@ from stores.workspace import Workspace
 @flow(name="train-audit-references", log_prints=True)
 def audit_references(scenario: str = "mnist5k-hfl", root: str = ".",
                      device: str | None = None) -> AuditReferencesResult:
-    """Train and register ``scenario``'s audit reference models on its current held-out split."""
+    """Train and register ``scenario``'s audit reference models on its current held-out split.
+
+    Args:
+        scenario: a scenario of the workspace's params.yaml.
+        root: the workspace (the directory holding params.yaml).
+        device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
+    """
     ws = Workspace.open(root)
     data_version = reproduce_data(ws, scenario)
     federation = load_data(ws, scenario, command_device(ws, device))

@@ -29,7 +29,13 @@ LOCK_TIMEOUT_S = 1800.0
 def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> RepayResult:
     """Retrain ``scenario`` exactly on its current data version and serve it, if any request was
     forgotten only approximately since the last exact retrain. Holds the batch lock: no deletion
-    batch moves the data or ``current`` meanwhile."""
+    batch moves the data or ``current`` meanwhile.
+
+    Args:
+        scenario: a scenario of the workspace's params.yaml.
+        root: the workspace (the directory holding params.yaml).
+        device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
+    """
     ws = Workspace.open(root)
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"), parent_heartbeat():
         return repay(ws, scenario, device)

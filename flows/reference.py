@@ -33,7 +33,15 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
     alias ``retrained``; a data version that already has its reference keeps it (retraining is
     deterministic for a seed, so a second one would be the same model). Batches applied without
     unlearning (``fedunlearn ingest``) leave ``current`` on a model of their deleted samples: with
-    ``close_open`` (and outside a batch) the retrain serves instead and each gets its receipt."""
+    ``close_open`` (and outside a batch) the retrain serves instead and each gets its receipt.
+
+    Args:
+        scenario: a scenario of the workspace's params.yaml.
+        root: the workspace (the directory holding params.yaml).
+        device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
+        batch_id: the deletion batch this retrain is the reference for; empty outside a batch.
+        close_open: let the retrain serve (alias current) and close batches applied without unlearning.
+    """
     ws = Workspace.open(root)
     data_version = reproduce_data(ws, scenario)
     existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)

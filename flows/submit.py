@@ -19,7 +19,13 @@ from stores.workspace import Workspace
 def submit_deletion_requests(requests: list[DeletionRequestModel], scenario: str = "mnist5k-hfl",
                              root: str = ".") -> list[str]:
     """Write ``requests`` to the inbox of ``scenario`` (a request naming no scenario gets it);
-    returns the files written. Nothing is applied here."""
+    returns the files written. Nothing is applied here.
+
+    Args:
+        requests: the deletion requests (kind, sample IDs, client or label, reason, deadline).
+        scenario: the scenario a request naming none belongs to.
+        root: the workspace (the directory holding params.yaml).
+    """
     ws = Workspace.open(root)
     ws.params.scenario(scenario)
     written = submit_requests(ws, scenario, requests)
