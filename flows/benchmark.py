@@ -70,21 +70,7 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
               ulira_pairs: int = 0, rounds: int | None = None, local_epochs: int | None = None) -> BenchmarkResult:
     """``ulira_pairs`` > 0 adds the per-example U-LiRA audit (2·pairs shadow federations per
     method: for small scenarios). ``rounds`` / ``local_epochs`` override the scenario's training
-    protocol (original, retrain and every method's recovery use the same one).
-
-    Args:
-        scenario: a scenario of the workspace's params.yaml.
-        request: what to forget: client:<id>[,<id>...], class:<label>[,...] or samples:<fraction>@<client|all>.
-        methods: comma-separated registered methods, or all (every method for the setting and kind).
-        out: where the results table and plots go.
-        backdoor: put a trigger on the forget samples before training, and report the backdoor.
-        root: the workspace (the directory holding params.yaml).
-        device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
-        method_options: per method, its hyperparameters (e.g. {"puf-special": {"eta_u": 4.0}}).
-        ulira_pairs: > 0 adds the per-example U-LiRA audit with 2·pairs shadow federations per method.
-        rounds: training rounds instead of the scenario's (original, retrain and recovery alike).
-        local_epochs: local epochs instead of the scenario's.
-    """
+    protocol (original, retrain and every method's recovery use the same one)."""
     started = time.perf_counter()
     ws = with_protocol(Workspace.open(root), scenario, rounds, local_epochs)
     cfg = ws.scenario(scenario)
