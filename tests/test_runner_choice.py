@@ -72,3 +72,21 @@ def test_flower_attempts_refuse_a_chosen_method_or_option_flower_lacks():
     with pytest.raises(InputError, match="max_doublings"):
         flower_attempts(Runner.flower, [Attempt(method="puf-special", options={"max_doublings": 2})], SUPPORTED,
                         True)
+
+
+def test_the_ui_forms_have_the_runner_with_its_description():
+    from flows.process import process_deletions
+    from flows.train import train_federated
+
+    for flow in (train_federated, process_deletions):
+        field = flow.parameters.properties["runner"]
+        assert field["default"] is None and "flower-simulation" in field["description"]
+
+
+def test_flower_methods_are_the_apps_with_their_options():
+    from tasks.unlearning import flower_methods
+
+    methods = flower_methods()
+    assert set(methods) == {"puf-special", "puf-regular", "hf-kcu"}
+    assert {"eta_u", "max_recovery_rounds", "target_test_acc"} <= methods["puf-special"]
+    assert "max_doublings" not in methods["puf-special"]
