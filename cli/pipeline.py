@@ -22,19 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "from the current model, certify and evaluate the result, register it as a new version, move "
                     "the alias 'current' to it if it passes the gates, and write data/receipts/<batch_id>.json. "
                     "With nothing pending it changes nothing; after a failure, running it again resumes the batch.")
-    process.add_argument("--scenario", default=DEFAULT_SCENARIO)
-    process.add_argument("--method", default="auto",
-                         help="unlearning method (default auto: puf-special for HFL, fedora for VFL class "
-                              "requests and ga for VFL sample requests, certified-dfu for DFL)")
-    process.add_argument("--method-options", type=json.loads, default={}, metavar="JSON",
-                         help='the method\'s hyperparameters, e.g. \'{"max_recovery_rounds": 5}\'')
-    process.add_argument("--retrain", action="store_true",
-                         help="also retrain the reference on the new data version (the gates then compare with it)")
-    process.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
-    process.add_argument("--forgetting-policy", choices=["interim", "strict"],
-                         help="override params.yaml's forgetting_policy: interim (an approximate version that fails no "
-                              "check serves now, an exact retrain is scheduled before the deadlines) or strict "
-                              "(escalate until a version passes every check, an exact retrain at worst)")
+    add_process_arguments(process)
     process.set_defaults(handler=run_process)
 
     retrain = sub.add_parser("retrain", help="retrain the reference model on the current data version",
@@ -73,6 +61,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+def add_process_arguments(process: argparse.ArgumentParser) -> None:
+    process.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    process.add_argument("--method", default="auto",
+                         help="unlearning method (default auto: puf-special for HFL, fedora for VFL class "
+                              "requests and ga for VFL sample requests, certified-dfu for DFL)")
+    process.add_argument("--method-options", type=json.loads, default={}, metavar="JSON",
+                         help='the method\'s hyperparameters, e.g. \'{"max_recovery_rounds": 5}\'')
+    process.add_argument("--retrain", action="store_true",
+                         help="also retrain the reference on the new data version (the gates then compare with it)")
+    process.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    process.add_argument("--forgetting-policy", choices=["interim", "strict"],
+                         help="override params.yaml's forgetting_policy: interim (an approximate version that fails no "
+                              "check serves now, an exact retrain is scheduled before the deadlines) or strict "
+                              "(escalate until a version passes every check, an exact retrain at worst)")
+    process.add_argument("--runner", choices=["in-process", "flower", "flower-simulation"],
+                         help="the engine that unlearns (default: the scenario's runner in params.yaml, else "
+                              "in-process): flower = a local Flower deployment, flower-simulation = Flower's "
+                              "simulation engine (HFL; the exact retrain stays in-process)")
+
+
 def run_process(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from flows.process import process_deletions
@@ -83,7 +91,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     prepare_flow_run()
     result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
                                retrain_reference=args.retrain, method_options=args.method_options,
-                               device=args.device, forgetting_policy=args.forgetting_policy)
+                               device=args.device, forgetting_policy=args.forgetting_policy, runner=args.runner)
     print_summary(result)
     if result.receipt is None:
         if result.exact_run:  # nothing pending, but the retrain debt could not wait

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cli.common import DEFAULT_SCENARIO, prepare_flow_run
 from fedunlearn.device import DEVICE_CHOICES
+from fedunlearn.runner_choice import ENGINE_RUNNERS, TASK_RUNNERS, split_train_runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +35,11 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local-epochs", type=int, help="override params.yaml's train.local_epochs")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
     parser.add_argument("--inline", action="store_true", help="run client updates inline, not as task runs")
-    parser.add_argument("--runner", choices=["thread", "dask", "ray"], default="thread",
-                        help="Prefect task runner for client updates (dask/ray need prefect-dask/prefect-ray)")
+    parser.add_argument("--runner", choices=[*TASK_RUNNERS, *ENGINE_RUNNERS],
+                        help="the engine: in-process (default: the scenario's runner in params.yaml, else this), "
+                             "flower (a local Flower deployment) or flower-simulation (HFL); or the in-process "
+                             "engine's Prefect task runner for client updates: thread (default), dask, ray "
+                             "(dask/ray need prefect-dask/prefect-ray)")
     parser.add_argument("--runner-address", help="address of an existing Dask scheduler or Ray cluster")
     parser.add_argument("--backdoor", action="store_true",
                         help="put the 4×4 trigger with target label 0 on the --request samples before training "
@@ -53,16 +57,19 @@ def train(args: argparse.Namespace, root: Path) -> dict:
         raise ValueError("--backdoor and --request go together: --backdoor --request client:largest")
     init_workspace(root)
     prepare_flow_run()
-    flow = train_federated.with_options(task_runner=make_task_runner(args.runner, args.runner_address))
+    task_runner, engine = split_train_runner(args.runner)
+    flow = train_federated.with_options(task_runner=make_task_runner(task_runner, args.runner_address))
     return flow(scenario=args.scenario, root=str(root), rounds=args.rounds, local_epochs=args.local_epochs,
-                client_tasks=not args.inline, device=args.device, backdoor_request=args.request)
+                client_tasks=not args.inline, device=args.device, backdoor_request=args.request,
+                runner=engine.value if engine else None)
 
 
 def run_train(args: argparse.Namespace, root: Path) -> int:
     result = train(args, root)
     poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
     print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
-          f"registered version {result.model_version} (alias 'original') in {result.wall_seconds:.0f} s"
+          f"registered version {result.model_version} (alias 'original', runtime {result.runtime}) in "
+          f"{result.wall_seconds:.0f} s"
           f"{poisoned}")
     return 0
 

@@ -65,6 +65,17 @@ class TopologyConfig(_Strict):
     seed: int | None = Field(None, description="Erdős–Rényi seed (None: the params' global seed)")
 
 
+class Runner(str, Enum):
+    """What computes a scenario's federated training and unlearning: our own loop (``in-process``,
+    the default and the tests' engine), or the Flower app (``fedunlearn_flower``) on a local
+    deployment (``flower``: a SuperLink and a SuperNode per client on 127.0.0.1) or on Flower's
+    simulation engine (``flower-simulation``). Flower runs the HFL scenarios only."""
+
+    in_process = "in-process"
+    flower = "flower"
+    flower_simulation = "flower-simulation"
+
+
 class ScenarioConfig(_Strict):
     dataset: str
     setting: Setting
@@ -76,6 +87,8 @@ class ScenarioConfig(_Strict):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads while the benchmark and the deletion "
                                 "batches compute (None: torch's default, one per core); 1 suits models whose steps "
                                 "are too small for a second thread to pay off")
+    runner: Runner = Field(Runner.in_process, description="the engine of training and unlearning: in-process (our "
+                           "loop), flower (a local Flower deployment) or flower-simulation; Flower is HFL only")
 
     @model_validator(mode="after")
     def _partition_matches_setting(self) -> "ScenarioConfig":

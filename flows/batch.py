@@ -14,7 +14,7 @@ import torch
 
 from fedunlearn.batch_decisions import BatchUnlearning
 from fedunlearn.certify.gates import PromotionGates
-from fedunlearn.config import ForgettingPolicy
+from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.erasure import Fingerprints
@@ -40,7 +40,8 @@ class Batch:
     the device chosen for the command, the forgetting policy (which tier may serve), the escalation's
     attempts in order (``chosen_by_user``: the user named them, so the source's audit does not
     reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
-    registered (read at entry) and, once applied, the deleted rows' bytes."""
+    registered (read at entry), once applied, the deleted rows' bytes, and the engine of the
+    unlearning attempts (``runner``)."""
 
     ws: Workspace
     record: BatchRecord
@@ -53,6 +54,7 @@ class Batch:
     registered: Mapping[int, Any] = field(default_factory=dict)
     fingerprints: Fingerprints | None = None
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
+    runner: Runner = Runner.in_process
 
     @property
     def device_name(self) -> str:

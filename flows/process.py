@@ -34,15 +34,17 @@ from enum import Enum
 from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
+from pydantic import Field
 
 from fedunlearn.batch_decisions import DebtAction, debt_action
 from fedunlearn.certify.gates import PromotionGates
-from fedunlearn.config import ForgettingPolicy
+from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
+from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
@@ -63,12 +65,15 @@ from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
 from tasks.status import publish_status
-from tasks.unlearning import gpu_slot
+from tasks.unlearning import flower_methods, gpu_slot
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
 # A batch triggered while another runs waits for it (unlearning, evaluation and an optional retrain
 # take minutes) instead of failing; past this it exits with BatchInProgress and its requests wait.
 BATCH_LOCK_TIMEOUT_S = 1800.0
+RUNNER_FIELD = ("the engine of the unlearning attempts: in-process (our loop), flower (a local Flower deployment) or "
+                "flower-simulation (Flower's simulation engine); HFL only, the exact retrain stays in-process. Empty: "
+                "the scenario's runner in params.yaml, else in-process")
 
 
 def choose_method(method: MethodChoice | str, setting: str, kind: str | None = None) -> str:
@@ -119,19 +124,22 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                       requests: list[DeletionRequestModel] | None = None, retrain_reference: bool = False,
                       gates: PromotionGates | None = None, method_options: dict[str, Any] | None = None,
                       escalation: list[Attempt] | None = None, device: str | None = None,
-                      forgetting_policy: ForgettingPolicy | None = None) -> ProcessResult:
+                      forgetting_policy: ForgettingPolicy | None = None,
+                      runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> ProcessResult:
     """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
     the Prefect UI) go to the inbox first. ``method`` ``auto`` is the setting's default; ``escalation``
     the attempts in order (default: the method, stronger, another method, exact retrain);
     ``retrain_reference`` retrains the gold standard on the new data version first, for the gates.
     ``forgetting_policy`` (default params.yaml's): ``interim`` serves the first attempt that fails no
     check and keeps utility, the exact retrain scheduled before the deadlines; ``strict`` escalates
-    until an attempt passes every check. With nothing pending nothing changes."""
+    until an attempt passes every check. ``runner`` (default the scenario's): the engine of the
+    unlearning attempts; the exact retrain stays in-process. With nothing pending nothing changes."""
     clock, ws = FlowClock(), Workspace.open(root)
     cfg = ws.scenario(scenario)
     choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),
-                    retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy))
-    choose_method(method, cfg.setting)  # an unknown name fails before anything is taken
+                    retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy),
+                    choose_runner(runner, cfg.runner))
+    check_runner(choice, scenario, cfg.setting)  # an unknown name, or one the engine lacks, fails before anything is taken
     if requests:
         submit_requests(ws, scenario, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
@@ -171,7 +179,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
 class Choice:
     """What the caller chose for the batch: the method (``auto``: the setting's default) and its
     options, the escalation's attempts if named, the gates, whether to retrain the reference first,
-    and the forgetting policy."""
+    the forgetting policy, and the engine of the unlearning."""
 
     method: MethodChoice
     method_options: dict[str, Any]
@@ -179,11 +187,21 @@ class Choice:
     gates: PromotionGates
     retrain_reference: bool
     forgetting: ForgettingPolicy
+    runner: Runner = Runner.in_process
 
     @property
     def by_user(self) -> bool:
         """The user named the attempts, so the source's audit does not reorder them."""
         return bool(self.escalation or self.method_options) or self.method.value != "auto"
+
+
+def check_runner(choice: Choice, scenario: str, setting: str) -> None:
+    """The chosen method exists, and the chosen engine can run it on this scenario: checked before a
+    request is taken, so a wrong ``--runner`` leaves the inbox as it was."""
+    first = Attempt(method=choose_method(choice.method, setting), options=choice.method_options)
+    check_flower_training(choice.runner, scenario, setting)
+    if not first.exact:
+        flower_attempts(choice.runner, [first], flower_methods(), True)
 
 
 def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None) -> Batch:
@@ -198,8 +216,10 @@ def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
     attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
                 else default_escalation(setting, record.kind, first))
+    attempts = flower_attempts(choice.runner, attempts, flower_methods(), choice.by_user)
     return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(attempts), choice.by_user,
-                 choice.gates, choice.retrain_reference, attempts_registered(ws, record.scenario, record.batch_id))
+                 choice.gates, choice.retrain_reference, attempts_registered(ws, record.scenario, record.batch_id),
+                 runner=choice.runner)
 
 
 def print_timings(timings: Timings) -> None:

@@ -45,6 +45,7 @@ class TrainResult(FlowResult):
     device: str
     wall_seconds: float
     backdoor_samples: int
+    runtime: str = "in-process"
 
 
 class ReferenceResult(FlowResult):

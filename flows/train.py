@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from pydantic import Field
 
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.certify.certificate import EXACT_RETRAIN, NOT_CERTIFIED
+from fedunlearn.config import Runner, ScenarioConfig
 from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.federation.local import map_inline
 from fedunlearn.federation.protocol import Federation
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.receipts import ModelRef
+from fedunlearn.runner_choice import check_flower_training, flower_engine, runtime_tag, training_runner
 from fedunlearn.training import TrainingRound, train
 from flows.results import TrainResult
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
@@ -30,15 +35,21 @@ from tasks.evaluation import accuracy
 from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
                           start_run, training_description)
 from stores.registry import ModelWeights
-from tasks.training import map_with_prefect
+from tasks.training import map_with_prefect, train_through_flower
 from stores.workspace import Workspace
+
+
+RUNNER_FIELD = ("the engine that trains: in-process (our loop), flower (a local Flower deployment: a SuperLink and a "
+                "SuperNode per client on 127.0.0.1) or flower-simulation (Flower's simulation engine); Flower runs HFL "
+                "scenarios only. Empty: the scenario's runner in params.yaml, else in-process")
 
 
 @flow(name="train-federated", log_prints=True)
 def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int | None = None,
                     local_epochs: int | None = None, client_tasks: bool = True,
                     device: str | None = None, backdoor_request: str | None = None,
-                    role: Literal["original", "retrained"] = "original", batch_id: str | None = None) -> TrainResult:
+                    role: Literal["original", "retrained"] = "original", batch_id: str | None = None,
+                    runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> TrainResult:
     """Train the scenario's federated model (any setting) from scratch on the current data version
     and register it as the ``original`` version. ``client_tasks=False`` runs the units of work
     (client / party / node updates) inline instead of as task runs. ``backdoor_request`` (a
@@ -47,19 +58,13 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
     name exactly them and every later version reports the backdoor. ``role="retrained"`` registers
     it as the exact reference of the data version instead (tag and alias ``retrained``;
     ``batch_id`` names the deletion batch it is the reference for): the lineage's backdoor samples
-    that are still in the data carry the trigger again, as in the original training."""
+    that are still in the data carry the trigger again, as in the original training. ``runner``:
+    the engine (``fedunlearn.runner_choice.training_runner``); Flower's trains in its own processes
+    and this flow registers its model as it registers ours, tag ``runtime`` saying which."""
     started = time.perf_counter()
     logger = get_run_logger()
     ws = Workspace.open(root)
-    cfg = ws.scenario(scenario)
-    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
-    if overrides:
-        ws.params.scenarios[scenario] = cfg.model_copy(update={"train": cfg.train.model_copy(update=overrides)})
-        cfg = ws.scenario(scenario)
-    if backdoor_request and cfg.setting == "vfl":
-        raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL); in VFL each party "
-                         "holds only a slice of it")
-
+    cfg, engine = training_setup(ws, scenario, rounds, local_epochs, bool(backdoor_request), runner, role)
     with intra_op_threads(cfg.threads):
         data_version = reproduce_data(ws, scenario)
         validate_partition(ws, scenario)
@@ -69,6 +74,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
                                backdoor_ids=poisoned)
         tags = {"role": role, "scenario": scenario, "data_version": data_version,
                 "certificate": EXACT_RETRAIN if role == "retrained" else NOT_CERTIFIED,  # nothing unlearned
+                "runtime": runtime_tag(engine),
                 **({"batch_id": batch_id} if batch_id else {})}
         if backdoor_request:
             spec = parse_request(backdoor_request)
@@ -92,7 +98,47 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
     logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)
     return TrainResult(scenario=scenario, data_version=data_version, test_acc=metrics.test_acc,
                        model_version=ref.version, run_id=run_id, device=str(dev),
-                       wall_seconds=time.perf_counter() - started, backdoor_samples=len(poisoned))
+                       wall_seconds=time.perf_counter() - started, backdoor_samples=len(poisoned),
+                       runtime=tags["runtime"])
+
+
+@dataclass
+class FlowerTrained:
+    """A model Flower trained, in the shape ``train`` returns (no per-node states in HFL)."""
+
+    state: dict
+    cost: CostRecord
+    node_states: None = None
+
+
+def runtime_runner(tags: dict[str, str]) -> Runner:
+    """The runner a version's ``runtime`` tag names."""
+    return next(r for r in Runner if runtime_tag(r) == tags["runtime"])
+
+
+def flower_trained(ws: Workspace, scenario: str, runner: Runner) -> FlowerTrained:
+    """The scenario trained through Flower (its rounds run in Flower's processes: no per-round
+    metrics here; the registered version's metrics are computed below as for ours)."""
+    state, runtime, cost = train_through_flower(ws, scenario, flower_engine(runner), ws.scenario(scenario).train.rounds)
+    print(f"trained through Flower ({runtime}) in {cost.wall_seconds:.1f} s")
+    return FlowerTrained(state, cost)
+
+
+def training_setup(ws: Workspace, scenario: str, rounds: int | None, local_epochs: int | None, backdoor: bool,
+                   runner: Runner | None, role: str) -> tuple[ScenarioConfig, Runner]:
+    """The scenario's configuration with the command's overrides, and the engine that trains it;
+    what cannot be trained as asked is refused before any work."""
+    cfg = ws.scenario(scenario)
+    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
+    if overrides:
+        ws.params.scenarios[scenario] = cfg.model_copy(update={"train": cfg.train.model_copy(update=overrides)})
+        cfg = ws.scenario(scenario)
+    if backdoor and cfg.setting == "vfl":
+        raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL); in VFL each party "
+                         "holds only a slice of it")
+    engine = training_runner(runner, cfg.runner, role)
+    check_flower_training(engine, scenario, cfg.setting, backdoor=backdoor, local_epochs=local_epochs)
+    return cfg, engine
 
 
 def train_and_register(ws: Workspace, scenario: str, federation: Federation, tags: dict[str, str], run_id: str,
@@ -107,7 +153,8 @@ def train_and_register(ws: Workspace, scenario: str, federation: Federation, tag
             print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
                   f"train_loss={step.train_loss:.4f}")
 
-        trained = train(federation, on_round=report)
+        trained = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
+                   else flower_trained(ws, scenario, runtime_runner(tags)))
     model = federation.model_from(trained.state)
     # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
     # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its

@@ -29,6 +29,7 @@ from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.receipts import AttemptRecord, ModelRef
 from fedunlearn.requests.batch import BatchRecord, record_path
+from fedunlearn.runner_choice import IN_PROCESS_RUNTIME, flower_engine
 from fedunlearn.unlearning.base import DeletionBatch, Outcome
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
 from flows.audit import audit_references
@@ -44,7 +45,7 @@ from tasks.evaluation import apply_gates, build_evaluator, evaluate
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
                           log_run_metrics, register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
-from tasks.unlearning import unlearn_in_gpu_slot
+from tasks.unlearning import unlearn_in_gpu_slot, unlearn_through_flower
 
 
 def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
@@ -78,6 +79,7 @@ class BatchContext:
     device: str
     reference: RegisteredModel | None = None
     reference_eval: Evaluation | None = None
+    engine: str | None = None  # Flower's engine for the method attempts; None: in-process
 
     @property
     def scenario(self) -> str:
@@ -156,7 +158,8 @@ def batch_context(of: Batch, source: RegisteredModel, federation: Federation, ba
     source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
                          clean_forget_labels)
     return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
-                        clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name)
+                        clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name,
+                        engine=flower_engine(of.runner))
 
 
 def escalate(ctx: BatchContext, planned: list[Attempt],
@@ -208,6 +211,9 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
     ws, scenario, name = ctx.ws, ctx.scenario, f"{attempt.method}-{number}"
     if number in ctx.registered:
         ref, outcome, certificate = read_attempt(ws, scenario, ctx.registered[number])
+    elif ctx.engine is not None:
+        outcome, certificate = unlearn_through_flower(ws, ctx.record, ctx.setup, ctx.source.state, attempt.method,
+                                                      ctx.source_eval.test_acc, attempt.options, ctx.engine)
     else:
         outcome, certificate = unlearn_in_gpu_slot(ctx.setup, ctx.source.state, attempt.method,
                                                    ctx.source_eval.test_acc, attempt.options)
@@ -251,7 +257,7 @@ def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel
     name = record.scenario
     tags = {"role": "unlearned", "scenario": name, "method": attempt.method, "batch_id": record.batch_id,
             "attempt": str(number), "data_version": record.data_version_after, "certificate": certificate.guarantee,
-            "source_version": source.ref.version}
+            "source_version": source.ref.version, "runtime": outcome.notes.get("runtime", IN_PROCESS_RUNTIME)}
     budget = getattr(outcome, "ledger", None)
     if budget is not None:
         tags.update(budget_used=f"{budget['used']:.6g}", budget_left=f"{budget['left']:.6g}")

@@ -11,6 +11,10 @@ each task run adds three events to the Prefect server's writes.
 
 from __future__ import annotations
 
+import math
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 from prefect import task
@@ -18,8 +22,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.fedavg import ClientUpdate
 from fedunlearn import timing
+from fedunlearn_flower.engine import train_with_flower
+from stores.workspace import Workspace
 
 CLIENT_UPDATE = {"global_state", "data", "client", "round_idx"}
 
@@ -71,3 +78,14 @@ def map_with_prefect(update_fn: Callable[..., Any], jobs: list[dict]) -> list[An
     futures = [train_client.submit(update_fn, **job) if set(job) == CLIENT_UPDATE
                else federated_update.submit(update_fn, _label(update_fn, [job]), job) for job in jobs]
     return [future.result() for future in futures]
+
+
+@task(name="train-through-flower", cache_policy=NO_CACHE)
+def train_through_flower(ws: Workspace, scenario: str, engine: str, rounds: int | None) -> tuple[dict, str, CostRecord]:
+    """The scenario trained by FedAvg through Flower's ``engine`` (``deployment`` or ``simulation``)
+    on the workspace's current data version: the model, its ``runtime`` tag and the wall time (the
+    engine's start and stop included; FLOPs are not counted across Flower's processes)."""
+    with tempfile.TemporaryDirectory(prefix="fedunlearn-flower-", dir=ws.temporary_dir) as tmp:
+        start = time.perf_counter()
+        state, runtime = train_with_flower(Path(ws.root).resolve(), scenario, tmp, runner=engine, rounds=rounds)
+    return state, runtime, CostRecord(wall_seconds=time.perf_counter() - start, flops=math.nan)

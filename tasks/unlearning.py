@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import shutil
+import tempfile
+import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -14,10 +18,15 @@ from prefect.concurrency.sync import concurrency
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.faults import failpoint
+from fedunlearn.federation.cost import CostRecord
+from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.base import Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import get_method_class
 from fedunlearn.timing import core_compute
+from fedunlearn_flower.engine import unlearn_with_flower
+from fedunlearn_flower.server_app import ALGORITHMS
+from stores.workspace import Workspace, checkout_from_cache
 
 GPU_TAG = "gpu"
 GPU_LIMIT = f"tag:{GPU_TAG}"  # the concurrency limit Prefect keeps for the tag (``make serve`` sets one slot)
@@ -76,3 +85,32 @@ def _gpu_limited() -> bool:
         except ObjectNotFound:
             return False
     return True
+
+
+def flower_methods() -> dict[str, set[str]]:
+    """The methods the Flower app runs, each with the options its Flower version accepts."""
+    return {name: set(inspect.signature(cls).parameters) for name, cls in ALGORITHMS.items()}
+
+
+@task(name="unlearn-through-flower", cache_policy=NO_CACHE, task_run_name="unlearn-{name}-through-flower")
+def unlearn_through_flower(ws: Workspace, record: BatchRecord, setup: runner.BenchmarkSetup, original: dict,
+                           name: str, target_test_acc: float | None, options: dict[str, Any],
+                           engine: str) -> tuple[Outcome, Certificate]:
+    """``unlearn``'s attempt computed by the Flower app on ``engine``: its clients read the data
+    before the batch (the forget samples are gone from the workspace once the ledger moved), linked
+    from DVC's cache into a workspace of the run's own. The outcome's notes carry ``runtime``; the
+    certificate is the method's, as for ours. A Flower fault raises here, before registration."""
+    params = dict(options)
+    if target_test_acc is not None and "target_test_acc" in flower_methods()[name]:
+        params.setdefault("target_test_acc", target_test_acc)
+    with tempfile.TemporaryDirectory(prefix="fedunlearn-flower-", dir=ws.temporary_dir) as tmp:
+        root = Path(tmp) / "workspace"
+        checkout_from_cache(Path(ws.root), record.scenario, record.data_version_before, root)
+        shutil.copyfile(Path(ws.root) / "params.yaml", root / "params.yaml")
+        start = time.perf_counter()
+        state, notes, runtime = unlearn_with_flower(root, record.scenario, Path(tmp) / "run", original, name,
+                                                    params, setup.batch, runner=engine)
+    outcome = Outcome(state, CostRecord(wall_seconds=time.perf_counter() - start, flops=float("nan")),
+                      notes={**notes, "runtime": runtime})
+    method = build_method(name, setup.fed_state.setting, setup.batch.kind, target_test_acc, options)
+    return outcome, runner.method_certificate(setup, method, outcome)

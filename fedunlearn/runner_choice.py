@@ -1,0 +1,97 @@
+"""Which engine computes a command's training and unlearning (issue 38): the decisions, as plain
+functions, that ``fedunlearn train|process --runner`` and the flows' ``runner`` parameter make.
+
+The engine is our own in-process loop unless the command or the scenario's params (``runner:``)
+names Flower. ``fedunlearn train --runner`` also keeps its older meaning, the Prefect task runner
+of the in-process engine (``thread``, ``dask``, ``ray``): one flag, two kinds of value, told apart
+here.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from fedunlearn.config import Runner
+from fedunlearn.errors import InputError
+from fedunlearn.unlearning.escalation import Attempt
+
+TASK_RUNNERS = ("thread", "dask", "ray")
+ENGINE_RUNNERS = tuple(r.value for r in Runner)
+# The version tag ``runtime`` of a model our own loop computed (Flower's engine names its own).
+IN_PROCESS_RUNTIME = "in-process"
+# The engine of ``fedunlearn_flower.engine`` each Flower runner means.
+FLOWER_ENGINES = {Runner.flower: "deployment", Runner.flower_simulation: "simulation"}
+
+
+def split_train_runner(value: str | None) -> tuple[str, Runner | None]:
+    """``fedunlearn train --runner``'s value as (Prefect task runner, engine): a task runner leaves
+    the engine to the scenario (None) — it only spreads the in-process engine's client updates."""
+    if value is None or value in TASK_RUNNERS:
+        return value or "thread", None
+    return "thread", Runner(value)
+
+
+def choose_runner(requested: Runner | str | None, scenario_runner: Runner | str | None) -> Runner:
+    """The command's choice, else the scenario's ``runner:``, else in-process."""
+    return Runner(requested or scenario_runner or Runner.in_process)
+
+
+def training_runner(requested: Runner | str | None, scenario_runner: Runner | str | None, role: str) -> Runner:
+    """The engine a training uses: an original follows ``choose_runner``; a retrained reference (the
+    exact retrain that ends an escalation, the gates' reference) stays in-process unless asked for,
+    as the unlearning's exactness does not depend on the engine that retrains."""
+    return choose_runner(requested, scenario_runner if role == "original" else None)
+
+
+def runtime_tag(runner: Runner) -> str:
+    """The version tag ``runtime`` of a model ``runner`` computed."""
+    engine = flower_engine(runner)
+    return IN_PROCESS_RUNTIME if engine is None else f"flower-{engine}"
+
+
+def flower_engine(runner: Runner) -> str | None:
+    """``deployment`` or ``simulation`` for a Flower runner; None for the in-process engine."""
+    return FLOWER_ENGINES.get(Runner(runner))
+
+
+def check_flower_training(runner: Runner, scenario: str, setting: str, *, backdoor: bool = False,
+                          local_epochs: int | None = None) -> None:
+    """Refuse, before anything runs, what the Flower app cannot do: a scenario other than HFL, the
+    backdoor trigger (the clients read their partitions from disk, untriggered), a local-epochs
+    override (the ClientApps read the scenario's own from params.yaml)."""
+    if flower_engine(runner) is None:
+        return
+    why = (f"scenario {scenario} is {setting}; the Flower app runs HFL scenarios only" if setting != "hfl"
+           else "--backdoor puts the trigger on the data in this process; Flower's clients read their own "
+                "partitions" if backdoor
+           else "--local-epochs is not passed to Flower's clients: set train.local_epochs in params.yaml"
+           if local_epochs is not None else None)
+    if why:
+        raise InputError(f"--runner {Runner(runner).value}: {why}; use --runner in-process")
+
+
+def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapping[str, set[str]],
+                    chosen_by_user: bool) -> list[Attempt]:
+    """The batch's attempts on a Flower runner. A method the user chose that Flower's app lacks, or
+    an option it does not take, is an error (before the ledger moves); methods the default
+    escalation adds as fallbacks are dropped where Flower lacks them, the exact retrain (in-process)
+    still ending the chain. ``supported``: method → the options its Flower version accepts."""
+    if flower_engine(runner) is None:
+        return list(attempts)
+    kept = []
+    for number, attempt in enumerate(attempts):
+        if attempt.exact:
+            kept.append(attempt)
+            continue
+        if attempt.method not in supported:
+            if chosen_by_user or number == 0:
+                raise InputError(f"method {attempt.method!r} has no Flower version (runner "
+                                 f"{Runner(runner).value}); choose one of {', '.join(sorted(supported))}, or "
+                                 "--runner in-process")
+            continue
+        unknown = sorted(set(attempt.options) - supported[attempt.method])
+        if unknown:
+            raise InputError(f"method {attempt.method!r} on runner {Runner(runner).value} takes no option(s) "
+                             f"{', '.join(unknown)}; its Flower version takes {', '.join(sorted(supported[attempt.method]))}")
+        kept.append(attempt)
+    return kept
