@@ -126,14 +126,21 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                       escalation: list[Attempt] | None = None, device: str | None = None,
                       forgetting_policy: ForgettingPolicy | None = None,
                       runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> ProcessResult:
-    """Forget every pending deletion request of ``scenario`` as one batch. ``requests`` (a form in
-    the Prefect UI) go to the inbox first. ``method`` ``auto`` is the setting's default; ``escalation``
-    the attempts in order (default: the method, stronger, another method, exact retrain);
-    ``retrain_reference`` retrains the gold standard on the new data version first, for the gates.
-    ``forgetting_policy`` (default params.yaml's): ``interim`` serves the first attempt that fails no
-    check and keeps utility, the exact retrain scheduled before the deadlines; ``strict`` escalates
-    until an attempt passes every check. ``runner`` (default the scenario's): the engine of the
-    unlearning attempts; the exact retrain stays in-process. With nothing pending nothing changes."""
+    """Forget every pending deletion request of ``scenario`` as one batch; with none, nothing changes.
+
+    Args:
+        scenario: a scenario of the workspace's params.yaml.
+        root: the workspace (the directory holding params.yaml).
+        method: the first attempt's method; auto: the setting's default for the request kind.
+        requests: requests to put into the inbox first (this run forgets them).
+        retrain_reference: retrain exactly on the new data version first, as the gates' reference.
+        gates: the promotion gates' limits; empty: the defaults.
+        method_options: the first attempt's hyperparameters, e.g. {"eta_u": 4.0}.
+        escalation: the attempts in order; empty: the method, stronger, another method, exact retrain.
+        device: auto, cpu, cuda or mps; empty: params.yaml's device.
+        forgetting_policy: interim (serve the first attempt that fails no check, exact retrain due by the
+            deadlines) or strict (escalate until one passes every check); empty: params.yaml's.
+    """
     clock, ws = FlowClock(), Workspace.open(root)
     cfg = ws.scenario(scenario)
     choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),

@@ -51,16 +51,20 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
                     role: Literal["original", "retrained"] = "original", batch_id: str | None = None,
                     runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> TrainResult:
     """Train the scenario's federated model (any setting) from scratch on the current data version
-    and register it as the ``original`` version. ``client_tasks=False`` runs the units of work
-    (client / party / node updates) inline instead of as task runs. ``backdoor_request`` (a
-    benchmark request SPEC) puts the 4×4 trigger with target label 0 on those samples before
-    training, and keeps their IDs with the version (``backdoor_ids.txt``), so that a request can
-    name exactly them and every later version reports the backdoor. ``role="retrained"`` registers
-    it as the exact reference of the data version instead (tag and alias ``retrained``;
-    ``batch_id`` names the deletion batch it is the reference for): the lineage's backdoor samples
-    that are still in the data carry the trigger again, as in the original training. ``runner``:
-    the engine (``fedunlearn.runner_choice.training_runner``); Flower's trains in its own processes
-    and this flow registers its model as it registers ours, tag ``runtime`` saying which."""
+    and register it (tag ``runtime`` naming the engine). Backdoor samples still in the data carry the
+    trigger again when a retrain reproduces the lineage.
+
+    Args:
+        scenario: a scenario of the workspace's params.yaml.
+        root: the workspace (the directory holding params.yaml).
+        rounds: training rounds; empty: the scenario's.
+        local_epochs: local epochs per round; empty: the scenario's.
+        client_tasks: each client, party or node update a task run (off: inline).
+        device: auto, cpu, cuda or mps; empty: params.yaml's device.
+        backdoor_request: a request SPEC whose samples get the 4×4 trigger (target label 0) before training.
+        role: original, or retrained (the exact reference of the data version, alias retrained).
+        batch_id: the deletion batch a retrained version is the reference for.
+    """
     started = time.perf_counter()
     logger = get_run_logger()
     ws = Workspace.open(root)
