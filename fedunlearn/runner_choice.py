@@ -9,11 +9,13 @@ here.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from fedunlearn.config import Runner
 from fedunlearn.errors import InputError
-from fedunlearn.unlearning.escalation import Attempt
+
+if TYPE_CHECKING:  # annotations only: the CLI's parser reads this module, and the methods import torch
+    from fedunlearn.unlearning.escalation import Attempt
 
 TASK_RUNNERS = ("thread", "dask", "ray")
 ENGINE_RUNNERS = tuple(r.value for r in Runner)
