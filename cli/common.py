@@ -132,9 +132,10 @@ def require_scenario(root, scenario: str) -> None:
     from fedunlearn.config import load_params
     from fedunlearn.errors import InputError
 
-    known = load_params(root / "params.yaml").scenarios
-    if scenario not in known:
-        raise InputError(f"unknown scenario {scenario!r}; params.yaml defines: {', '.join(known)}")
+    try:
+        load_params(root / "params.yaml").scenario(scenario)
+    except ValueError as err:  # Params.scenario's message names the scenarios there are
+        raise InputError(str(err)) from None
 
 
 def require_data_for_requests(root, scenario: str, command: str) -> None:
