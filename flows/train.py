@@ -33,7 +33,7 @@ from flows.results import TrainResult
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
-                          start_run, training_description)
+                          run_failed_on_error, start_run, training_description)
 from stores.registry import ModelWeights
 from tasks.training import map_with_prefect, train_through_flower
 from stores.workspace import Workspace
@@ -95,7 +95,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
             **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
             **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
         # Training takes minutes: a failure in it (or a full disk at registration) ends the run as FAILED.
-        with ws.registry.failed_on_error(run_id):
+        with run_failed_on_error(ws, run_id):
             log_data_version(ws, run_id, scenario, data_version, DATA_CONTEXTS[role])
             ref, metrics = train_and_register(ws, scenario, federation, tags, run_id, poisoned, training_description(
                 scenario, cfg, data_version, role, batch_id, len(poisoned)))

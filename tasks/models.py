@@ -5,7 +5,8 @@ description of why the version exists (counts and identifiers only: never a samp
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -35,6 +36,14 @@ def model_on(ws: Workspace, scenario: str, data_version: str, aliases: tuple[str
         if version is not None and version.tags.get("data_version") == data_version:
             return ws.registry.load(scenario, str(version.version))
     return None
+
+
+@contextmanager
+def run_failed_on_error(ws: Workspace, run_id: str) -> Iterator[None]:
+    """The block's MLflow run ends FAILED if the block raises: a flow that trains for minutes between
+    ``start_run`` and registration writes the run's end through here, not into the registry itself."""
+    with ws.registry.failed_on_error(run_id):
+        yield
 
 
 @task(name="load-source-model", cache_policy=NO_CACHE)

@@ -40,3 +40,32 @@ def test_cli_ids_prints_the_current_sample_ids(workspace, capsys):
     assert len(ids) == 4 and all(i.startswith("digits-") for i in ids)
     assert main(["--root", str(workspace), "ids", "--scenario", "digits-hfl", "--client", "7"]) == 2
     assert "unknown client 7" in capsys.readouterr().err
+
+
+def test_a_sub_flow_takes_the_device_its_parent_chose(workspace, prefect_server, monkeypatch):
+    import torch
+    from prefect import flow
+
+    import tasks.data as data
+    from stores.workspace import Workspace
+
+    ws, resolved = Workspace.open(workspace), []
+    real = data.resolve_device
+    monkeypatch.setattr(data, "resolve_device", lambda name: resolved.append(name) or real(name))
+
+    @flow(name="device-child")
+    def child(device: str | None) -> str:
+        return str(data.command_device(ws, device))
+
+    @flow(name="device-parent")
+    def parent(device: str | None) -> tuple[str, str, str]:
+        chosen = data.command_device(ws, device)
+        return str(chosen), child(str(chosen)), child("auto")
+
+    chosen, handed_down, auto = parent("cpu")
+
+    # The parent's choice is made once; a concrete device handed down is taken as chosen, `auto` is not.
+    assert (chosen, handed_down, auto) == ("cpu", "cpu", str(real("auto")))
+    assert resolved == ["cpu", "auto"]
+    # Outside any flow the device is resolved (a command's first flow chooses it).
+    assert data.command_device(ws, "cpu") == torch.device("cpu") and resolved[-1] == "cpu"
