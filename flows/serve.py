@@ -7,10 +7,13 @@ flows on demand or weekly.
     repay-retrain-debt/weekly            exact retrain when approximate forgetting is owed; each interim
                                          batch also schedules a run of it at the latest safe time
                                          before its requests' deadlines (tasks.debt.schedule_repayment)
-    train-audit-references/on-demand     the per-example audit's reference models
-    retrain-reference/on-demand          the gold standard of the current data version
-    train-federated/on-demand            a new original model
-    benchmark/on-demand                  every method against retraining
+    train-audit-references/audit-references   the per-example audit's reference models
+    retrain-reference/exact-retrain      the gold standard of the current data version
+    train-federated/new-original         a new original model
+    benchmark/all-methods                every method against retraining
+
+Each name says what a run of the deployment does: four of them were all "on-demand", which the
+Prefect UI's lists could not tell apart.
 
 Event-driven batches (Prefect's own deployment triggers, evaluated by the server's automations
 service; ``runtime.events`` emits the events): the batch runs when ``requests.batch_threshold``
@@ -63,7 +66,11 @@ from stores.workspace import Workspace
 DEFAULT_CRON = "0 2 * * *"
 DEBT_CRON = "0 3 * * 0"  # Sundays 03:00 UTC: after that night's deletion batch
 BATCH_DEPLOYMENT = "deletion-batches"
-ON_DEMAND = "on-demand"
+# The on-demand deployments' names, each saying what a run of it does.
+RETRAIN_DEPLOYMENT = "exact-retrain"
+TRAIN_DEPLOYMENT = "new-original"
+AUDIT_DEPLOYMENT = "audit-references"
+BENCHMARK_DEPLOYMENT = "all-methods"
 # The line scripts wait for before they submit requests (Prefect's own `serve` prints it too).
 SERVING = "Your deployments are being served and polling for scheduled runs!"
 
@@ -105,21 +112,21 @@ def build_deployments(root: Path, scenario: str, cron: str) -> list[tuple[Flow, 
             description="Put deletion requests into the inbox; the batch triggers decide when they are forgotten "
                         "(process-deletions' own form forgets them at once).")),
         (retrain_reference, dict(
-            name=ON_DEMAND, parameters=common, tags=["reference"],
+            name=RETRAIN_DEPLOYMENT, parameters=common, tags=["reference"],
             description="Retrain from scratch on the current data version; registers alias 'retrained'.")),
         (train_federated, dict(
-            name=ON_DEMAND, parameters=common, tags=["training"],
+            name=TRAIN_DEPLOYMENT, parameters=common, tags=["training"],
             description="Train the federated model on the current data version; registers alias 'original'.")),
         (repay_retrain_debt, dict(
             name="weekly", cron=DEBT_CRON, paused=False, parameters=common, concurrency_limit=1, tags=["reference"],
             description="Exact retrain when requests were forgotten only approximately since the last one: serves it "
                         "(alias current) and marks the receipts it covers as exactly forgotten.")),
         (audit_references, dict(
-            name=ON_DEMAND, parameters=common, tags=["audit"],
+            name=AUDIT_DEPLOYMENT, parameters=common, tags=["audit"],
             description="Train the per-example audit's reference models on the held-out split (role "
                         "audit-reference); deletion batches train them when a scenario has none.")),
         (benchmark, dict(
-            name=ON_DEMAND, parameters={**common, "out": str(root / "results" / "benchmark")}, tags=["benchmark"],
+            name=BENCHMARK_DEPLOYMENT, parameters={**common, "out": str(root / "results" / "benchmark")}, tags=["benchmark"],
             description="Every unlearning method against retraining on one request SPEC.")),
     ]
 

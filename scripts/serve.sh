@@ -99,8 +99,8 @@ cat <<INFO
 Prefect UI   http://127.0.0.1:$PREFECT_PORT/deployments   (Run ▸ Quick run / Custom run on process-deletions)
 MLflow UI    $MLFLOW_UI/#/models/$SCENARIO${TRACKING:+   (the tracking server in params.yaml)}
 Deployments: process-deletions/deletion-batches (cron '$CRON' and event triggers),
-             submit-deletion-requests/form, retrain-reference/on-demand, train-federated/on-demand,
-             repay-retrain-debt/weekly, train-audit-references/on-demand, benchmark/on-demand;
+             submit-deletion-requests/form, retrain-reference/exact-retrain, train-federated/new-original,
+             repay-retrain-debt/weekly, train-audit-references/audit-references, benchmark/all-methods;
              log: $PREFECT_HOME/serve.log
 Submit a request, then run the batch from the UI:
   $BIN/fedunlearn --root $ROOT request samples --scenario $SCENARIO --ids \$($BIN/fedunlearn --root $ROOT ids --scenario $SCENARIO --limit 5)

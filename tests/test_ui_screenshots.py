@@ -96,7 +96,7 @@ def test_the_prefect_and_mlflow_uis_render_the_deployments_and_the_registered_ve
     services.wait_for(f"{api}/health", server)
     deployments = serve_deployments(services, workspace)
     with temporary_settings(updates={PREFECT_API_URL: api}):
-        wait_for_deployment("benchmark/on-demand", deployments)
+        wait_for_deployment("benchmark/all-methods", deployments)
     services.wait_for(f"http://127.0.0.1:{mlflow_port}/health", mlflow_ui)
 
     prefect_page = render(f"{api.removesuffix('/api')}/deployments", tmp_path / "prefect-deployments.png")
