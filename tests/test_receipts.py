@@ -56,3 +56,27 @@ def test_the_markdown_names_batch_requests_versions_and_each_gate():
     assert "| unlearned | v2 | unlearned | 0.89 |" in passed and "Attempts: 1. `puf-special` v2 (pass)" in passed
     held = make_receipt(promoted=False).markdown()
     assert "**inconclusive**" in held and "alias `current` NOT moved" in held and "| inconclusive |" in held
+
+
+# The characters a gate table's columns may hold together (each column as wide as its widest cell): what
+# headless Chromium shows whole between the Prefect UI's side panels at a 1400 px window (issue 37).
+GATE_TABLE_CHARS = 92
+
+
+def test_the_gate_table_fits_the_prefect_ui_at_1400_px():
+    from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION, GUARANTEES, NOT_CERTIFIED
+    from fedunlearn.certify.gates import NO_OP_CHECK
+
+    certified = [g for g in GUARANTEES if g != NOT_CERTIFIED]  # the default allowed_certificates
+    checks = [GateCheck(name="certificate", value=BOUNDED_APPROXIMATION, limit=certified, passed=True),
+              *(GateCheck(name=name, value=-0.0169, limit=0.05, passed=False, verdict="inconclusive",
+                          interval=[-0.152, 0.121], n=1028)
+                for name in ("test_acc_drop_vs_source", "forget_acc_minus_test_acc", "mia_auc_minus_chance")),
+              GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too", limit=None,
+                        passed=False, verdict="inconclusive")]
+    receipt = make_receipt(promoted=False).model_copy(update={"gates": GateOutcome.of("without reference", checks)})
+    table = receipt.markdown().split("\n\n")[-2].splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table if not line.startswith("|---")]
+    assert cells[0] == ["gate", "value", "CI", "n", "limit", "result"]
+    assert cells[1][4] == "any certified" and cells[-1][1] == "source passes too"
+    assert sum(max(len(row[column]) for row in cells) for column in range(len(cells[0]))) <= GATE_TABLE_CHARS
