@@ -59,7 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "to the data by a batch not finished yet) with age and deadline, overdue ones "
                                         "first; interim ones (forgotten approximately, an exact retrain owed by their "
                                         "deadline) and exact ones; the serving version (alias current), its "
-                                        "certificate and tier; the retrain debt; the last batch and its verdict. "
+                                        "certificate and tier; the retrain debt and the next exact retrain scheduled "
+                                        "(asked of the Prefect server in PREFECT_API_URL, which serves it); the "
+                                        "requests a batch quarantined, with their reasons; the last batch and its "
+                                        "verdict. "
                                         "Changes nothing. Exit status 9 when a request is not exactly forgotten by its "
                                         "deadline (pending or interim past it), for monitors; before that, a "
                                         "WARNING line (also on stderr) once the latest safe start of the exact "
@@ -122,7 +125,9 @@ def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:
-    from cli.common import erasure_status, prepare_flow_run, print_summary, require_data_for_requests
+    from cli.common import erasure_status, prepare_flow_run, print_summary, require_data_for_requests, require_scenario
+
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from flows.ingest import ingest_deletions
     from stores.workspace import init_workspace
 

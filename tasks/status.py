@@ -16,22 +16,36 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 
+import httpx
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState,
+                                            FlowRunFilterStateType)
+from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
+from fedunlearn.certify.tiers import repay_now
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import load_records
+from fedunlearn.requests.inbox import quarantined_sample_ids, read_quarantined
 from fedunlearn.requests.model import utc_now
 from fedunlearn.unlearning.escalation import is_exact_retrain
-from tasks.debt import late_repayment, retrain_debt
+from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
+from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
+                                quarantine_lines, runs_for)
 from tasks.requests import read_inbox
 from stores.workspace import Workspace
 
 
 PENDING, INTERIM, EXACT = "pending", "interim", "exact"
 SHOWN_EXACT = 10  # exact requests listed by name (the latest); all are counted
+SHOWN_QUARANTINED = 5  # quarantined requests listed (the latest); all are counted
+SCHEDULED_RUNS_READ = 50  # the earliest scheduled runs of the repay deployment read, other scenarios' among them
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,10 @@ class DeletionStatus:
     forgotten: list[PendingRequest] = field(default_factory=list)  # interim and exact
     repay_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed, once passed
     exact_due: datetime | None = None  # when that retrain must serve: the earliest deadline it repays
+    quarantined: list[QuarantineLine] = field(default_factory=list)  # the latest, their reasons without sample IDs
+    quarantined_count: int = 0  # every file in quarantine/
+    next_retrain: ScheduledRetrain | None = None  # what Prefect has scheduled; None: the debt is nothing
+    start_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed
 
     def repayment_warning(self) -> str | None:
         """Said before the deadline, while a repayment started now may still meet it: the latest safe
@@ -105,11 +123,14 @@ class DeletionStatus:
         if self.unreadable:
             lines += ["", f"{len(self.unreadable)} inbox file(s) the next batch quarantines: "
                           f"{', '.join(self.unreadable)}"]
+        lines += quarantine_lines(self.quarantined, self.quarantined_count)
         serving = self.serving
         lines += ["", f"serving: v{serving['version']} ({serving['method']}, certificate {serving['certificate']}, "
                       f"forgetting {serving['forgetting']}, data version {serving['data_version'][:10]})" if serving else "serving: no version has alias "
                                                                                      "`current`",
                   self.debt]
+        if self.next_retrain is not None:
+            lines.append(next_retrain_line(self.next_retrain, self.scenario, self.start_by))
         warning = self.repayment_warning()
         if warning:
             lines.append(f"**WARNING**: {warning}")
@@ -172,7 +193,7 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
         if receipt is None:
             pending += [PendingRequest(e.request_id, e.kind.value if e.kind else "sample",
                                        e.submitted_at or record.created_at, e.due(days, record.created_at),
-                                       f"batch {record.batch_id} (data deleted, model not yet unlearned)")
+                                       f"{record.batch_id} (data deleted, model not yet unlearned)")
                         for e in record.requests]
         else:
             forgotten += forgotten_requests(record, receipt, days)
@@ -183,10 +204,15 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
         "certificate": current.tags.get("certificate", "?"), "data_version": current.tags.get("data_version", "?"),
         "forgetting": current.tags.get("forgetting", "?")}
     debt = retrain_debt(ws, scenario)
+    start_by = repayment_time(ws, scenario, debt)
+    quarantined = read_quarantined(ws.folders)
     return DeletionStatus(scenario, now, pending, serving, debt.line(ws.params.requests.max_retrain_debt),
                           receipts[-1] if receipts else None,
                           [item.name for rejection in triage.rejected for item in rejection.items], forgotten,
-                          late_repayment(ws, scenario, now), debt.due)
+                          start_by if repay_now(start_by, now) else None, debt.due,
+                          [quarantine_line(q, quarantined_sample_ids(ws.folders, q.name))
+                           for q in quarantined[:SHOWN_QUARANTINED]], len(quarantined),
+                          scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by)
 
 
 def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingRequest]:
@@ -196,10 +222,36 @@ def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingReq
     exact_at = None if owed else (receipt.exactly_forgotten.at if receipt.exactly_forgotten else receipt.created_at)
     return [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
                            receipt.deadlines.get(e.request_id) or e.due(days, record.created_at),
-                           f"batch {record.batch_id}" + (f" ({receipt.outcome})" if receipt.outcome != "unlearned"
-                                                         else ""),
+                           record.batch_id + (f" ({receipt.outcome})" if receipt.outcome != "unlearned" else ""),
                            INTERIM if owed else EXACT, exact_at)
             for e in record.requests]
+
+
+def scheduled_retrain(root: Path, scenario: str) -> ScheduledRetrain:
+    """The next scheduled run of the served ``repay-retrain-debt`` deployment for this workspace and
+    scenario, as the Prefect API in ``PREFECT_API_URL`` has it. Without that setting nothing is asked:
+    the client would start a temporary server of its own, which serves no deployment."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        return ScheduledRetrain(unknown="no Prefect server to ask: PREFECT_API_URL is not set")
+    try:
+        with get_client(sync_client=True) as client:
+            try:
+                deployment = client.read_deployment_by_name(REPAY_DEPLOYMENT)
+            except ObjectNotFound:
+                return ScheduledRetrain()
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+                sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=SCHEDULED_RUNS_READ)
+    except (OSError, httpx.HTTPError, PrefectHTTPStatusError) as err:
+        return ScheduledRetrain(unknown=f"the Prefect server at {api} did not answer ({type(err).__name__})")
+    times = [run.expected_start_time for run in runs
+             if run.expected_start_time and runs_for(run.parameters, root, scenario)]
+    return ScheduledRetrain(REPAY_DEPLOYMENT, min(times, default=None), paused=bool(deployment.paused))
 
 
 def status_artifact_key(scenario: str) -> str:

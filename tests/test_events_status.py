@@ -56,12 +56,15 @@ def test_the_batch_triggers_follow_params(monkeypatch):
 
 def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_overdue(workspace, capsys,
                                                                                      monkeypatch):
+    from test_status_lines import quarantine_examples
+
     def cli(*args: str) -> tuple[int, str]:
         code = main(["--root", str(workspace), *args])
         return code, capsys.readouterr().out
 
     code, out = cli("status", "--scenario", SCENARIO)
     assert code == 0 and "no pending requests" in out and "last batch: none yet" in out
+    assert "quarantined" not in out
     _, on_time = cli("request", "client", "--scenario", SCENARIO, "--client", "1")
     past = (utc_now() - timedelta(hours=2)).isoformat()
     monkeypatch.setenv(CLOCK_VARIABLE, (utc_now() - timedelta(hours=3)).isoformat())  # submitted before its deadline
@@ -73,6 +76,17 @@ def test_status_lists_pending_requests_overdue_first_and_exits_9_when_one_is_ove
     assert [row.split("|")[1].strip() for row in rows] == [late.strip(), on_time.strip()]  # overdue first
     assert "OVERDUE by 2.0 h" in rows[0] and "**2 pending request(s)**, **1 OVERDUE**" in out
     assert "29.9 d" in rows[1] or "30.0 d" in rows[1]  # the default deadline: one month after submission
+
+    # Issue 37: a request a batch quarantined (IDs deleted already, a malformed file) stays in sight, with
+    # its reason and what to do; the sample IDs it names do not (tasks.status_lines).
+    named = quarantine_examples(workspace)
+    code, out = cli("status", "--scenario", SCENARIO)
+    assert code == 9 and "**2 quarantined request(s)**, never applied" in out
+    quarantined = out[out.index("quarantined request(s)"):].splitlines()
+    assert any(row.startswith("| req-") and "already deleted" in row and "(2 sample IDs)" in row for row in quarantined)
+    assert any(row.startswith("| file broken.json |") and "deadline" in row for row in quarantined)
+    assert "what to do: fix each request and submit it again" in out
+    assert not any(sample_id in out for sample_id in named)
 
 
 @pytest.mark.parametrize("deadline", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00Z", "12345"])

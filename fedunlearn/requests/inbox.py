@@ -23,11 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fedunlearn.requests.folders import RequestFolders, free_name, move_into, place_new_file, write_text_atomic
-from fedunlearn.requests.model import (MAX_REQUEST_BYTES, DeletionRequestModel, IncompleteRequest, RequestError,
-                                       parse_request, utc_now)
+from fedunlearn.requests.model import (MAX_REQUEST_BYTES, REQUEST_ID_PATTERN, DeletionRequestModel,
+                                       IncompleteRequest, RequestError, parse_request, utc_now)
 
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json$")
 REASON_SUFFIX = ".reason.txt"
+REASON_FILE_BYTES = 64 * 1024  # what `quarantine` writes is a few lines
 
 
 @dataclass
@@ -133,3 +134,69 @@ def quarantine(folders: RequestFolders, item: InboxItem, reason: str) -> Path:
                       "what to do: fix the request and put it into data/deletion_requests/inbox/ again, "
                       "or submit it with `fedunlearn request ...`\n")
     return move_into(item.path, folders.quarantine, target_name)
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A file in ``quarantine/`` as its reason file describes it (read back, nothing moved)."""
+
+    name: str  # the quarantined entry's (safe) name in quarantine/
+    request_id: str | None  # None: the file could not be read as a request
+    at: datetime | None
+    reason: str
+
+
+def read_quarantined(folders: RequestFolders) -> list[Quarantined]:
+    """Every quarantined entry with its reason, the latest first. A reason file that does not read as
+    ``quarantine`` writes one keeps its entry listed, with that said as its reason."""
+    try:
+        names = set(os.listdir(folders.quarantine))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        entry = name.removesuffix(REASON_SUFFIX)
+        if entry != name and entry in names:
+            found.append(_read_reason(folders.quarantine / name, entry))
+    oldest = datetime.min.replace(tzinfo=timezone.utc)
+    return sorted(found, key=lambda q: (q.at or oldest, q.name), reverse=True)
+
+
+def _read_reason(path: Path, entry: str) -> Quarantined:
+    try:
+        text = _read_regular(path, REASON_FILE_BYTES).decode("utf-8", errors="replace")
+    except (OSError, RequestError) as err:
+        why = err.strerror if isinstance(err, OSError) else err
+        return Quarantined(entry, None, None, f"its reason file cannot be read ({why})")
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    request_id = fields.get("request_id")
+    try:
+        at = datetime.fromisoformat(fields.get("quarantined_at", ""))
+    except ValueError:
+        at = None
+    return Quarantined(entry, request_id if request_id and REQUEST_ID_PATTERN.match(request_id) else None,
+                       at if at is None or at.tzinfo else at.replace(tzinfo=timezone.utc),
+                       fields.get("reason", "its reason file names none"))
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a regular file; anything else in quarantine/ (a link, a FIFO, a device:
+    inputs are quarantined as they came) is refused unopened, since reading it could block or never end."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise RequestError("not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise RequestError("not a regular file")
+        return handle.read(limit)
+
+
+def quarantined_sample_ids(folders: RequestFolders, name: str) -> list[str]:
+    """The sample IDs the quarantined request ``name`` names (read only if a regular file, size-limited);
+    none when it is not a sample request or does not parse."""
+    try:
+        data = _read_regular(folders.quarantine / name, MAX_REQUEST_BYTES + 1)
+        request = parse_request(data, {"request_id": "quarantined", "scenario": "quarantined"})
+    except (OSError, RequestError):
+        return []
+    return list(request.sample_ids or [])
