@@ -50,7 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_benchmark(args: argparse.Namespace, root: Path) -> int:
-    from cli.common import prepare_flow_run
+    from cli.common import prepare_flow_run, require_methods, require_scenario
+
+    # Input first, before the imports below (torch, Prefect) and any server: one line, exit 2.
+    require_scenario(root, args.scenario)
+    require_methods(root, args.scenario, methods=args.methods)
+    spec = parse_request(args.request)
     from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
     from flows.benchmark import benchmark
@@ -58,7 +63,7 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
 
     baseline = load_baseline(args.compare) if args.compare else None
     if baseline is not None:  # a wrong baseline fails before any work
-        require_same_run(baseline, args.scenario, parse_request(args.request).text)
+        require_same_run(baseline, args.scenario, spec.text)
     init_workspace(root)
     prepare_flow_run()
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out

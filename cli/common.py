@@ -220,3 +220,17 @@ def describe_batch(result: ProcessResult) -> str:
             f"flow {timings.flow_seconds:.1f} s: compute {timings.core_seconds:.1f} s (data, unlearning, "
             f"evaluation), orchestration {timings.orchestration_seconds:.1f} s "
             f"({timings.orchestration_share:.0%}: Prefect, MLflow, DVC, validation, ledger, receipt)")
+
+
+def require_methods(root, scenario: str, method: str | None = None, methods: str | None = None) -> None:
+    """Before anything starts: ``--method`` (``auto`` or one method) or ``--methods`` (``all`` or a
+    list) names methods that unlearn in the scenario's setting, else one line naming those that do
+    (exit 2). Call after ``require_scenario``."""
+    from fedunlearn.config import load_params
+    from fedunlearn.method_choice import require_method, require_methods as require_listing
+
+    setting = load_params(root / "params.yaml").scenario(scenario).setting
+    if method is not None:
+        require_method(method, setting, scenario)
+    if methods is not None:
+        require_listing(methods, setting, scenario)

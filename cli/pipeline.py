@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from cli.common import (DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary,
-                        require_data_for_requests, require_scenario)
+                        require_data_for_requests, require_methods, require_scenario)
 from fedunlearn.device import DEVICE_CHOICES
 
 
@@ -83,6 +83,7 @@ def add_process_arguments(process: argparse.ArgumentParser) -> None:
 
 def run_process(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
+    require_methods(root, args.scenario, method=args.method)
     from flows.process import process_deletions
     from stores.workspace import init_workspace
 
