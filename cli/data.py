@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.common import DEFAULT_SCENARIO
+from cli.common import DEFAULT_SCENARIO, require_scenario
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +44,8 @@ def run_init(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_prepare(args: argparse.Namespace, root: Path) -> int:
+    for scenario in args.scenario or [DEFAULT_SCENARIO]:
+        require_scenario(root, scenario)  # every one before any work
     from stores import validation, workspace
 
     workspace.init_workspace(root)
@@ -77,6 +79,7 @@ def sample_ids(root: Path, scenario: str, client: int | None = None) -> list[str
 
 
 def run_ids(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)
     ids = sample_ids(root, args.scenario, args.client)
     print("\n".join(ids[:max(args.limit, 0)] if args.limit is not None else ids))
     return 0

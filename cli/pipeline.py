@@ -131,6 +131,7 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_compare(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)
     from tasks.debt import retrain_debt
     from tasks.receipts import comparison
     from stores.workspace import Workspace
@@ -142,6 +143,7 @@ def run_compare(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_serve(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)  # the forms' default: one params.yaml defines
     from flows.serve import DEFAULT_CRON, serve_deployments
 
     if not os.environ.get("PREFECT_API_URL"):

@@ -147,6 +147,9 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
 
     ws = Workspace.open(root)
     ws.params.scenario(args.scenario)
+    # TODO(lead, after merging issue 37's other branches): ask the served workspace's Prefect server found
+    # without PREFECT_API_URL (runtime/local_server.py), so that the next exact retrain is read from it;
+    # print through the markdown-to-plain-text function of cli/ (escaped reasons, bold).
     status = deletion_status(ws, args.scenario)
     print(status.markdown())
     warning = status.repayment_warning()

@@ -83,6 +83,7 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     the interim tier (new data version, attempts gated, receipt with the exact deadline) → status
     says when exact forgetting is due → the debt repaid by an exact retrain → the registry side by
     side."""
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     from cli.common import describe_batch
     from fedunlearn.receipts import read_receipt
     from flows.debt import repay_retrain_debt

@@ -49,13 +49,29 @@ def test_an_unknown_method_is_refused_in_one_line_naming_the_methods_of_the_sett
     assert "method 'fedora' does not unlearn in hfl" in line and "puf-special" in line
 
 
-def test_benchmark_and_train_check_their_methods_request_and_scenario_first(tmp_path):
-    line = refused(tmp_path, "benchmark", "--scenario", "digits-hfl", "--request", "client:0", "--methods", "ga,nope")
-    assert "'nope' is not a method for digits-hfl (hfl)" in line
-    assert "cannot parse request 'clients:0'" in refused(tmp_path, "benchmark", "--scenario", "digits-hfl",
-                                                          "--request", "clients:0")
-    for command in (["benchmark", "--request", "client:0"], ["train"], ["ingest"]):
-        assert "unknown scenario 'nope'" in refused(tmp_path, *command, "--scenario", "nope")
+def test_every_command_checks_its_methods_request_and_scenario_first(tmp_path, capsys):
+    """In-process (a subprocess each would cost an interpreter's start): exit 2, one error line, nothing made
+    in the workspace (no store, no DVC repository)."""
+    from pathlib import Path
+
+    from cli import main
+
+    (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+
+    def error_line(*args: str) -> str:
+        assert main(["--root", str(tmp_path), *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert err.splitlines() == [err] and sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"], err
+        return err
+
+    hfl = ["--scenario", "digits-hfl"]
+    assert "'nope' is not a method for digits-hfl (hfl)" in error_line("benchmark", *hfl, "--request", "client:0",
+                                                                         "--methods", "ga,nope")
+    assert "cannot parse request 'clients:0'" in error_line("benchmark", *hfl, "--request", "clients:0")
+    assert "cannot parse request 'clients:0'" in error_line("train", *hfl, "--backdoor", "--request", "clients:0")
+    for command in (["benchmark", "--request", "client:0"], ["train"], ["ingest"], ["demo"], ["compare"], ["ids"],
+                    ["prepare"], ["serve"]):
+        assert "unknown scenario 'nope'" in error_line(*command, "--scenario", "nope")
 
 
 def test_argparse_refuses_an_unknown_flag_or_choice_with_its_usage_line_and_exit_2(tmp_path):
