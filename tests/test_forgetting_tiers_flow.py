@@ -127,7 +127,11 @@ def test_with_nothing_pending_a_debt_past_its_latest_safe_start_is_warned_of_and
     late = receipt.exact_start_by + timedelta(minutes=5)
     assert receipt.forgetting == "interim" and late < deadline
 
-    assert "WARNING" not in run("status", "--scenario", SCENARIO, at=receipt.exact_start_by - timedelta(minutes=5))
+    before = run("status", "--scenario", SCENARIO, at=receipt.exact_start_by - timedelta(minutes=5))
+    assert "WARNING" not in before
+    # No repay-retrain-debt deployment is served here: status says so, and what to run by when (issue 37).
+    assert (f"next exact retrain: none scheduled (no server serves repay-retrain-debt); run `fedunlearn repay-debt "
+            f"--scenario {SCENARIO}` before {receipt.exact_start_by:%Y-%m-%d %H:%M}Z" in before)
     warned = run("status", "--scenario", SCENARIO, at=late)
     assert (f"**WARNING**: the exact retrain that repays the retrain debt should have started by "
             f"{receipt.exact_start_by:%Y-%m-%d %H:%M}Z" in warned and f"`fedunlearn repay-debt --scenario {SCENARIO}`"
