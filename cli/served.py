@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                               description="Copy every finished flow run the CLI recorded in the Prefect home's database "
                                           "(its task runs, artifacts and logs) into the Prefect server in "
                                           "PREFECT_API_URL, tagged from-cli; runs copied before are skipped. Nothing "
-                                          "to do when that server uses the same database (make serve on SQLite).")
+                                          "to do when that server uses the same database (make serve on SQLite), as "
+                                          "its database setting says (PREFECT_API_DATABASE_CONNECTION_URL, which "
+                                          "serve.sh exports; unset: the Prefect home's prefect.db).")
     copy.set_defaults(handler=run_copy)
     announce = actions.add_parser("announce", help="write the marker: the workspace is served at API_URL",
                                   description="Write the Prefect home's served.json: while process PID runs and the "

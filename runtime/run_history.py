@@ -25,7 +25,8 @@ second copy skips it and a copy cut short (``fedunlearn.copying-from`` alone) is
 artifacts first, and made again. The record travels with the served database: a new one gets the
 history again, one that has it never gets it twice. A run that has not finished (running, pending,
 scheduled) is left for a later serve. On SQLite, serve's server opens the home's own database:
-there is nothing to copy (``shares_database``).
+there is nothing to copy (``shares_database``, from the settings serve.sh gives its server; a
+server found to hold the originals themselves gets nothing either).
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ async def copy_runs(source: PrefectClient, target: PrefectClient) -> CopyReport:
     report.unfinished = sum(str(run.id) not in copied and not finished(run) for run in runs)
     if not todo:
         return report
+    if await holds(target, todo[0].id):  # the same database after all (settings other than serve.sh's)
+        return CopyReport(same_database=True)
     tasks = await task_runs_of(source, [run.id for run in todo])
     ids = Ids(flow_runs={}, task_runs={task.id: uuid4() for task in tasks})
     names = {flow_id: (await source.read_flow(flow_id)).name for flow_id in {run.flow_id for run in todo}}
@@ -189,6 +192,17 @@ class Ids:
 
     flow_runs: dict[UUID, UUID]
     task_runs: dict[UUID, UUID]
+
+
+async def holds(target: PrefectClient, flow_run_id: UUID) -> bool:
+    """Whether ``target`` has the flow run ``flow_run_id`` (an original's ID: copies get IDs of their own)."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        await target.read_flow_run(flow_run_id)
+    except ObjectNotFound:
+        return False
+    return True
 
 
 def finished(run: FlowRun) -> bool:

@@ -43,6 +43,13 @@ class FakeServer:
             runs = [run for run in runs if set(flow_run_filter.tags.all_) <= set(run.tags)]
         return runs[offset:offset + limit]
 
+    async def read_flow_run(self, flow_run_id):
+        from prefect.exceptions import ObjectNotFound
+
+        if flow_run_id not in self.flow_runs:
+            raise ObjectNotFound(http_exc=None)
+        return self.flow_runs[flow_run_id]
+
     async def read_flow(self, flow_id):
         return self.flows[flow_id]
 
@@ -213,6 +220,15 @@ def test_a_copy_cut_short_is_made_again_whole():
     assert report.redone == 2 and len(report.flow_runs) == 2
     assert sorted(copies(target)) == ["educational-angelfish", "turquoise-condor"]
     assert len(target.artifacts) == 3 and len(target.task_runs) == 4  # the first try's are gone
+
+
+def test_a_server_that_holds_the_originals_gets_no_copies():
+    both = cli_history()
+    count = len(both.flow_runs)
+
+    report = asyncio.run(copy_runs(both, both))
+
+    assert report.same_database and report.flow_runs == [] and len(both.flow_runs) == count
 
 
 def test_nothing_to_copy_where_the_served_server_opens_the_cli_database(tmp_path):

@@ -18,7 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from runtime.local_server import prefect_server
-from runtime.run_history import COPIED_LABEL, COPY_TAG, client_of, copy_cli_runs
+from runtime.run_history import COPIED_LABEL, COPY_TAG, client_of, copy_cli_runs, copy_runs
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 pytestmark = pytest.mark.skipif(not FULL, reason="tens of seconds (three Prefect servers): runs under "
@@ -62,6 +62,11 @@ async def left_running(api: str) -> None:
         await client.create_flow_run(audit, name="killed-midway", state=Running())
 
 
+async def copy_between(source_api: str, target_api: str):
+    async with client_of(source_api) as source, client_of(target_api) as target:
+        return await copy_runs(source, target)
+
+
 async def served_view(api: str) -> dict:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
@@ -87,6 +92,7 @@ def test_the_clis_runs_reach_the_served_server_once(tmp_path: Path, prefect_data
         took = time.monotonic() - started
         view = asyncio.run(served_view(served))
         again = copy_cli_runs(cli_home, served)
+        onto_itself = asyncio.run(copy_between(served, served))  # a server holding the originals gets nothing
         after = asyncio.run(served_view(served))
 
     assert sorted(report.flow_runs)[0].startswith("process-deletions/") and len(report.flow_runs) == 2, report
@@ -102,6 +108,7 @@ def test_the_clis_runs_reach_the_served_server_once(tmp_path: Path, prefect_data
     assert "forgotten" in next(a.data for a in view["artifacts"] if a.key == "deletion-receipt")
     assert any(log.message == "batch done" and log.flow_run_id == copy.id for log in view["logs"])
     assert (again.flow_runs, again.already, again.unfinished) == ([], 2, 1)
+    assert onto_itself.same_database and onto_itself.flow_runs == []
     assert [len(after[k]) for k in ("runs", "tasks", "artifacts")] == [len(view[k]) for k in ("runs", "tasks",
                                                                                               "artifacts")]
     print(f"\ncopied {report.line()} in {took:.1f} s (a server over the old database started included)")
