@@ -21,7 +21,8 @@ demo: $(STAMP)
 # Prefect server + UI, the deployments (deletion batches on a cron schedule; CRON="0 2 * * *") and the
 # MLflow tracking server + UI, all on 127.0.0.1, their databases on the workspace's PostgreSQL cluster
 # (.postgres/, installed by scripts/install-postgres.sh where missing; DATABASE_URL for another server;
-# SERVE_DB=sqlite for SQLite); prints the URLs, Ctrl-C stops them all.
+# SERVE_DB=sqlite for SQLite); prints the URLs, Ctrl-C stops them all. The runs the CLI recorded (make demo's)
+# are copied into its Prefect server first; while it serves, the workspace's CLI commands run on that server.
 # The UI screenshot test (tests/test_ui_screenshots.py) needs headless Chromium: apt-get install -y chromium
 serve: $(STAMP)
 	scripts/serve.sh

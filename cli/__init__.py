@@ -17,7 +17,7 @@ from typing import NoReturn
 from fedunlearn.errors import FedunlearnError, as_no_space, watch_filesystems
 
 COMMAND_MODULES = ("data", "train", "benchmark", "requests", "ledger", "pipeline", "durable", "database",
-                   "transparency")
+                   "transparency", "served")
 
 
 def workspace_root(args: argparse.Namespace) -> Path:

@@ -9,6 +9,10 @@ runs (event triggers and actions, the event and task-run recorders) and none of 
 only served deployments need (scheduler, late runs, ...). Its database is the Prefect home's
 (the workspace's ``.prefect/`` unless ``PREFECT_HOME`` says otherwise); its output goes to
 ``server.log`` there, not into the command's own.
+
+While ``make serve`` serves the workspace, its server is the command's instead (``runtime.served``:
+the marker serve leaves in the Prefect home): the command's runs then show in the served UI, and no
+second server opens the served one's database. ``PREFECT_API_URL`` set by the user still wins.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ PORT_LOCK_NAME = "fedunlearn-prefect-port"
 # The loops of a full server that act on served deployments' runs; the temporary server does not run them either.
 SERVED_ONLY_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR",
                         "CANCELLATION_CLEANUP", "CLEANUP_RECONCILER")
+# The settings that name a Prefect server's database (Prefect's and its older aliases).
+DATABASE_SETTINGS = ("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")
 
 
 class LocalServerFailed(FedunlearnError):
@@ -156,36 +162,75 @@ def start_listening(start: Callable[[int], subprocess.Popen], ready: Callable[[s
 
 @contextlib.contextmanager
 def local_prefect_api(timeout_s: float = START_TIMEOUT_S) -> Iterator[str | None]:
-    """A Prefect server of this command's, its API URL the current setting, while the block runs;
-    nothing (None) when ``PREFECT_API_URL`` already names a server."""
+    """A Prefect server for this command, its API URL the current setting, while the block runs: the
+    served workspace's server when ``make serve`` runs (its marker, ``runtime.served``), else one of
+    the command's own; nothing (None) when ``PREFECT_API_URL`` already names a server."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from runtime.served import answers, runs_page, served_api
 
     if PREFECT_API_URL.value():
         yield None
         return
     home = Path(PREFECT_HOME.value()).expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    log = home / LOG_NAME
+    served = served_api(home)
+    if served is not None:
+        print(f"runs show in the Prefect UI: {runs_page(served)} (the server `make serve` runs for this workspace)",
+              file=sys.stderr, flush=True)
+        with temporary_settings(updates={PREFECT_API_URL: served}):
+            try:
+                yield served
+            finally:
+                if answers(served):  # one that went away takes nothing: the drain would wait and fail
+                    flush_clients()
+        return
     _EXITED.clear()
+    with prefect_server(home, timeout_s, own=True) as api_url:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield api_url
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path, timeout_s: float = START_TIMEOUT_S, database_url: str | None = None,
+                   services: bool = True, own: bool = False, log_name: str = LOG_NAME) -> Iterator[str]:
+    """`prefect server start` on a free loopback port with ``home`` as its Prefect home (its log
+    ``log_name`` there) and its database ``database_url`` (default: the one this process's settings name,
+    the home's ``prefect.db`` unless set), its API URL while the block runs; stopped after, the clients'
+    pending logs and events sent to it first. ``own``: the command's own server, whose early exit
+    ``exited_early`` reports; ``services=False``: none of its services (a server only read from)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / log_name
+    env = server_environment(home)
+    if database_url is not None:
+        for name in [name for name in env if name.startswith(DATABASE_SETTINGS)]:
+            del env[name]
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
 
     def start(port: int) -> subprocess.Popen:
         command = [prefect_executable(), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-                   "--analytics-off"]
+                   "--analytics-off", *([] if services else ["--no-services"])]
         with open(log, "ab") as out:
-            return subprocess.Popen(lifeline.command(command), env=server_environment(home), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return subprocess.Popen(lifeline.command(command), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
 
     port, process = start_listening(
         start, lambda process, port: wait_until_healthy(process, api_url_of(port), log, timeout_s), timeout_s)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url_of(port)}):
-            try:
-                yield api_url_of(port)
-            finally:
-                if process.poll() is None:  # a server that is gone takes nothing: the drain would wait and fail
+        try:
+            yield api_url_of(port)
+        finally:
+            if process.poll() is None:  # a server that is gone takes nothing: the drain would wait and fail
+                with temporary_settings(updates={PREFECT_API_URL: api_url_of(port)}):
                     flush_clients()
     finally:
-        stop(process, log)
+        stop(process, log if own else None)
+
+
+def sqlite_url(home: Path) -> str:
+    """The URL of a Prefect home's own database, ``prefect.db`` (Prefect's default)."""
+    return f"sqlite+aiosqlite:///{Path(home).resolve() / 'prefect.db'}"
 
 
 def api_url_of(port: int) -> str:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # `make serve`: the Prefect server and UI, the deployments (fedunlearn serve) and the MLflow UI, all
-# bound to 127.0.0.1, on PostgreSQL. Prints the URLs; Ctrl-C stops them all.
+# bound to 127.0.0.1, on PostgreSQL. Prints the URLs; Ctrl-C stops them all. Before the deployments,
+# the flow runs the CLI recorded in .prefect/prefect.db (make demo's) are copied into the served
+# server (fedunlearn served copy-runs), and while it serves, the workspace's CLI commands run their
+# flows on it (the marker $PREFECT_HOME/served.json: fedunlearn served announce|withdraw).
 #   FEDUNLEARN_ROOT (workspace, default .), SCENARIO (default of the forms, mnist5k-hfl),
 #   CRON (deletion batches, default daily 02:00 UTC), PREFECT_PORT (4200), MLFLOW_PORT (5000),
 #   SERVE_FLAGS (more flags of `fedunlearn serve`, e.g. --cold-runs),
@@ -39,8 +42,12 @@ case "$TRACKING" in
 esac
 
 pids=()
-stop() {  # the deployments first (they pause themselves on the server), then the servers, then the database
+PREFECT_PID=""
+stop() {  # the marker, the deployments (they pause themselves on the server), the servers, then the database
   trap - EXIT INT TERM
+  if [ -n "$PREFECT_PID" ]; then  # CLI commands started from now on start a server of their own again
+    "$BIN/fedunlearn" --root "$ROOT" served withdraw --pid "$PREFECT_PID" >/dev/null 2>&1 || true
+  fi
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
     kill -TERM -- "-${pids[i]}" 2>/dev/null || continue
     for _ in $(seq 20); do kill -0 "${pids[i]}" 2>/dev/null || break; sleep 0.5; done
@@ -85,7 +92,14 @@ if [ -z "$TRACKING" ]; then
   if [ "$SERVE_DB" = postgres ]; then export FEDUNLEARN_MLFLOW_TRACKING_URI="$MLFLOW_UI"; fi
 fi
 wait_for "$PREFECT_API_URL/health" "The Prefect server" "$PREFECT_HOME/server.log"
+# From here until Ctrl-C the workspace's CLI commands run their flows on this server (runtime/served.py).
+"$BIN/fedunlearn" --root "$ROOT" served announce --api-url "$PREFECT_API_URL" --pid "${pids[0]}"
+PREFECT_PID="${pids[0]}"
 wait_for "$MLFLOW_UI/health" "The MLflow UI" "$ROOT/mlflow/ui.log"
+# The CLI's history (make demo's runs and artifacts) into the served UI: nothing on SQLite, where the
+# server opens the CLI's own database; runs copied before are skipped (runtime/run_history.py).
+HISTORY="$("$BIN/fedunlearn" --root "$ROOT" served copy-runs 2>"$PREFECT_HOME/copy-runs.log")" \
+  || HISTORY="the CLI's runs were not copied: see $PREFECT_HOME/copy-runs.log"
 "$BIN/fedunlearn" --root "$ROOT" serve --scenario "$SCENARIO" --cron "$CRON" ${SERVE_FLAGS:-} >"$PREFECT_HOME/serve.log" 2>&1 &
 pids+=($!)
 
@@ -97,6 +111,8 @@ fi
 cat <<INFO
 
 Prefect UI   http://127.0.0.1:$PREFECT_PORT/deployments   (Run ▸ Quick run / Custom run on process-deletions)
+Runs         http://127.0.0.1:$PREFECT_PORT/runs   ($HISTORY)
+             the workspace's CLI commands (fedunlearn process, train, ...) run on this server while it serves
 MLflow UI    $MLFLOW_UI/#/models/$SCENARIO${TRACKING:+   (the tracking server in params.yaml)}
 Deployments: process-deletions/deletion-batches (cron '$CRON' and event triggers),
              submit-deletion-requests/form, retrain-reference/exact-retrain, train-federated/new-original,
