@@ -142,15 +142,14 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
 def run_status(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.errors import RequestOverdue
+    from runtime.local_server import served_prefect_api
     from tasks.status import deletion_status
     from stores.workspace import Workspace
 
     ws = Workspace.open(root)
     ws.params.scenario(args.scenario)
-    # TODO(lead, after merging issue 37's other branches): ask the served workspace's Prefect server found
-    # without PREFECT_API_URL (runtime/local_server.py), so that the next exact retrain is read from it;
-    # print through the markdown-to-plain-text function of cli/ (escaped reasons, bold).
-    status = deletion_status(ws, args.scenario)
+    with served_prefect_api():  # the next exact retrain is read from the served server, if one runs
+        status = deletion_status(ws, args.scenario)
     print(status.markdown())
     warning = status.repayment_warning()
     if warning:  # a warning, not an exit status: status exits non-zero only once a deadline is missed (9)

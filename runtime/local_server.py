@@ -191,6 +191,23 @@ def local_prefect_api(timeout_s: float = START_TIMEOUT_S) -> Iterator[str | None
 
 
 @contextlib.contextmanager
+def served_prefect_api() -> Iterator[str | None]:
+    """The served workspace's Prefect server (``make serve``'s marker) as the API URL while the block
+    runs, for a command that only reads from Prefect (``status``): it never starts a server of its own.
+    None when there is none, or ``PREFECT_API_URL`` already names one."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from runtime.served import served_api
+
+    served = None if PREFECT_API_URL.value() else served_api(Path(PREFECT_HOME.value()).expanduser())
+    if served is None:
+        yield None
+        return
+    with temporary_settings(updates={PREFECT_API_URL: served}):
+        yield served
+
+
+@contextlib.contextmanager
 def prefect_server(home: Path, timeout_s: float = START_TIMEOUT_S, database_url: str | None = None,
                    services: bool = True, own: bool = False, log_name: str = LOG_NAME) -> Iterator[str]:
     """`prefect server start` on a free loopback port with ``home`` as its Prefect home (its log

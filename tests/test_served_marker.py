@@ -126,3 +126,17 @@ def test_serve_writes_and_removes_the_marker_through_the_cli(workspace, tmp_path
     assert served.read_marker(tmp_path / "home") == {"api_url": "http://127.0.0.1:4200/api", "pid": 4321}
     assert main(["--root", str(workspace), "served", "withdraw", "--pid", "4321"]) == 0
     assert not served.marker_path(tmp_path / "home").exists()
+
+
+def test_status_reads_the_served_server_and_never_starts_one(home, answering_server, own_server):
+    with local_server.served_prefect_api() as unserved:
+        assert unserved is None and PREFECT_API_URL.value() in (None, "")
+    served.announce(home, answering_server, pid=os.getpid())
+
+    with local_server.served_prefect_api() as api:
+        assert api == answering_server and PREFECT_API_URL.value() == answering_server
+
+    assert own_server == []  # a reading command starts no server of its own, served or not
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with local_server.served_prefect_api() as api:
+            assert api is None and PREFECT_API_URL.value() == "http://127.0.0.1:9/api"  # the user's setting wins
