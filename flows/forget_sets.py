@@ -7,12 +7,12 @@ version on the same samples."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from prefect import get_run_logger
 
 from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator, evaluation_sets
 from fedunlearn.evaluation.forget_sets import RETRAINED, figures
@@ -73,7 +73,7 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
     batch, not on their union: each batch's source and unlearned version were measured on its own
     forget set. A batch whose data before it cannot be read back (purged, or DVC's cache lost) is
     left unmeasured with a warning: the retrain serves and the receipts say so either way."""
-    log = logging.getLogger(__name__)
+    log = get_run_logger()
     wanted = set(batch_ids)
     records = [r for r in load_records(ws.folders) if r.batch_id in wanted]
     if not records:
