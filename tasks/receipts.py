@@ -61,7 +61,7 @@ def comparison(ws: Workspace, scenario: str, batch_id: str | None = None) -> tup
         measured = measured_on(ws, scenario, batch_id)
         samples = latest[1] if latest and latest[0] == batch_id else _samples(measured)
         rows = [{**row, "forget_set": batch_id} for row in on_forget_set(rows, measured)]
-        title = header(batch_id, samples, measured) + "\n\n"
+        title = header(batch_id, samples, measured, len(rows)) + "\n\n"
     keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure") if any(row.get(k) for row in rows))
     table = title + markdown_table(rows, keys)
     registry = ws.registry

@@ -59,15 +59,18 @@ def on_forget_set(rows: list[dict[str, Any]], measured: Mapping[str, Mapping[str
     return shown
 
 
-def header(batch_id: str, samples: int | None, measured: Mapping[str, Mapping[str, Any]]) -> str:
-    """The line above the comparison table: which forget set its forget-set columns are on, and
-    how each version measured there meets it."""
+def header(batch_id: str, samples: int | None, measured: Mapping[str, Mapping[str, Any]],
+           rows: int | None = None) -> str:
+    """The line above the comparison table: which forget set its forget-set columns are on, how
+    each version measured there meets it, and (``rows``: the versions in the table) that the
+    others show none."""
     what = {SOURCE: "its source, trained on them", UNLEARNED: "unlearned", RETRAINED: "retrained without them"}
     versions = sorted(measured.items(), key=lambda item: int(item[0]))
     parts = ", ".join(f"v{version} ({what.get(found.get('part'), found.get('part'))})" for version, found in versions)
     count = f" ({samples} samples)" if samples else ""
+    others = "; – for the other versions" if rows is None or rows > len(measured) else ""
     return (f"forget_acc, mia_auc and audit_auc on the forget set of batch {batch_id}{count}: "
-            + (parts or "no version was measured on it") + "; – for the other versions.")
+            + (parts or "no version was measured on it") + others + ".")
 
 
 def _finite(value: Any) -> float | None:
