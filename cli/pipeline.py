@@ -43,9 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     compare = sub.add_parser("compare", help="the registered versions of a scenario side by side",
                              description="Print every registered version of the scenario's model — aliases, role, "
-                                         "method, data version, test/forget accuracy, MIA AUC, certificate, cost — "
-                                         "and log the table as an MLflow artifact (experiment <scenario>-comparisons).")
+                                         "method, data version, test/forget accuracy, MIA AUC, audit AUC, certificate, "
+                                         "cost — and log the table as an MLflow artifact (experiment "
+                                         "<scenario>-comparisons). The forget-set columns are on one deletion batch's "
+                                         "forget set, named above the table: its source, unlearned and retrained "
+                                         "versions side by side.")
     compare.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    compare.add_argument("--batch", metavar="BATCH_ID",
+                         help="the batch whose forget set the forget-set columns are on (default: the newest batch "
+                              "with a receipt)")
     compare.set_defaults(handler=run_compare)
 
     serve = sub.add_parser("serve", help="serve the Prefect deployments (needs PREFECT_API_URL; see make serve)",
@@ -132,12 +138,18 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 
 def run_compare(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)
+    from fedunlearn.errors import InputError
+    from fedunlearn.receipts import read_receipt
+    from fedunlearn.requests.folders import RECEIPTS_DIR
     from tasks.debt import retrain_debt
     from tasks.receipts import comparison
     from stores.workspace import Workspace
 
     ws = Workspace.open(root)
-    print(comparison(ws, args.scenario)[1])
+    if args.batch and read_receipt(ws.root, args.batch) is None:
+        raise InputError(f"no receipt of batch {args.batch!r} in {RECEIPTS_DIR.as_posix()}/: "
+                         f"`fedunlearn status --scenario {args.scenario}` lists the batches")
+    print(comparison(ws, args.scenario, args.batch)[1])
     print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")
     return 0
 

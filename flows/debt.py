@@ -2,7 +2,8 @@
 
     retrain debt (receipts forgotten only approximately) ─▶ none: nothing to do
     ─▶ retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
-    record when their requests were forgotten exactly
+    record when their requests were forgotten exactly ─▶ the retrain measured on each of their
+    batches' forget sets (beside each batch's source and unlearned version)
 
 Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); each interim batch schedules a
 run of it at the latest safe time before its requests' deadlines (``tasks.debt.schedule_repayment``);
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.forget_sets import measure_retrained
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from flows.results import RepayResult
@@ -51,6 +53,7 @@ def repay(ws: Workspace, scenario: str, device: str | None) -> RepayResult:
     reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device, close_open=False)
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
     repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
+    measure_retrained(ws, scenario, reference.model_version, repaid, device)
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
     return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)

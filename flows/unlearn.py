@@ -22,7 +22,7 @@ from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.errors import BatchCannotSucceed
-from fedunlearn.evaluation.evaluator import evaluation_sets
+from fedunlearn.evaluation.forget_sets import RETRAINED, SOURCE, figures
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
 from fedunlearn.federation.cost import CostRecord
@@ -32,18 +32,19 @@ from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.runner_choice import IN_PROCESS_RUNTIME, flower_engine
 from fedunlearn.unlearning.base import DeletionBatch, Outcome
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
-from flows.audit import audit_references
 from flows.batch import Batch, Unlearned
+from flows.forget_sets import forget_set_kit
 from flows.reference import retrain_reference as retrain_reference_flow
 from flows.train import train_federated
 from stores.registry import ModelWeights, RegisteredModel
 from stores.workspace import Workspace
-from tasks.audit import audit, load_references, log_audit, log_source_audit
+from tasks.audit import audit, log_audit, log_source_audit
 from tasks.data import load_data, read_federation
 from tasks.erasure import capture_fingerprints, scan_stores
-from tasks.evaluation import apply_gates, build_evaluator, evaluate
+from tasks.evaluation import apply_gates, evaluate
+from tasks.forget_sets import log_forget_set
 from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
-                          log_run_metrics, register_version, remove_alias, retrained_model, tag_version)
+                          register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
 from tasks.unlearning import unlearn_in_gpu_slot, unlearn_through_flower
 
@@ -79,6 +80,7 @@ class BatchContext:
     device: str
     reference: RegisteredModel | None = None
     reference_eval: Evaluation | None = None
+    reference_audit: Any = None
     engine: str | None = None  # Flower's engine for the method attempts; None: in-process
 
     @property
@@ -139,26 +141,17 @@ def batch_context(of: Batch, source: RegisteredModel, federation: Federation, ba
     """The evaluation sets, evaluator and audit references of the batch (references trained first if
     the scenario has none usable), and the source model evaluated and audited on them."""
     ws, record = of.ws, of.record
-    forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
-    clean_forget_labels = None
-    if poisoned and forget_ids <= set(poisoned):  # the forget set carries the trigger: so must its non-members
-        clean = load_data(ws, record.scenario, federation.device, record.data_version_before)
-        clean_forget_labels = clean.forget_data(batch).y.cpu().numpy()
-    sets = evaluation_sets(federation, batch, clean_forget_labels=clean_forget_labels)
+    kit = forget_set_kit(ws, record, federation, batch, poisoned, of.device_name)
+    sets, evaluator, references = kit.sets, kit.evaluator, kit.references
     setup = runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, batch, bool(poisoned), sets)
-    evaluator = build_evaluator(ws, record.scenario, federation, batch, bool(poisoned), sets)
     source_model = federation.model_from(source.state)
     source_eval = evaluate(evaluator, f"source-v{source.ref.version}", source_model)
-    references = load_references(ws, record.scenario, federation, record.deleted_ids())
-    if references is None:  # none yet, or too many saw held-out rows deleted since: a new set
-        audit_references(scenario=record.scenario, root=str(ws.root), device=of.device_name)
-        references = load_references(ws, record.scenario, federation, record.deleted_ids())
     if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
         federation.calibration = references.calibration_rows(federation.test)
     source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
-                         clean_forget_labels)
+                         kit.clean_forget_labels)
     return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
-                        clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name,
+                        kit.clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name,
                         engine=flower_engine(of.runner))
 
 
@@ -193,6 +186,7 @@ def try_exact(ctx: BatchContext, attempt: Attempt, number: int,
     exact_eval = ctx.reference_eval or evaluate(ctx.evaluator, "retrained", exact_model)
     verdict = ctx.audit("retrained", exact_model)
     log_audit(ws, exact.ref.run_id, verdict)
+    ctx.reference_audit = verdict
     describe_version(ws, scenario, exact.ref.version, batch_description(
         ctx.record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
         note=f"none needed (exact retrain; audit {verdict.verdict})"))
@@ -238,14 +232,22 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
 def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: Certificate | None, cost: CostRecord,
                   source_gates: GateOutcome) -> BatchUnlearning:
     reference, reference_metrics = ctx.reference, None
+    log_on_forget_set(ctx, ctx.source.ref, SOURCE, ctx.source_eval, ctx.source_audit)
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
-        log_run_metrics(ctx.ws, reference.ref.run_id, {"forget_acc": ctx.reference_eval.forget_acc,
-                                                       "mia_auc": ctx.reference_eval.mia_auc})
+        verdict = ctx.reference_audit or ctx.audit("retrained", ctx.federation.model_from(reference.state))
+        log_on_forget_set(ctx, reference.ref, RETRAINED, ctx.reference_eval, verdict)
         reference_metrics = VersionMetrics.of(ctx.reference_eval, registered_cost(reference))
     return BatchUnlearning(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
                         {str(c): len(ids) for c, ids in ctx.batch.forget_ids.items()},
                         reference.ref if reference else None, reference_metrics, source_gates)
+
+
+def log_on_forget_set(ctx: BatchContext, ref: ModelRef, part: str, evaluation: Evaluation, verdict) -> None:
+    """The batch's own measurement of its source or reference on its forget set, where ``compare``
+    and MLflow's compare view read it beside the unlearned version's (no second evaluation)."""
+    log_forget_set(ctx.ws, ctx.scenario, ref, ctx.record.batch_id, part, figures(evaluation, verdict),
+                   len(ctx.sets.forget), verdict.verdict)
 
 
 def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation,

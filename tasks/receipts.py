@@ -12,12 +12,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.benchmark.report import markdown_table
+from fedunlearn.evaluation.forget_sets import header, on_forget_set
 from fedunlearn.receipts import Receipt
 from fedunlearn.receipts import write_receipt as write_receipt_file
 from stores.workspace import Workspace
+from tasks.forget_sets import latest_batch, measured_on
 
 COMPARE_KEYS = ("version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc", "mia_auc",
-                "certificate", "wall_seconds", "flops", "comm_bytes")
+                "audit_auc", "certificate", "wall_seconds", "flops", "comm_bytes")
 
 
 def _finite(value: float | None) -> float | None:
@@ -45,16 +47,31 @@ def publish_receipt(receipt: Receipt) -> None:
                           description=f"models of deletion batch {receipt.batch_id}")
 
 
-def comparison(ws: Workspace, scenario: str) -> tuple[list[dict[str, Any]], str]:
-    """Every registered version of ``scenario`` side by side (rows and the markdown table), also
-    logged as artifacts (``comparison.md``, ``comparison.json``) of a run in the experiment
-    ``<scenario>-comparisons``, apart from the versions' own runs."""
+def comparison(ws: Workspace, scenario: str, batch_id: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Every registered version of ``scenario`` side by side (rows and the markdown table), its
+    forget-set columns on one batch's forget set (``batch_id``, default the newest batch with a
+    receipt; named in the line above the table), also logged as artifacts (``comparison.md``,
+    ``comparison.json``) of a run in the experiment ``<scenario>-comparisons``, apart from the
+    versions' own runs."""
     rows = ws.registry.table(scenario)
+    latest = latest_batch(ws, scenario)
+    batch_id = batch_id or (latest[0] if latest else None)
+    title = ""
+    if batch_id is not None:
+        measured = measured_on(ws, scenario, batch_id)
+        samples = latest[1] if latest and latest[0] == batch_id else _samples(measured)
+        rows = [{**row, "forget_set": batch_id} for row in on_forget_set(rows, measured)]
+        title = header(batch_id, samples, measured, len(rows)) + "\n\n"
     keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure") if any(row.get(k) for row in rows))
-    table = markdown_table(rows, keys)
+    table = title + markdown_table(rows, keys)
     registry = ws.registry
     with registry.run(f"{scenario}-comparisons", f"compare {scenario}", {"versions": len(rows)},
-                      {"role": "comparison", "scenario": scenario}) as run_id:
+                      {"role": "comparison", "scenario": scenario, **({"forget_set": batch_id} if batch_id else {})}
+                      ) as run_id:
         registry.log_text(run_id, table, "comparison.md")
         registry.log_text(run_id, json.dumps(rows, indent=2, default=str), "comparison.json")
     return rows, table
+
+
+def _samples(measured: dict[str, dict[str, Any]]) -> int | None:
+    return next((found["samples"] for found in measured.values() if found.get("samples")), None)

@@ -6,6 +6,7 @@ latest safe time; ``status`` exits 9 for a request left interim past its deadlin
 passed repays at once; ``strict`` escalates as before. Then a batch applied without unlearning and
 closed by ``fedunlearn retrain``."""
 
+import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,7 +20,8 @@ from fedunlearn.receipts import read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from flows.debt import repay_retrain_debt
 from stores.registry import Registry
-from stores.workspace import data_version
+from stores.workspace import Workspace, data_version
+from tasks.forget_sets import measured_on
 
 SCENARIO = "digits-hfl"
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
@@ -100,6 +102,32 @@ def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadlin
     assert repaid.at == receipt.exact_start_by < deadline
     assert current(workspace).tags["forgetting"] == "exact" and current(workspace).tags["role"] == "retrained"
     assert f"| {first} | exact |" in run("status", "--scenario", SCENARIO, at=deadline + timedelta(hours=1))
+    compared_on_the_forget_set(workspace, receipt, run("compare", "--scenario", SCENARIO))
+
+
+def table_rows(markdown: str) -> list[dict[str, str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    keys = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [dict(zip(keys, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[1:]]
+
+
+def compared_on_the_forget_set(workspace, receipt, compared: str) -> None:
+    """Original (the batch's source), unlearned and retrained (the debt's exact retrain) side by side on
+    the batch's forget set, in ``compare`` and as each run's metrics (MLflow's compare view); the
+    source's figures are the batch's own measurement; runs named by role and version."""
+    samples = sum(receipt.forgotten_per_client.values())
+    assert f"on the forget set of batch {receipt.batch_id} ({samples} samples)" in compared
+    rows = table_rows(compared)
+    assert [row["role"] for row in rows] == ["original", "unlearned", "retrained"]
+    assert all(row[key] != "–" for row in rows for key in ("forget_acc", "mia_auc", "audit_auc")), compared
+    registry = Registry(workspace)
+    runs = [registry.client.get_run(v.run_id) for v in registry.versions(SCENARIO)]
+    assert all(math.isfinite(r.data.metrics[key]) for r in runs for key in ("forget_acc", "mia_auc", "audit_auc"))
+    assert runs[0].data.metrics["forget_acc"] == receipt.metrics["source"]["forget_acc"]
+    assert [r.data.tags.get("forget_set") for r in runs] == [receipt.batch_id, None, receipt.batch_id]
+    assert [r.info.run_name for r in runs] == [f"original v1 · {SCENARIO}",
+                                               f"unlearned v2 (puf-special) · {receipt.batch_id}",
+                                               f"retrained v3 · {SCENARIO}"]
 
 
 def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(trained, run):
@@ -159,6 +187,9 @@ def test_strict_escalates_until_a_version_passes_every_check(trained, run):
     assert chosen.method == "retrain" or chosen.gates.passed
     assert receipt.forgetting == ("exact" if chosen.method == "retrain" else "interim")
     assert current(workspace).tags["forgetting"] == receipt.forgetting
+    measured = measured_on(Workspace.open(workspace), SCENARIO, receipt.batch_id)
+    assert measured[receipt.models["source"].version]["part"] == "source"
+    assert measured[chosen.version.version]["part"] == ("retrained" if chosen.method == "retrain" else "unlearned")
 
 
 def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(trained, run):
@@ -174,6 +205,9 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_next_retrain(traine
     assert receipt.request_ids == [ingested] and receipt.forgetting == "exact" and receipt.method == "retrain"
     assert serving.tags["role"] == "retrained" and serving.tags["data_version"] == data_version(workspace, SCENARIO)
     assert receipt.models["current"].version == str(serving.version) and receipt.erasure["verified"]
+    measured = measured_on(Workspace.open(workspace), SCENARIO, receipt.batch_id)  # the retrain on its forget set
+    assert list(measured) == [str(serving.version)] and measured[str(serving.version)]["part"] == "retrained"
+    assert math.isfinite(measured[str(serving.version)]["forget_acc"])
     status = run("status", "--scenario", SCENARIO)
     assert "no pending requests" in status and f"| {ingested} | exact |" in status
     assert "no pending requests" in run("process", "--scenario", SCENARIO)

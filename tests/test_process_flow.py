@@ -229,10 +229,15 @@ def test_a_rerun_after_the_batch_changes_nothing(resumed, tmp_path, capsys):
 
 
 def test_compare_lists_the_versions_and_no_retrain_debt_after_an_exact_reference(resumed, capsys):
-    table = cli(resumed.workspace, capsys, "compare", "--scenario", SCENARIO).splitlines()
+    lines = cli(resumed.workspace, capsys, "compare", "--scenario", SCENARIO).splitlines()
+    table = lines[2:]
 
-    assert table[0].startswith("| version | aliases | role | method | data_version | test_acc | forget_acc |")
-    assert [row.split("|")[3].strip() for row in table[2:4]] == ["original", "retrained"]
+    assert lines[0].startswith(f"forget_acc, mia_auc and audit_auc on the forget set of batch {resumed.receipt.batch_id}")
+    assert table[0].startswith("| version | aliases | role | method | data_version | test_acc | forget_acc | mia_auc |")
+    rows = [[cell.strip() for cell in row.split("|")] for row in table[2:] if row.startswith("| ")]
+    assert [row[3] for row in rows[:2]] == ["original", "retrained"]
+    # The batch's source and its reference, measured by the batch on its forget set, as its attempts are.
+    assert all(cell != "–" for row in rows for cell in row[7:10]), lines
     assert table[-1].startswith("retrain debt: none")
 
 

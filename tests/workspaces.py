@@ -46,7 +46,16 @@ def copy_workspace(source: Path, destination: Path) -> Path:
                                           (old,)).fetchone()[0], (table, column)
     stale = [str(p) for p in destination.rglob("*") if p.is_file() and p != store and old.encode() in p.read_bytes()]
     assert not stale, f"files of the copy name the original workspace: {stale}"
+    forget_artifact_locations()
     return destination
+
+
+def forget_artifact_locations() -> None:
+    """MLflow caches each run's artifact store by run ID for the whole process: a copy's runs have
+    the source's IDs, so an artifact logged to one of them would land in the source workspace."""
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    tracking_utils._artifact_repos_cache.clear()
 
 
 @dataclass

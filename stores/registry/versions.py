@@ -4,7 +4,8 @@ weights as a new version, reads versions back, and keeps their aliases, tags and
 Registry conventions: every version of the registered model ``<scenario>`` carries the tags
 ``role`` (original | retrained | unlearned), ``scenario``, ``setting``, ``data_version`` and
 ``certificate`` (its guarantee class); unlearned and batch-triggered retrained versions also
-``batch_id``, unlearned ones ``method``, ``attempt`` and ``source_version``. Aliases:
+``batch_id``, unlearned ones ``method``, ``attempt`` and ``source_version``. Each version's run is
+named by role and version (``run_name``). Aliases:
 ``original`` (the trained model), ``retrained`` (the latest exact reference), ``current`` (the
 version that serves). Every version has a description of why it exists (``describe``), also set as
 its run's note: with the run's dataset input (``Runs.log_data_version``) the MLflow UI alone says
@@ -53,6 +54,14 @@ def version_ref(version) -> ModelRef:
                     data_version=version.tags.get("data_version"), run_id=version.run_id)
 
 
+def run_name(role: str, version: str, scenario: str, tags: dict[str, str]) -> str:
+    """A registered version's run name, by role and version: ``original v1 · mnist5k-hfl``,
+    ``unlearned v2 (puf-special) · batch-…``, ``retrained v3 · mnist5k-hfl`` (a batch's own
+    reference: ``· batch-…``). Only known once the version is: the run is renamed at registration."""
+    method = f" ({tags['method']})" if role == "unlearned" and tags.get("method") else ""
+    return f"{role} v{version}{method} · {tags.get('batch_id') or scenario}"
+
+
 def registered_batch_ids(root: Path) -> set[str]:
     """``Registry.batch_ids`` of the workspace at ``root``, without a store directory when none exists
     yet (a workspace never trained has registered nothing)."""
@@ -85,6 +94,7 @@ class Registry(Runs, ArtifactRewriting):
             write_version_files(Path(tmp), setting, weights, model, input_shape)
             self.client.log_artifacts(run_id, tmp)
         version = self.create_version(name, run_id, MODEL_ARTIFACT, tags, description)
+        self.client.update_run(run_id, name=run_name(tags["role"], version, name, tags))
         if description is not None:
             self.note(run_id, description)
         if alias:
