@@ -223,7 +223,9 @@ def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
     attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
                 else default_escalation(setting, record.kind, first))
-    kept = flower_attempts(choice.runner, attempts, flower_methods(), choice.by_user)
+    # Strict only for attempts the user named (an escalation): a chosen --method is the first attempt,
+    # checked as such, and the default chain's fallbacks after it are still the chain's to drop.
+    kept = flower_attempts(choice.runner, attempts, flower_methods(), bool(choice.escalation))
     dropped = dropped_fallbacks(choice.runner, attempts, kept)
     if dropped:
         get_run_logger().warning("%s", dropped)

@@ -80,6 +80,18 @@ def test_the_fallbacks_a_flower_runner_drops_are_named_in_a_warning():
     assert dropped_fallbacks(Runner.flower, chain[:2] + chain[-1:], chain[:2] + chain[-1:]) is None
 
 
+def test_a_chosen_method_keeps_the_default_chain_whose_fallbacks_flower_lacks_are_dropped():
+    """``process --method hf-kcu --runner flower``: the user chose the first attempt, not FedQuit, which
+    the default chain adds after it; the batch drops it (and says so) rather than refusing the batch."""
+    from fedunlearn.unlearning.escalation import default_escalation
+    from tasks.unlearning import flower_methods
+
+    chain = default_escalation("hfl", "sample", Attempt(method="hf-kcu"))
+    kept = flower_attempts(Runner.flower, chain, flower_methods(), False)
+    assert [a.method for a in kept] == ["hf-kcu", "hf-kcu", "puf-regular", "retrain"]
+    assert "fallback(s) fedquit have no Flower version" in dropped_fallbacks(Runner.flower, chain, kept)
+
+
 def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
     """``fedunlearn process`` prints the batch's warnings beside its outcome (the flow logs them too)."""
     import cli.pipeline as pipeline
