@@ -14,6 +14,7 @@ mode (its default on macOS and Windows), whose node address is the loopback: all
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import sys
@@ -37,13 +38,20 @@ SINGLE_MACHINE_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 @contextmanager
 def ray_on_loopback() -> Iterator[None]:
-    """Ray in single-machine mode for the block (module docstring), this process's environment and
-    Ray's constant (when Ray was imported before, it read the variable then) restored afterwards."""
+    """Ray in single-machine mode for the block (module docstring), this process's environment
+    restored afterwards. Ray reads the switch once, as it is imported — in the block, as Flower's Ray
+    backend imports it when the simulation starts; a process that imported Ray before with the
+    outward address keeps it, and is told so."""
     before = os.environ.get(SINGLE_MACHINE_VARIABLE)
     os.environ[SINGLE_MACHINE_VARIABLE] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+    if "ray" in sys.modules:
+        from ray.util import get_node_ip_address
+
+        if not ipaddress.ip_address(get_node_ip_address()).is_loopback:
+            logging.getLogger(__name__).warning(
+                "Ray was imported in this process before the simulation, with node address %s: its servers "
+                "will listen beyond this machine; run the simulation in a process of its own",
+                get_node_ip_address())
     try:
         yield
     finally:
@@ -51,10 +59,6 @@ def ray_on_loopback() -> Iterator[None]:
             os.environ.pop(SINGLE_MACHINE_VARIABLE, None)
         else:
             os.environ[SINGLE_MACHINE_VARIABLE] = before
-        constants = sys.modules.get("ray._private.ray_constants")  # imported in the block, as a rule
-        if constants is not None:  # what Ray reads from the environment as it was
-            constants.ENABLE_RAY_CLUSTER = (before.lower() in ("1", "true") if before is not None
-                                            else not constants.IS_WINDOWS_OR_OSX)
 
 
 def run_simulated(job: Job, *, cpus_per_client: float = 1.0, total_cpus: int | None = None) -> FlowerResult:
