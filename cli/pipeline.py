@@ -100,6 +100,8 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
                                retrain_reference=args.retrain, method_options=args.method_options,
                                device=args.device, forgetting_policy=args.forgetting_policy, runner=args.runner)
     print_summary(result)
+    for line in result.warnings:  # logged by the flow too; repeated here beside the batch's outcome
+        print(f"warning: {line}")
     if result.receipt is None:
         if result.exact_run:  # nothing pending, but the retrain debt could not wait
             print(f"exact retrain {result.exact_run}")

@@ -6,6 +6,9 @@ Inert in production: ``failpoint(name)`` does nothing unless the environment var
 ``FEDUNLEARN_FAILPOINT`` equals ``name``; then it sends SIGKILL to its own process — no
 exception, no ``finally``, no atexit: the same as a power cut or the OOM killer, as far as the
 workspace's files, the ledger and the MLflow registry can tell.
+
+On the Flower runner a node can fail too: ``FEDUNLEARN_FLOWER_FAULT=kill-supernode:<i>`` makes the
+local deployment kill SuperNode i mid-round (``fedunlearn_flower.deployment``, the same idea there).
 """
 
 from __future__ import annotations

@@ -97,3 +97,17 @@ def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapp
                              f"{', '.join(unknown)}; its Flower version takes {', '.join(sorted(supported[attempt.method]))}")
         kept.append(attempt)
     return kept
+
+
+def dropped_fallbacks(runner: Runner, attempts: Sequence[Attempt], kept: Sequence[Attempt]) -> str | None:
+    """The warning a batch prints when ``flower_attempts`` left fallbacks out of ``attempts``: which
+    methods, on which runner, and what the batch escalates through instead; None when none was left out.
+    Said aloud because a weaker chain (no gradient ascent, no fine-tuning) reaches the exact retrain sooner."""
+    remaining = {id(attempt) for attempt in kept}
+    dropped = list(dict.fromkeys(a.method for a in attempts if id(a) not in remaining))
+    if not dropped:
+        return None
+    chain = " -> ".join(a.method for a in kept)
+    return (f"runner {Runner(runner).value}: the escalation's fallback(s) {', '.join(dropped)} have no Flower "
+            f"version and were left out; this batch escalates {chain} (the exact retrain runs in-process); "
+            "use --runner in-process for the full escalation")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from fedunlearn_flower.results import FlowerResult, read_result
 from fedunlearn_flower.server_app import Job
 
 HOST = "127.0.0.1"
+# The fault tests' hook, as ``fedunlearn.faults``'s failpoints are the batch's: ``kill-supernode:<i>``
+# makes the local deployment SIGKILL SuperNode i mid-round (``NodeKiller``). Unset in production.
+FAULT_VARIABLE = "FEDUNLEARN_FLOWER_FAULT"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CONNECTION = "fedunlearn"  # the SuperLink connection's name in the deployment's Flower configuration
 APP_TOML = """[build-system]
@@ -103,6 +107,41 @@ class FlowerHome:
                 "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
 
 
+def fault_target(value: str | None) -> int | None:
+    """The partition whose SuperNode ``FEDUNLEARN_FLOWER_FAULT`` (``value``) says to kill, or None."""
+    if not value:
+        return None
+    action, _, partition = value.partition(":")
+    if action != "kill-supernode" or not partition.isdigit():
+        raise FlowerRunFailed(f"{FAULT_VARIABLE}={value!r}: expected kill-supernode:<partition ID>")
+    return int(partition)
+
+
+class NodeKiller:
+    """SIGKILLs SuperNode ``partition`` as its second ClientApp starts: the first message after the
+    partition query (a training round, PUF's unlearning round on a target), while it computes — a
+    crash or the OOM killer, as the server sees it. Called from ``LocalDeployment.watch``."""
+
+    def __init__(self, partition: int):
+        self.partition = partition
+        self.clientapps: set[int] = set()
+        self.killed: int | None = None  # the SuperNode's pid, once killed
+
+    def __call__(self, nodes: dict[int, "FlowerProcess"]) -> None:
+        node = nodes.get(self.partition)
+        if node is None or self.killed is not None or node.process.poll() is not None:
+            return
+        for pid in _descendants(node.process.pid):
+            try:
+                if any("flwr-clientapp" in arg for arg in psutil.Process(pid).cmdline()):
+                    self.clientapps.add(pid)
+            except psutil.Error:
+                continue
+        if len(self.clientapps) >= 2:
+            os.kill(node.process.pid, signal.SIGKILL)
+            self.killed = node.process.pid
+
+
 class LocalDeployment:
     """A SuperLink and ``num_nodes`` SuperNodes (partition IDs 0..n−1) on 127.0.0.1, as a context
     manager: ``start`` on entry, ``stop`` on exit whatever happened. ``superlinks`` overrides the
@@ -118,6 +157,8 @@ class LocalDeployment:
         self.home = FlowerHome(self.folder / "flwr-home", self.control)
         self.superlink: FlowerProcess | None = None
         self.nodes: dict[int, FlowerProcess] = {}
+        target = fault_target(os.environ.get(FAULT_VARIABLE))
+        self.fault = NodeKiller(target) if target is not None else None
 
     def __enter__(self) -> "LocalDeployment":
         try:
@@ -167,6 +208,8 @@ class LocalDeployment:
         those whose parent died first), and raise ``NodeLost`` for a SuperNode that exited."""
         for proc in self.processes():
             proc.seen.update(_descendants(proc.process.pid))
+        if self.fault is not None:
+            self.fault(self.nodes)
         for partition, node in self.nodes.items():
             if node.process.poll() is not None:
                 raise NodeLost(f"{node.describe()} exited with status {node.process.returncode} mid-run: "

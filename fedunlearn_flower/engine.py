@@ -7,15 +7,20 @@ engine; nothing here touches a store.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from fedunlearn.errors import InputError
 from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
 from fedunlearn.federation.local import State
+from fedunlearn.training import TrainingRound
+from fedunlearn.unlearning.base import num_params
 from fedunlearn_flower.deployment import run_deployed
+from fedunlearn_flower.partition import CPU, Scenario
 from fedunlearn_flower.results import FlowerResult
-from fedunlearn_flower.server_app import ALGORITHMS, Job
+from fedunlearn_flower.server_app import ALGORITHMS, ROUND, Job
 from fedunlearn_flower.simulation import run_simulated
 
 # The version tag ``runtime`` of a model each runner produced (the in-process engine's: ``in-process``).
@@ -32,11 +37,29 @@ def run_flower(job: Job, runner: str, *, superlink: str | None = None) -> tuple[
 
 
 def train_with_flower(root: str | Path, scenario: str, out_dir: str | Path, *, runner: str = "simulation",
-                      superlink: str | None = None, rounds: int | None = None) -> tuple[State, str]:
-    """The scenario trained by FedAvg through Flower (``rounds``: None for the scenario's), and its runtime tag."""
+                      superlink: str | None = None, rounds: int | None = None,
+                      on_round: Callable[[TrainingRound], None] | None = None) -> tuple[State, str, CostRecord]:
+    """The scenario trained by FedAvg through Flower (``rounds``: None for the scenario's), its
+    runtime tag and its cost. ``on_round`` sees each round's model and training loss, numbered from
+    1 as the in-process trainer's does, once the run has ended (the rounds ran in Flower's processes)."""
     job = Job(root=str(root), scenario=scenario, out_dir=str(out_dir), rounds=rounds)
     result, runtime = run_flower(job, runner, superlink=superlink)
-    return result.trained, runtime
+    records = result.notes.get("rounds", [])
+    for record in records if on_round is not None else []:
+        state = torch.load(Path(out_dir) / ROUND.format(record["round"]), map_location="cpu", weights_only=True)
+        on_round(TrainingRound(int(record["round"]), state, float(record["train_loss"])))
+    return result.trained, runtime, training_cost(Scenario.load(root, scenario), records, result.trained,
+                                                  result.seconds)
+
+
+def training_cost(scenario: Scenario, rounds: list[dict], state: State, seconds: float) -> CostRecord:
+    """PUF Appendix B's cost of the rounds the ServerApp recorded, counted as the in-process trainer
+    counts its own (``fedunlearn.unlearning.base.fedavg_rounds``): F·E·Σ n_i FLOPs over the sampled
+    clients' samples, 2·P·B·|S_t| bytes a round; the wall time is the run's, the engine's start and stop
+    included."""
+    per_sample = flops_per_sample(scenario.model_fn().to(CPU), tuple(scenario.manifest["input_shape"]))
+    flops = training_flops(per_sample, sum(int(r["samples"]) for r in rounds), scenario.config.train.local_epochs)
+    return CostRecord(seconds, flops, communication_bytes(num_params(state), [int(r["clients"]) for r in rounds]))
 
 
 def unlearn_with_flower(root: str | Path, scenario: str, out_dir: str | Path, state: State, method: str,

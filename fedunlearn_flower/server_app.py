@@ -20,6 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.errors import InputError
 from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.fedavg import RoundResult
 from fedunlearn.federation.local import State
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
@@ -29,6 +30,7 @@ from fedunlearn_flower.puf import PUFRegular, PUFSpecial
 
 ALGORITHMS = {"puf-special": PUFSpecial, "puf-regular": PUFRegular, "hf-kcu": HFKCU}
 STATUS, TRAINED, UNLEARNED, STEP = "status.json", "trained.pt", "unlearned.pt", "step.pt"
+ROUND = "round-{}.pt"  # the global model after training round n (from 1), for the caller's per-round metrics
 
 
 @dataclass
@@ -83,7 +85,9 @@ def _run(grid: Grid, job: Job, out: Path) -> dict:
     state = _load(job.state) if job.state else training.initial_state(federation)
     notes: dict = {"nodes": {str(c): n for c, n in federation.nodes.items()}}
     if job.rounds != 0:
-        state = training.run(federation, state)
+        rounds = RoundLog(out)
+        state = training.run(federation, state, on_round=rounds)
+        notes["rounds"] = rounds.records
         _save(out / TRAINED, state)
     if job.method:
         algorithm, batch = ALGORITHMS[job.method](**job.params), DeletionBatch.from_dict(job.batch)
@@ -95,6 +99,22 @@ def _run(grid: Grid, job: Job, out: Path) -> dict:
             unlearned, notes["unlearning"] = algorithm.run(federation, state, batch, training)
             _save(out / UNLEARNED, unlearned)
     return notes
+
+
+class RoundLog:
+    """Each training round as the in-process engine's monitor sees it (``fedunlearn.unlearning.base.
+    fedavg_rounds``): the global model after it (``round-<n>.pt``), the updates' sample-weighted
+    training loss, and the participants and samples PUF Appendix B's cost counts."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.records: list[dict] = []
+
+    def __call__(self, result: RoundResult) -> None:
+        number = len(self.records) + 1
+        _save(self.out / ROUND.format(number), result.state)
+        self.records.append({"round": number, "train_loss": result.train_loss, "clients": len(result.updates),
+                             "samples": sum(update.num_samples for update in result.updates)})
 
 
 def _save(path: Path, state: State) -> None:

@@ -40,8 +40,8 @@ class Batch:
     the device chosen for the command, the forgetting policy (which tier may serve), the escalation's
     attempts in order (``chosen_by_user``: the user named them, so the source's audit does not
     reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
-    registered (read at entry), once applied, the deleted rows' bytes, and the engine of the
-    unlearning attempts (``runner``)."""
+    registered (read at entry), once applied, the deleted rows' bytes, the engine of the
+    unlearning attempts (``runner``) and what the batch warns its user of (``warnings``)."""
 
     ws: Workspace
     record: BatchRecord
@@ -55,6 +55,7 @@ class Batch:
     fingerprints: Fingerprints | None = None
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
     runner: Runner = Runner.in_process
+    warnings: tuple[str, ...] = ()
 
     @property
     def device_name(self) -> str:

@@ -44,7 +44,7 @@ from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError,
                                is_no_space, no_space_path)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
-from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts
+from fedunlearn.runner_choice import check_flower_training, choose_runner, dropped_fallbacks, flower_attempts
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
@@ -179,7 +179,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                         taken.already_applied)
     return ProcessResult(**dict(summary), **batch_result(ws, receipted),
                          retrain_debt=debt.line(ws.params.requests.max_retrain_debt), exact_run=exact_run,
-                         timings=timings)
+                         timings=timings, warnings=list(batch.warnings))
 
 
 @dataclass(frozen=True)
@@ -223,10 +223,15 @@ def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
     attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
                 else default_escalation(setting, record.kind, first))
-    attempts = flower_attempts(choice.runner, attempts, flower_methods(), choice.by_user)
-    return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(attempts), choice.by_user,
+    # Strict only for attempts the user named (an escalation): a chosen --method is the first attempt,
+    # checked as such, and the default chain's fallbacks after it are still the chain's to drop.
+    kept = flower_attempts(choice.runner, attempts, flower_methods(), bool(choice.escalation))
+    dropped = dropped_fallbacks(choice.runner, attempts, kept)
+    if dropped:
+        get_run_logger().warning("%s", dropped)
+    return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
                  choice.gates, choice.retrain_reference, attempts_registered(ws, record.scenario, record.batch_id),
-                 runner=choice.runner)
+                 runner=choice.runner, warnings=(dropped,) if dropped else ())
 
 
 def print_timings(timings: Timings) -> None:

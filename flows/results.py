@@ -148,7 +148,8 @@ class ProcessResult(IngestResult):
 
     only_with: ClassVar = {**IngestResult.only_with,
                            "receipt": ("method", "certificate", "promoted", "attempts", "models", "receipt",
-                                       "forgetting", "exact_due", "retrain_debt", "exact_run", "timings")}
+                                       "forgetting", "exact_due", "retrain_debt", "exact_run", "timings",
+                                       "warnings")}
 
     method: str | None = None
     certificate: str | None = None
@@ -161,3 +162,4 @@ class ProcessResult(IngestResult):
     retrain_debt: str | None = None
     exact_run: str | None = None
     timings: Timings | None = None
+    warnings: list[str] = []  # what the batch warned of, e.g. fallbacks its runner lacks

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import Field
@@ -120,10 +120,12 @@ def runtime_runner(tags: dict[str, str]) -> Runner:
     return next(r for r in Runner if runtime_tag(r) == tags["runtime"])
 
 
-def flower_trained(ws: Workspace, scenario: str, runner: Runner) -> FlowerTrained:
-    """The scenario trained through Flower (its rounds run in Flower's processes: no per-round
-    metrics here; the registered version's metrics are computed below as for ours)."""
-    state, runtime, cost = train_through_flower(ws, scenario, flower_engine(runner), ws.scenario(scenario).train.rounds)
+def flower_trained(ws: Workspace, scenario: str, runner: Runner,
+                   on_round: Callable[[TrainingRound], None]) -> FlowerTrained:
+    """The scenario trained through Flower: its rounds run in Flower's processes, ``on_round`` sees
+    each one's model afterwards; the registered version's metrics are computed below as for ours."""
+    state, runtime, cost = train_through_flower(ws, scenario, flower_engine(runner), ws.scenario(scenario).train.rounds,
+                                                on_round)
     print(f"trained through Flower ({runtime}) in {cost.wall_seconds:.1f} s")
     return FlowerTrained(state, cost)
 
@@ -158,7 +160,7 @@ def train_and_register(ws: Workspace, scenario: str, federation: Federation, tag
                   f"train_loss={step.train_loss:.4f}")
 
         trained = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
-                   else flower_trained(ws, scenario, runtime_runner(tags)))
+                   else flower_trained(ws, scenario, runtime_runner(tags), report))
     model = federation.model_from(trained.state)
     # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
     # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its

@@ -11,9 +11,7 @@ each task run adds three events to the Prefect server's writes.
 
 from __future__ import annotations
 
-import math
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.fedavg import ClientUpdate
+from fedunlearn.training import TrainingRound
 from fedunlearn import timing
 from fedunlearn_flower.engine import train_with_flower
 from stores.workspace import Workspace
@@ -81,11 +80,12 @@ def map_with_prefect(update_fn: Callable[..., Any], jobs: list[dict]) -> list[An
 
 
 @task(name="train-through-flower", cache_policy=NO_CACHE)
-def train_through_flower(ws: Workspace, scenario: str, engine: str, rounds: int | None) -> tuple[dict, str, CostRecord]:
+def train_through_flower(ws: Workspace, scenario: str, engine: str, rounds: int | None,
+                         on_round: Callable[[TrainingRound], None] | None = None) -> tuple[dict, str, CostRecord]:
     """The scenario trained by FedAvg through Flower's ``engine`` (``deployment`` or ``simulation``)
-    on the workspace's current data version: the model, its ``runtime`` tag and the wall time (the
-    engine's start and stop included; FLOPs are not counted across Flower's processes)."""
+    on the workspace's current data version: the model, its ``runtime`` tag and its cost (FLOPs and
+    bytes counted as the in-process trainer's; the wall time includes the engine's start and stop).
+    ``on_round`` sees each round's model once the run has ended, as the in-process trainer's does."""
     with tempfile.TemporaryDirectory(prefix="fedunlearn-flower-", dir=ws.temporary_dir) as tmp:
-        start = time.perf_counter()
-        state, runtime = train_with_flower(Path(ws.root).resolve(), scenario, tmp, runner=engine, rounds=rounds)
-    return state, runtime, CostRecord(wall_seconds=time.perf_counter() - start, flops=math.nan)
+        return train_with_flower(Path(ws.root).resolve(), scenario, tmp, runner=engine, rounds=rounds,
+                                 on_round=on_round)

@@ -60,5 +60,45 @@ def test_local_deployment_gives_the_in_process_fedavg_model_and_puf_step(workspa
     assert max_difference(result.step, step) <= 1e-5
     assert max_difference(result.step, result.trained) > 1e-3  # the step moved the model
     assert sorted(result.notes["nodes"]) == ["0", "1", "2"]
+    _rounds_are_recorded_as_in_process(workspace, tmp_path / "run", result)
     [deployment] = deployment_processes
     assert deployment.alive() == []  # no SuperLink, SuperNode, SuperExec, ServerApp or ClientApp left
+
+
+def _rounds_are_recorded_as_in_process(workspace: Path, out: Path, result) -> None:
+    """The round the ServerApp recorded (its model, training loss, participants and samples) gives the
+    in-process trainer's per-round loss and PUF Appendix B cost (FLOPs, bytes) for the same round."""
+    from fedunlearn.unlearning.base import fedavg_rounds
+    from fedunlearn_flower.engine import training_cost
+    from fedunlearn_flower.partition import Scenario
+    from fedunlearn_flower.server_app import ROUND
+
+    losses: list[float] = []
+
+    class Monitor:
+        def record(self, phase, round_idx, state, train_loss=float("nan")) -> None:
+            losses.append(train_loss)
+
+    reference = in_process(workspace, rounds=1)
+    _, cost = fedavg_rounds(reference, reference.clients, state=None, rounds=1, first_round=0, phase="train",
+                            monitor=Monitor())
+    [record] = result.notes["rounds"]
+    assert record["round"] == 1 and record["clients"] == 3
+    assert record["train_loss"] == pytest.approx(losses[0], rel=1e-6)
+    round_state = torch.load(out / ROUND.format(1), weights_only=True)
+    assert max_difference(round_state, result.trained) == 0.0
+    flower_cost = training_cost(Scenario.load(workspace, SCENARIO), result.notes["rounds"], result.trained, 1.0)
+    assert (flower_cost.flops, flower_cost.comm_bytes) == (cost.flops, cost.comm_bytes) and cost.flops > 0
+
+
+def test_the_fault_hook_is_inert_unless_it_names_a_supernode():
+    """``FEDUNLEARN_FLOWER_FAULT`` (the reliability tests' SuperNode kill) is off unless set, and a
+    value it cannot read is refused rather than ignored: a fault test must not pass by injecting nothing."""
+    from fedunlearn_flower.deployment import fault_target
+    from fedunlearn_flower.errors import FlowerRunFailed
+
+    assert fault_target(None) is None and fault_target("") is None
+    assert fault_target("kill-supernode:2") == 2
+    for wrong in ("kill-supernode", "kill-supernode:two", "kill-superlink:1"):
+        with pytest.raises(FlowerRunFailed, match="kill-supernode:<partition ID>"):
+            fault_target(wrong)

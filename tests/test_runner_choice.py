@@ -3,12 +3,15 @@ workspace or Flower: which engine, which tag, what Flower refuses before anythin
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from fedunlearn.config import Runner, ScenarioConfig
 from fedunlearn.errors import InputError
-from fedunlearn.runner_choice import (check_flower_training, choose_runner, flower_attempts, flower_engine,
-                                      runtime_tag, split_train_runner, training_runner)
+from fedunlearn.runner_choice import (check_flower_training, choose_runner, dropped_fallbacks, flower_attempts,
+                                      flower_engine, runtime_tag, split_train_runner, training_runner)
 from fedunlearn.unlearning.escalation import Attempt
 
 SUPPORTED = {"puf-special": {"eta_u", "max_recovery_rounds", "target_test_acc"}, "hf-kcu": {"beta"}}
@@ -62,6 +65,48 @@ def test_flower_attempts_keep_supported_drop_default_fallbacks_and_end_exactly()
     assert flower_attempts(Runner.in_process, chain, SUPPORTED, False) == chain
     kept = flower_attempts(Runner.flower, chain, SUPPORTED, False)
     assert [a.method for a in kept] == ["puf-special", "puf-special", "retrain"]
+
+
+def test_the_fallbacks_a_flower_runner_drops_are_named_in_a_warning():
+    chain = [Attempt(method="puf-special"), Attempt(method="puf-special", options={"eta_u": 4.0}),
+             Attempt(method="ga"), Attempt(method="finetune"), Attempt(method="fedquit"), Attempt(method="retrain")]
+    kept = flower_attempts(Runner.flower_simulation, chain, SUPPORTED, False)
+    line = dropped_fallbacks(Runner.flower_simulation, chain, kept)
+    assert line.startswith("runner flower-simulation: the escalation's fallback(s) ga, finetune, fedquit have no "
+                           "Flower version")
+    assert "escalates puf-special -> puf-special -> retrain" in line
+    assert dropped_fallbacks(Runner.in_process, chain, flower_attempts(Runner.in_process, chain, SUPPORTED, False)) \
+        is None
+    assert dropped_fallbacks(Runner.flower, chain[:2] + chain[-1:], chain[:2] + chain[-1:]) is None
+
+
+def test_a_chosen_method_keeps_the_default_chain_whose_fallbacks_flower_lacks_are_dropped():
+    """``process --method hf-kcu --runner flower``: the user chose the first attempt, not FedQuit, which
+    the default chain adds after it; the batch drops it (and says so) rather than refusing the batch."""
+    from fedunlearn.unlearning.escalation import default_escalation
+    from tasks.unlearning import flower_methods
+
+    chain = default_escalation("hfl", "sample", Attempt(method="hf-kcu"))
+    kept = flower_attempts(Runner.flower, chain, flower_methods(), False)
+    assert [a.method for a in kept] == ["hf-kcu", "hf-kcu", "puf-regular", "retrain"]
+    assert "fallback(s) fedquit have no Flower version" in dropped_fallbacks(Runner.flower, chain, kept)
+
+
+def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
+    """``fedunlearn process`` prints the batch's warnings beside its outcome (the flow logs them too)."""
+    import cli.pipeline as pipeline
+    from flows.results import ProcessResult
+
+    result = ProcessResult(scenario="s", resumed=[], quarantined=[], already_applied=[], left_pending=[], waiting={},
+                           status="nothing to process", warnings=["runner flower: ga left out"])
+    for name in ("require_scenario", "require_data_for_requests", "prepare_flow_run", "print_summary"):
+        monkeypatch.setattr(pipeline, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr("flows.process.process_deletions", lambda **kwargs: result)
+    monkeypatch.setattr("stores.workspace.init_workspace", lambda root: None)
+    args = argparse.Namespace(scenario="s", method="auto", retrain=False, method_options={}, device=None,
+                                       forgetting_policy=None, runner="flower")
+    assert pipeline.run_process(args, Path(".")) == 0
+    assert "warning: runner flower: ga left out" in capsys.readouterr().out
 
 
 def test_flower_attempts_refuse_a_chosen_method_or_option_flower_lacks():

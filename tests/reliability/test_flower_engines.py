@@ -4,7 +4,8 @@ of seconds, so they run in ``make reliability`` only (``make test`` runs the 3-c
 equivalence of tests/test_flower.py).
 
 * Simulation: FedAvg and PUF-Regular's unlearning round equal the in-process engine's; HF-KCU with
-  the federation's Hessian, its products computed on the clients, equals the in-process step.
+  the federation's Hessian, its products computed on the clients, equals the in-process step; every
+  socket Ray's processes listen on is on the loopback.
 * A SuperNode killed mid-round ends the run with ``NodeLost`` naming it, and no process is left.
 * A SuperNode that never connects ends it with ``NodeNeverConnected`` naming its address.
 * An existing SuperLink given by address runs the job (the deployment's, here).
@@ -12,6 +13,7 @@ equivalence of tests/test_flower.py).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import threading
@@ -51,6 +53,41 @@ def test_simulation_gives_the_in_process_fedavg_model_and_puf_regular_step(works
     step = unlearned_in_process(reference, batch, "puf-regular", max_recovery_rounds=0)
     assert max_difference(result.step, step) <= 1e-5
     assert _ray_processes_after(grace=10.0) == []  # Flower's Ray backend shut its local cluster down
+
+
+def test_the_simulation_engine_listens_on_the_loopback_only(workspace, tmp_path):
+    """Every socket Ray's and Flower's processes listen on during a simulated run (GCS, raylet,
+    object manager, workers, agents, the autoscaler's metrics, this driver's own) is on a loopback
+    address: the project's rule that servers bind 127.0.0.1 (``simulation.ray_on_loopback``)."""
+    from fedunlearn_flower.simulation import run_simulated
+
+    seen: set[tuple[str, str, int]] = set()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+                try:
+                    seen.update((" ".join(proc.cmdline()[:2])[-60:], c.laddr.ip, c.laddr.port)
+                                for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN)
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        run_simulated(job(workspace, tmp_path / "run", rounds=1))
+    finally:
+        done.set()
+        watcher.join()
+    assert len({port for _, _, port in seen}) >= 4, seen  # GCS, raylet, object manager, workers at least
+    assert [entry for entry in sorted(seen) if not _loopback(entry[1])] == []
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
 
 
 def _ray_processes_after(grace: float) -> list[str]:

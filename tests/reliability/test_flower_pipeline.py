@@ -1,26 +1,31 @@
-"""The pipeline on the Flower engine (issue 38 item 3), as a new user runs it: `fedunlearn train
---scenario digits-hfl --runner flower`, a sample request, `fedunlearn process --runner flower`.
-It starts local Flower deployments (a SuperLink and three SuperNodes, twice or three times), which
-costs a minute or more: ``make reliability`` only.
+"""The pipeline on the Flower engines (issue 38 item 3), as a new user runs it: `fedunlearn train
+--scenario digits-hfl --runner flower`, a sample request, `fedunlearn process --runner flower`; the
+simulation engine the same way; HF-KCU as the batch's method. Each test starts Flower federations (a
+SuperLink and three SuperNodes, or a Ray cluster) two to four times, minutes in all:
+``make reliability`` only.
 
 Checked: the original and the serving interim version carry the ``runtime`` tag of the engine that
-computed them; a Flower fault during the batch (``NodeLost``) ends the command with its message and
-registers nothing for the attempt, and the next run completes the batch once; no Flower process is
-left after either command.
+computed them, and a Flower-trained run has its per-round metrics and its cost; a SuperNode really
+killed mid-round (``FEDUNLEARN_FLOWER_FAULT``) ends the command with exit status 1 and an error naming
+the node, registers nothing, moves no alias and writes no receipt, and the next run completes the
+batch once; the fallbacks Flower lacks are named in a warning; no Flower process is left after any
+command.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from pathlib import Path
 
 import psutil
 import pytest
 from mlflow import MlflowClient
 
-import tasks.unlearning as unlearning_tasks
 from cli.data import sample_ids
 from fedunlearn.receipts import read_receipts
-from fedunlearn_flower.errors import NodeLost
+from fedunlearn_flower.deployment import FAULT_VARIABLE
 from stores.registry import tracking_uri
 from workspaces import call_cli
 
@@ -38,40 +43,121 @@ def versions(workspace) -> list:
     return registry(workspace).search_model_versions(f"name='{SCENARIO}'")
 
 
-def flower_processes() -> list[str]:
-    """This process's descendants that are Flower's (SuperLink, SuperNodes, ClientApps, ServerApp)."""
-    return [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)
-            if any(name in " ".join(p.cmdline()) for name in ("flower-", "flwr-"))]
+def aliases(workspace) -> dict[str, str]:
+    return dict(registry(workspace).get_registered_model(SCENARIO).aliases)
 
 
-def lose_a_node(*args, **kwargs):
-    raise NodeLost("SuperNode 2 exited mid-run: client 2 is gone (injected by the test)")
+def flower_processes(workspace: Path, grace: float = 0.0) -> list[str]:
+    """Live processes of Flower's runs in ``workspace``, once ``grace`` seconds have passed: the
+    deployment's (SuperLink, SuperNodes, SuperExec, ServerApp, ClientApps — orphans too, as a killed
+    SuperNode's ClientApp is no descendant of this process any more), found by the FLWR_HOME they
+    run under, in the workspace's temporary directory; and this process's descendants that are
+    Ray's or Flower's (the simulation engine)."""
+    root, deadline = str(Path(workspace).resolve()), time.monotonic() + grace
+    while True:
+        found, children = [], {child.pid for child in psutil.Process().children(recursive=True)}
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                    continue
+                command = " ".join(proc.info["cmdline"] or [])
+                ours = proc.environ().get("FLWR_HOME", "").startswith(root)
+                child = proc.pid in children and is_flower_or_ray(proc.info["cmdline"] or [])
+            except psutil.Error:
+                continue
+            if ours or child:
+                found.append(f"{proc.pid} {command}")
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
 
 
-def test_train_request_process_through_flower_and_a_lost_node_resumes_once(workspace, prefect_server,
-                                                                            monkeypatch):
+def is_flower_or_ray(cmdline: list[str]) -> bool:
+    """Flower's programs (flower-superlink, flwr-clientapp, ...) or Ray's (raylet, gcs_server, its
+    Python agents and workers), told by the program's name, not by a path that may contain one."""
+    names = [Path(arg).name for arg in cmdline[:3]]
+    return (any(name.startswith(("flower-", "flwr-", "ray::", "raylet", "gcs_server")) for name in names)
+            or any("ray" in Path(arg).parts[-4:-1] for arg in cmdline[:3]))
+
+
+def assert_flower_trained(workspace, version, runtime: str) -> None:
+    """``version`` was trained through Flower: its tag, its per-round metrics (test_acc and
+    train_loss at steps 1..R, as the in-process trainer logs them) and its cost (FLOPs, bytes)."""
+    assert version.tags["runtime"] == runtime and version.tags["role"] == "original"
+    client, run = registry(workspace), registry(workspace).get_run(version.run_id)
+    rounds = int(run.data.params["train.rounds"])
+    for key in ("test_acc", "train_loss"):
+        history = client.get_metric_history(version.run_id, key)
+        assert [m.step for m in history] == list(range(1, rounds + 1)), key
+        assert all(math.isfinite(m.value) for m in history), key
+    assert run.data.metrics["flops"] > 0 and run.data.metrics["comm_bytes"] > 0
+
+
+def request_samples(workspace, client: int = 1, count: int = 10) -> None:
+    ids = sample_ids(workspace, SCENARIO, client)[:count]
+    assert call_cli(workspace, "request", "samples", "--scenario", SCENARIO, "--ids", *ids).status == 0
+
+
+def assert_current_from_flower(workspace, runtime: str, method: str | None = None) -> None:
+    """``current`` is the batch's unlearned version, computed on ``runtime``, with its receipt."""
+    [receipt] = read_receipts(workspace, SCENARIO)
+    current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
+    assert current.tags["runtime"] == runtime and current.tags["role"] == "unlearned"
+    assert current.tags["batch_id"] == receipt.batch_id and receipt.promoted
+    assert str(receipt.models["unlearned"].version) == str(current.version)
+    if method is not None:
+        assert receipt.method == method
+
+
+def test_train_request_process_through_flower_and_a_killed_supernode_resumes_once(workspace, prefect_server,
+                                                                                 monkeypatch):
     trained = call_cli(workspace, "train", "--scenario", SCENARIO, "--runner", "flower")
     assert trained.status == 0, trained.err
     [original] = versions(workspace)
-    assert original.tags["runtime"] == "flower-deployment" and original.tags["role"] == "original"
-    assert flower_processes() == []
+    assert_flower_trained(workspace, original, "flower-deployment")
+    assert flower_processes(workspace) == []
 
-    ids = sample_ids(workspace, SCENARIO, 1)[:10]
-    assert call_cli(workspace, "request", "samples", "--scenario", SCENARIO, "--ids", *ids).status == 0
+    request_samples(workspace)
+    before = aliases(workspace)
     with monkeypatch.context() as patch:
-        patch.setattr(unlearning_tasks, "unlearn_with_flower", lose_a_node)
+        # SuperNode 1 holds the samples to forget: PUF's unlearning round is its first message after connect.
+        patch.setenv(FAULT_VARIABLE, "kill-supernode:1")
         failed = call_cli(workspace, "process", "--scenario", SCENARIO, "--runner", "flower")
-    assert failed.status == 1 and "SuperNode 2 exited mid-run" in failed.err
-    assert [v.tags["role"] for v in versions(workspace)] == ["original"]  # nothing registered for the attempt
+    assert failed.status == 1, failed.out + failed.err
+    assert "SuperNode 1 (pid" in failed.err and "exited with status -9 mid-run: client 1 is gone" in failed.err
+    assert [v.version for v in versions(workspace)] == [original.version]  # nothing registered for the attempt
+    assert aliases(workspace) == before
     assert read_receipts(workspace, SCENARIO) == []
+    assert flower_processes(workspace, grace=5.0) == []
 
     done = call_cli(workspace, "process", "--scenario", SCENARIO, "--runner", "flower")
     assert done.status == 0, done.err
-    [receipt] = read_receipts(workspace, SCENARIO)
-    current = registry(workspace).get_model_version_by_alias(SCENARIO, "current")
-    assert current.tags["runtime"].startswith("flower") and current.tags["role"] == "unlearned"
-    assert current.tags["batch_id"] == receipt.batch_id and receipt.promoted
-    assert str(receipt.models["unlearned"].version) == str(current.version)
-    assert flower_processes() == []
+    # A sample batch's default chain: PUF-Special, stronger, PUF-Regular, FedQuit (no Flower version), retrain.
+    assert "warning: runner flower: the escalation's fallback(s) fedquit have no Flower version" in done.out
+    assert_current_from_flower(workspace, "flower-deployment")
+    assert flower_processes(workspace, grace=5.0) == []
     again = call_cli(workspace, "process", "--scenario", SCENARIO, "--runner", "flower")
     assert again.status == 0 and len(read_receipts(workspace, SCENARIO)) == 1
+
+
+def test_train_and_process_on_the_simulation_engine(workspace, prefect_server):
+    trained = call_cli(workspace, "train", "--scenario", SCENARIO, "--runner", "flower-simulation")
+    assert trained.status == 0, trained.err
+    [original] = versions(workspace)
+    assert_flower_trained(workspace, original, "flower-simulation")
+
+    request_samples(workspace)
+    done = call_cli(workspace, "process", "--scenario", SCENARIO, "--runner", "flower-simulation")
+    assert done.status == 0, done.err
+    assert_current_from_flower(workspace, "flower-simulation")
+    assert flower_processes(workspace, grace=10.0) == []  # Ray's cluster shut down with each run
+
+
+def test_hf_kcu_is_the_batch_method_on_the_flower_runner(workspace, prefect_server):
+    """A model trained in-process, its batch forgotten by HF-KCU through the local deployment."""
+    assert call_cli(workspace, "train", "--scenario", SCENARIO).status == 0
+    request_samples(workspace)
+    done = call_cli(workspace, "process", "--scenario", SCENARIO, "--runner", "flower", "--method", "hf-kcu")
+    assert done.status == 0, done.err
+    assert_current_from_flower(workspace, "flower-deployment", method="hf-kcu")
+    assert flower_processes(workspace, grace=5.0) == []
