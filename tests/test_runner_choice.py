@@ -99,7 +99,7 @@ def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
 
     result = ProcessResult(scenario="s", resumed=[], quarantined=[], already_applied=[], left_pending=[], waiting={},
                            status="nothing to process", warnings=["runner flower: ga left out"])
-    for name in ("require_scenario", "require_data_for_requests", "prepare_flow_run", "print_summary"):
+    for name in ("require_scenario", "require_methods", "require_data_for_requests", "prepare_flow_run", "print_summary"):
         monkeypatch.setattr(pipeline, name, lambda *args, **kwargs: None)
     monkeypatch.setattr("flows.process.process_deletions", lambda **kwargs: result)
     monkeypatch.setattr("stores.workspace.init_workspace", lambda root: None)
