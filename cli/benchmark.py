@@ -60,7 +60,7 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     if baseline is not None:  # a wrong baseline fails before any work
         require_same_run(baseline, args.scenario, parse_request(args.request).text)
     init_workspace(root)
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
     result = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
                      backdoor=args.backdoor, root=str(root), device=args.device, method_options=args.method_options,
