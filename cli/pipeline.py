@@ -135,12 +135,13 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_compare(args: argparse.Namespace, root: Path) -> int:
+    from cli.text import plain
     from tasks.debt import retrain_debt
     from tasks.receipts import comparison
     from stores.workspace import Workspace
 
     ws = Workspace.open(root)
-    print(comparison(ws, args.scenario)[1])
+    print(plain(comparison(ws, args.scenario)[1]))
     print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")
     return 0
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.common import DEFAULT_SCENARIO, prepare_flow_run
+from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.device import DEVICE_CHOICES
 from fedunlearn.runner_choice import ENGINE_RUNNERS, TASK_RUNNERS, split_train_runner
 
@@ -66,6 +67,9 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 
 
 def run_train(args: argparse.Namespace, root: Path) -> int:
+    cfg = load_params(root / "params.yaml").scenario(args.scenario)
+    print(f"training {args.scenario} from scratch: {federated_rounds(cfg, args.rounds)}"
+          + ("" if args.verbose else " (--verbose shows each round)"), flush=True)
     result = train(args, root)
     poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
     print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
@@ -120,6 +124,13 @@ the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127
     return 0
 
 
+def federated_rounds(cfg: ScenarioConfig, rounds: int | None = None) -> str:
+    """What training the scenario computes, e.g. "20 FedAvg rounds on 10 clients"."""
+    algorithm, members = {"hfl": ("FedAvg", "clients"), "vfl": ("split-NN", "parties"),
+                          "dfl": ("D-PSGD", "nodes")}[cfg.setting]
+    return f"{rounds or cfg.train.rounds} {algorithm} rounds on {cfg.partition.num_clients} {members}"
+
+
 @dataclass
 class DemoSteps:
     """The demo's long steps as announced before each runs: what it does and why it takes time, with
@@ -132,14 +143,11 @@ class DemoSteps:
 
     @classmethod
     def of(cls, root: Path, scenario: str) -> DemoSteps:
-        from fedunlearn.config import load_params
         from fedunlearn.unlearning.escalation import default_method
 
         params = load_params(root / "params.yaml")
         cfg, audit = params.scenario(scenario), params.audit
-        algorithm, members = {"hfl": ("FedAvg", "clients"), "vfl": ("split-NN", "parties"),
-                              "dfl": ("D-PSGD", "nodes")}[cfg.setting]
-        rounds = f"{cfg.train.rounds} {algorithm} rounds on {cfg.partition.num_clients} {members}"
+        rounds = federated_rounds(cfg)
         method = default_method(cfg.setting, "sample")
         return cls(
             training=f"training {scenario} from scratch: {rounds}, then registering it in MLflow (the longest "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import warnings
@@ -32,9 +33,10 @@ from prefect.logging.configuration import ensure_logging_setup
 from prefect.logging.handlers import APILogHandler
 ensure_logging_setup()  # as a flow run does first
 flow_runs = logging.getLogger("prefect.flow_runs")
-flow_runs.info("Beginning flow run 'probe' for flow 'train-federated'")
-flow_runs.info("View at http://127.0.0.1:4200/runs/flow-run/1")
-flow_runs.warning("attempt 1 did not pass its gates: escalating")
+run = {"flow_run_name": "probe", "flow_run_id": None}
+flow_runs.info("Beginning flow run 'probe' for flow 'train-federated'", extra=run)
+flow_runs.info("View at http://127.0.0.1:4200/runs/flow-run/1", extra=run)
+flow_runs.warning("attempt 1 did not pass its gates: escalating", extra=run)
 exec(compile("import warnings; warnings.warn('old API', DeprecationWarning)", "dvc/repo/trie.py", "exec"),
      {"__name__": "dvc.repo.trie"})
 api = [h for h in flow_runs.handlers if isinstance(h, APILogHandler)]
@@ -43,7 +45,8 @@ print("api handler levels:", [h.level for h in api], "logger level:", flow_runs.
 
 
 def probe(mode: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in __import__("os").environ.items() if k not in QUIET_SETTINGS}
+    env = {k: v for k, v in os.environ.items() if k not in QUIET_SETTINGS}
+    env["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"  # no flow run here to send the lines to
     return subprocess.run([sys.executable, "-W", "default", "-c", PROBE, mode], capture_output=True, text=True,
                           env=env, check=True)
 
@@ -68,8 +71,6 @@ def test_quiet_keeps_a_setting_the_user_exported_and_verbose_overrides_it(monkey
     monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "DEBUG")
     with warnings.catch_warnings():
         configure_output(verbose=False)
-    import os
-
     assert os.environ["MLFLOW_LOGGING_LEVEL"] == "DEBUG"
     assert os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] == "WARNING"
     configure_output(verbose=True)
