@@ -157,7 +157,10 @@ class Receipt(BaseModel):
         if not self.promoted:
             held = (gates.held_back or [f"{c.name} {c.verdict}" for c in gates.checks if c.verdict != "pass"]
                     if gates else [])
-            return "held back — " + ("; ".join(held) or "no version of the batch passed")
+            # Under the strict policy a version the interim tier would take still needs every check to pass.
+            strict = "strict policy, only a pass serves: " if self.policy == "strict" and gates and not gates.held_back \
+                else ""
+            return "held back — " + strict + ("; ".join(held) or "no version of the batch passed")
         if self.forgetting in ("exact", "formal"):
             return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
                     f"certificate **{self.certificate.get('guarantee')}** proves the forgetting: nothing owed")

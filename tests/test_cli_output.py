@@ -159,6 +159,9 @@ def test_a_held_back_or_exact_version_says_why_on_the_same_line():
     held = receipt(promoted=False, forgetting=None, verdict="fail", held_back=["forget_audit fails: remembered"])
     assert held.serve_line() == "alias `current` NOT moved (stays at v1): held back — forget_audit fails: remembered"
     assert "Not measurable" not in held.markdown()
+    strict = receipt(promoted=False, forgetting=None).model_copy(update={"policy": "strict"})
+    assert strict.serve_line() == ("alias `current` NOT moved (stays at v1): held back — strict policy, only a pass "
+                                   "serves: mia_auc_excess inconclusive; forget_audit inconclusive")
     exact = receipt(promoted=True, forgetting="exact").model_copy(update={"gates": None})
     assert exact.serve_line() == "alias `current` → v2: an exact retrain without the deleted samples: nothing owed"
 
