@@ -32,6 +32,30 @@ def configure_environment(root: Path) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per weights file buries the log
 
 
+# The libraries' console logging in quiet mode (the default), each through its own public setting.
+# Prefect's console handler is the root logger's: at WARNING it drops every library's INFO line
+# (GX pins some of its loggers to INFO), while Prefect's API handler still takes the flow runs' INFO
+# lines, so the UI shows the run logs the terminal leaves out. MLflow logs through its own handler.
+QUIET_SETTINGS = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+VERBOSE_SETTINGS = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "NOTSET", "MLFLOW_LOGGING_LEVEL": "INFO"}
+
+
+def configure_output(verbose: bool) -> None:
+    """Quiet by default: the libraries' INFO lines and deprecation warnings stay off the console, the
+    command prints its own lines from the flows' results. ``--verbose`` brings the libraries' logs
+    back (Prefect's flow-run log with the round-by-round training lines among them). Set before the
+    libraries are imported: each reads its setting when it configures its logging. A setting the
+    user exported is kept in quiet mode; ``--verbose`` overrides it."""
+    if verbose:
+        os.environ.update(VERBOSE_SETTINGS)
+        return
+    from cli.common import silence_library_deprecations
+
+    for name, value in QUIET_SETTINGS.items():
+        os.environ.setdefault(name, value)
+    silence_library_deprecations()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn",
@@ -39,20 +63,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", default=os.environ.get("FEDUNLEARN_ROOT", "."),
                         help="workspace holding params.yaml, dvc.yaml, data/ and mlflow/ (default: current "
                              "directory or $FEDUNLEARN_ROOT)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the libraries' logs (Prefect, MLflow, DVC, Great Expectations), the flow runs' "
+                             "round-by-round lines among them; also accepted after the command")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"cli.{name}").register(sub)
     return parser
 
 
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, ``--verbose`` accepted after the command as well as before it."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if "--verbose" in extra:
+        args.verbose, extra = True, [arg for arg in extra if arg != "--verbose"]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     root = workspace_root(args)
     if getattr(args, "needs_workspace", True) and not (root / "params.yaml").is_file():
         print(f"error: {root} has no params.yaml, so it is not a workspace; create one with `fedunlearn init {root}`, "
               "or run from the project root or pass --root", file=sys.stderr)
         return 2
     configure_environment(root)
+    configure_output(args.verbose)
     # A full disk that does not say so (torch's writer, SQLite, the Prefect server's HTTP 500) is
     # confirmed against the filesystems this command writes to.
     watch_filesystems(root, os.environ.get("PREFECT_HOME"), tempfile.gettempdir())

@@ -65,8 +65,12 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     if baseline is not None:  # a wrong baseline fails before any work
         require_same_run(baseline, args.scenario, spec.text)
     init_workspace(root)
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
+    # Minutes of training with nothing on the console otherwise (the flow's progress is on --verbose).
+    print(f"benchmark of {args.scenario}, request {args.request}: the original model (trained unless reused), the "
+          f"exact retrain and the methods {args.methods}, each evaluated and attacked"
+          + (f", with {args.ulira} U-LiRA pairs of shadow federations each" if args.ulira else ""), flush=True)
     result = benchmark(scenario=args.scenario, request=args.request, methods=args.methods, out=str(out),
                      backdoor=args.backdoor, root=str(root), device=args.device, method_options=args.method_options,
                      ulira_pairs=args.ulira, rounds=args.rounds, local_epochs=args.local_epochs)

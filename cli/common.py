@@ -6,7 +6,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-from datetime import datetime
+import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,16 +21,33 @@ _COMMAND_SCOPE = contextlib.ExitStack()
 atexit.register(_COMMAND_SCOPE.close)
 
 
-def prepare_flow_run() -> None:
+# Where the libraries' own deprecations are raised from: nothing a user of the command can act on.
+LIBRARY_MODULES = r"(dvc|dvc_[a-z_]+|great_expectations|mlflow|prefect|pygtrie|scmrepo)(\.|$)"
+
+
+def silence_library_deprecations() -> None:
+    """Quiet mode: the libraries' deprecation warnings off the console, ours kept. Called again once
+    the flows are imported: Flower's simulation module shows every DeprecationWarning ("once") from
+    its import on, ahead of any filter set before it."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=LIBRARY_MODULES)
+
+
+def prepare_flow_run(verbose: bool = False) -> None:
     """Before a command runs a flow: per-task-run chatter would bury the per-round progress lines,
     and without PREFECT_API_URL the command's flows need a Prefect server of its own, one that dies
-    with this process (``runtime.local_server``), until ``end_command``."""
+    with this process (``runtime.local_server``), until ``end_command``. With ``verbose`` the flow
+    runs' "View at" links are on the console: say once that they point at that server."""
     from runtime.local_server import local_prefect_api
 
-    for name in ("prefect.task_runs", "great_expectations", "mlflow", "alembic"):
+    for name in ("prefect.task_runs", *(() if verbose else ("great_expectations", "mlflow", "alembic"))):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if not verbose:
+        silence_library_deprecations()
     quiet_connection_tracebacks()
-    _COMMAND_SCOPE.enter_context(local_prefect_api())
+    own_server = _COMMAND_SCOPE.enter_context(local_prefect_api())
+    if verbose and own_server is not None:
+        print(f"(this command's own Prefect server, {own_server}, stops when the command ends: its \"View at\" "
+              "links last as long; `make serve` keeps one running)", file=sys.stderr)
 
 
 class ConnectionTracebacks(logging.Filter):
@@ -177,7 +195,7 @@ def erasure_status(report: ErasureReport | None) -> int:
 
 def print_summary(result: IngestResult) -> None:
     for batch_id in result.resumed:
-        print(f"finished batch {batch_id}, which had been interrupted")
+        print(f"finished {batch_id}, which had been interrupted")
     for name in result.already_applied:
         print(f"already applied, moved to processed/: {name}")
     for note in result.quarantined:
@@ -191,30 +209,30 @@ def print_summary(result: IngestResult) -> None:
         print(result.status)
         return
     per_client = ", ".join(f"client {c}: {n}" for c, n in result.per_client.items())
-    print(f"batch {result.batch_id}: {len(result.applied)} request(s) applied, {result.deleted_ids} sample "
+    print(f"{result.batch_id}: {len(result.applied)} request(s) applied, {result.deleted_ids} sample "
           f"IDs deleted{f' ({per_client})' if per_client else ''}")
     print(f"data version {result.data_version_before} -> {result.data_version_after}")
     print(erasure_line(result.erasure))
     print(f"record: {result.record}")
 
 
-def describe_batch(result: ProcessResult) -> str:
-    """What a processed batch did to the registry: the attempts, the version promoted, the receipt,
-    where the flow's time went."""
-    chosen, retrained = result.models.get("unlearned"), result.models.get("retrained")
-    last = result.attempts[-1] if result.attempts else None
-    chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'}"
-                        + (", serves on the interim tier" if a.interim and a.verdict != "pass" and a is last else "")
-                        + ")" for a in result.attempts)
-    reference = f", retrained reference v{retrained.version}" if retrained else ""
-    timings, tier = result.timings, result.forgetting
-    owed = ""
-    if tier == "interim" and result.exact_due:
-        owed = (f"; exact forgetting due by {datetime.fromisoformat(result.exact_due):%Y-%m-%d %H:%M}Z; "
-                f"exact retrain {result.exact_run or 'not scheduled'}")
+def describe_batch(result: ProcessResult, root: Path) -> str:
+    """What a processed batch did to the registry: the attempts; where alias current went, with the
+    reason on the same line (the receipt's serve line: tier, checks, what is owed by when); the
+    receipt; where the flow's time went."""
+    from cli.text import plain
+    from fedunlearn.receipts import read_receipt
+
+    receipt = read_receipt(root, result.batch_id)
+    retrained = result.models.get("retrained")
+    chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'})" for a in result.attempts)
+    what = f" ({result.method}, {result.certificate}" + (f"; retrained reference v{retrained.version}" if retrained
+                                                         else "") + ")" if result.method else ""
+    timings = result.timings
+    exact = f"exact retrain: {result.exact_run}\n" if result.forgetting == "interim" and result.exact_run else ""
     return (f"attempts: {chain}\n"
-            f"alias current -> v{chosen.version} ({result.method}, {result.certificate}){reference}\n"
-            f"forgetting: {tier}{owed}\n"
+            f"{plain(receipt.promotion(arrow='->'))}{what}: {plain(receipt.serve_reason())}\n"
+            f"{exact}"
             f"receipt: {result.receipt}\n"
             f"{result.retrain_debt}\n"
             f"flow {timings.flow_seconds:.1f} s: compute {timings.core_seconds:.1f} s (data, unlearning, "

@@ -64,7 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="concurrency limit of tasks tagged gpu (default 1: one GPU worker)")
     serve.add_argument("--cold-runs", action="store_true",
                        help="accepted for older scripts; every flow run is Prefect's own process already")
-    serve.set_defaults(handler=run_serve)
+    # Its console is the served flow runs' log (make serve writes it to serve.log), its links point at a
+    # server that keeps running: the libraries' logs stay on.
+    serve.set_defaults(handler=run_serve, verbose=True)
 
 
 def add_process_arguments(process: argparse.ArgumentParser) -> None:
@@ -95,7 +97,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
 
     init_workspace(root)
     require_data_for_requests(root, args.scenario, "process")
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     result = process_deletions(scenario=args.scenario, root=str(root), method=args.method,
                                retrain_reference=args.retrain, method_options=args.method_options,
                                device=args.device, forgetting_policy=args.forgetting_policy, runner=args.runner)
@@ -106,7 +108,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
         if result.exact_run:  # nothing pending, but the retrain debt could not wait
             print(f"exact retrain {result.exact_run}")
         return 0
-    print(describe_batch(result))
+    print(describe_batch(result, root))
     return erasure_status(result.erasure)
 
 
@@ -116,10 +118,13 @@ def run_retrain(args: argparse.Namespace, root: Path) -> int:
     from stores.workspace import init_workspace
 
     init_workspace(root)
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     result = retrain_reference(scenario=args.scenario, root=str(root), device=args.device)
     print(f"{args.scenario} v{result.model_version} (alias 'retrained') on data version {result.data_version}"
           f"{' (already there)' if result.reused else ''}")
+    if result.closed:  # batches applied by `ingest` alone: the retrain forgets their requests exactly
+        print(f"alias current -> {args.scenario} v{result.model_version}: it closes the batch(es) applied without "
+              f"unlearning {', '.join(result.closed)} (receipts written)")
     return 0
 
 
@@ -129,7 +134,7 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
     from stores.workspace import init_workspace
 
     init_workspace(root)
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
     if result.repaid:
         print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
@@ -140,6 +145,7 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 
 def run_compare(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)
+    from cli.text import plain
     from fedunlearn.errors import InputError
     from fedunlearn.receipts import read_receipt
     from fedunlearn.requests.folders import RECEIPTS_DIR
@@ -151,7 +157,7 @@ def run_compare(args: argparse.Namespace, root: Path) -> int:
     if args.batch and read_receipt(ws.root, args.batch) is None:
         raise InputError(f"no receipt of batch {args.batch!r} in {RECEIPTS_DIR.as_posix()}/: "
                          f"`fedunlearn status --scenario {args.scenario}` lists the batches")
-    print(comparison(ws, args.scenario, args.batch)[1])
+    print(plain(comparison(ws, args.scenario, args.batch)[1]))
     print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")
     return 0
 

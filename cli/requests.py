@@ -133,7 +133,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
     init_workspace(root)
     require_data_for_requests(root, args.scenario, "ingest")
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     result = ingest_deletions(scenario=args.scenario, root=str(root), purge=args.purge)
     print_summary(result)
     return erasure_status(result.erasure)

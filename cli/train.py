@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from cli.common import DEFAULT_SCENARIO, prepare_flow_run, require_scenario
 from fedunlearn.benchmark.spec import parse_request
+from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.device import DEVICE_CHOICES
 from fedunlearn.runner_choice import ENGINE_RUNNERS, TASK_RUNNERS, split_train_runner
 
@@ -60,7 +62,7 @@ def train(args: argparse.Namespace, root: Path) -> dict:
     if args.backdoor != bool(args.request):
         raise ValueError("--backdoor and --request go together: --backdoor --request client:largest")
     init_workspace(root)
-    prepare_flow_run()
+    prepare_flow_run(args.verbose)
     task_runner, engine = split_train_runner(args.runner)
     flow = train_federated.with_options(task_runner=make_task_runner(task_runner, args.runner_address))
     return flow(scenario=args.scenario, root=str(root), rounds=args.rounds, local_epochs=args.local_epochs,
@@ -69,6 +71,9 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 
 
 def run_train(args: argparse.Namespace, root: Path) -> int:
+    cfg = load_params(root / "params.yaml").scenario(args.scenario)
+    print(f"training {args.scenario} from scratch: {federated_rounds(cfg, args.rounds)}"
+          + ("" if args.verbose else " (--verbose shows each round)"), flush=True)
     result = train(args, root)
     poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
     print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
@@ -82,41 +87,84 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     """The whole story on one scenario: train → deletion requests arrive → one batch forgets them on
     the interim tier (new data version, attempts gated, receipt with the exact deadline) → status
     says when exact forgetting is due → the debt repaid by an exact retrain → the registry side by
-    side."""
+    side. Each long step is announced before it runs, with what it does."""
     require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
-    from cli.common import describe_batch
+    from cli.common import describe_batch, erasure_line
+    from cli.text import plain
     from fedunlearn.receipts import read_receipt
     from flows.debt import repay_retrain_debt
     from flows.process import process_deletions
     from tasks.receipts import comparison
     from tasks.status import deletion_status
-    from stores.workspace import Workspace
+    from stores.workspace import Workspace, init_workspace
 
-    trained = train(build_defaults(args.scenario), root)
-    scenario = trained.scenario
-    print(f"\n== 1. {scenario} trained: test_acc={trained.test_acc:.4f}, registered v{trained.model_version} "
-          f"(alias 'original') on data version {trained.data_version} in {trained.wall_seconds:.0f} s "
-          f"on {trained.device}")
+    scenario = args.scenario
+    steps = DemoSteps.of(init_workspace(root), scenario)
+    print(f"== 1. {steps.training}", flush=True)
+    trained = train(build_defaults(scenario, args.verbose), root)
+    print(f"   registered v{trained.model_version} (alias 'original'): test_acc={trained.test_acc:.4f} on data "
+          f"version {trained.data_version} in {trained.wall_seconds:.0f} s on {trained.device}")
     requests = submit_example_requests(root, scenario)
     print(f"\n== 2. deletion requests in data/deletion_requests/inbox/: {'; '.join(requests)}")
+    print(f"\n== 3. {steps.batch}", flush=True)
     batch = process_deletions(scenario=scenario, root=str(root))
-    print(f"\n== 3. batch {batch.batch_id}: data version {batch.data_version_before} -> "
-          f"{batch.data_version_after}\n   {describe_batch(batch)}")
+    print(f"   {batch.batch_id}: data version {batch.data_version_before} -> {batch.data_version_after}\n   "
+          f"{erasure_line(batch.erasure)}\n   " + describe_batch(batch, root).replace("\n", "\n   "))
     ws = Workspace.open(root)
-    print(f"\n== 4. fedunlearn status --scenario {scenario}:\n\n{deletion_status(ws, scenario).markdown()}")
-    repaid = repay_retrain_debt(scenario=scenario, root=str(root))
-    receipt = read_receipt(ws.root, batch.batch_id)
-    print(f"\n== 5. fedunlearn repay-debt --scenario {scenario}: "
-          + (f"exact retrain v{repaid.version} serves (alias current)" if repaid.repaid else "nothing owed")
-          + f"\n   receipt {batch.receipt}: {receipt.tier_line()}")
+    print(f"\n== 4. fedunlearn status --scenario {scenario}:\n\n{plain(deletion_status(ws, scenario).markdown())}")
+    owed = batch.forgetting == "interim"
+    print(f"\n== 5. {steps.exact_retrain if owed else steps.nothing_owed}", flush=True)
+    repaid = repay_retrain_debt(scenario=scenario, root=str(root)) if owed else None
+    if repaid is not None:
+        receipt = read_receipt(ws.root, batch.batch_id)
+        print(f"   exact retrain v{repaid.version} serves (alias current)" if repaid.repaid else "   nothing owed")
+        print(f"   receipt {batch.receipt}: {plain(receipt.tier_line())}")
     print(f"\n== 6. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
-    print(comparison(ws, scenario)[1])
+    print(plain(comparison(ws, scenario)[1]))
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
     print(f"""
 Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions forgets new requests) and
 the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127.0.0.1. New requests:
   .venv/bin/fedunlearn request samples --scenario {scenario} --ids {ids}""")
     return 0
+
+
+def federated_rounds(cfg: ScenarioConfig, rounds: int | None = None) -> str:
+    """What training the scenario computes, e.g. "20 FedAvg rounds on 10 clients"."""
+    algorithm, members = {"hfl": ("FedAvg", "clients"), "vfl": ("split-NN", "parties"),
+                          "dfl": ("D-PSGD", "nodes")}[cfg.setting]
+    return f"{rounds or cfg.train.rounds} {algorithm} rounds on {cfg.partition.num_clients} {members}"
+
+
+@dataclass
+class DemoSteps:
+    """The demo's long steps as announced before each runs: what it does and why it takes time, with
+    the scenario's own numbers from params.yaml."""
+
+    training: str
+    batch: str
+    exact_retrain: str
+    nothing_owed: str
+
+    @classmethod
+    def of(cls, root: Path, scenario: str) -> DemoSteps:
+        from fedunlearn.unlearning.escalation import default_method
+
+        params = load_params(root / "params.yaml")
+        cfg, audit = params.scenario(scenario), params.audit
+        rounds = federated_rounds(cfg)
+        method = default_method(cfg.setting, "sample")
+        return cls(
+            training=f"training {scenario} from scratch: {rounds}, then registering it in MLflow (the longest "
+                     "step with step 5; --verbose shows each round)",
+            batch=f"one deletion batch forgets them: ledger and new data version (DVC), {method} unlearning, "
+                  f"certificate, evaluation and per-example audit, gates, alias and receipt (a scenario's first "
+                  f"batch also trains the audit's {audit.num_references} reference models, {audit.epochs} epochs "
+                  "each on the held-out samples)",
+            exact_retrain=f"exact retrain from scratch without the deleted samples ({rounds}, as long as step 1; "
+                          f"fedunlearn repay-debt --scenario {scenario}): repays the retrain debt, so the requests "
+                          "forgotten on the interim tier become exactly forgotten before their deadline",
+            nothing_owed="no exact retrain owed: the batch's version forgot on the exact or formal tier")
 
 
 def submit_example_requests(root: Path, scenario: str) -> list[str]:
@@ -142,7 +190,9 @@ def submit_example_requests(root: Path, scenario: str) -> list[str]:
     return submitted
 
 
-def build_defaults(scenario: str = DEFAULT_SCENARIO) -> argparse.Namespace:
+def build_defaults(scenario: str = DEFAULT_SCENARIO, verbose: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_training_arguments(parser)
-    return parser.parse_args(["--scenario", scenario])
+    defaults = parser.parse_args(["--scenario", scenario])
+    defaults.verbose = verbose
+    return defaults

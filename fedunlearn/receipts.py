@@ -117,9 +117,6 @@ class Receipt(BaseModel):
                                  f"{len(self.request_ids)} request(s) deleted every training sample: data version "
                                  f"{self.data_version_before} → {self.data_version_after}; no model can be trained on "
                                  "what is left, alias `current` removed.", self.erasure_line()])
-        promotion = (f"alias `current` → v{models['unlearned'].version}" if self.promoted else
-                     "alias `current` NOT moved" + (f" (stays at v{models['current'].version})"
-                                                    if models.get("current") else ""))
         rows = [{"model": name, "version": f"v{models[name].version}", "role": models[name].role,
                  **self.metrics.get(name, {})}
                 for name in ("source", "unlearned", "retrained") if models.get(name)]
@@ -129,11 +126,62 @@ class Receipt(BaseModel):
             f"{len(self.request_ids)} request(s): {', '.join(self.request_ids)}; {self.deleted_samples} sample IDs "
             f"deleted; data version {self.data_version_before} → {self.data_version_after}.",
             f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; "
-            + (f"gates ({self.gates.policy}) **{self.gates.verdict}**" if self.gates else "not gated")
-            + f": {promotion}.",
-            *filter(None, [self.chain(), self.tier_line(), self.source_line()]),
+            + (f"gates ({self.gates.policy}) **{self.gates.verdict}**." if self.gates else "not gated."),
+            f"{self.serve_line()}.",
+            *filter(None, [self.chain(), self.unmeasured_line(), self.source_line()]),
             markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
             markdown_table(checks, GATE_COLUMNS), self.erasure_line()])
+
+    def serve_line(self) -> str:
+        """Where alias ``current`` went and why, on one line: the version and the reason it may serve
+        (its tier, what its checks said, what is owed and by when), or the reason it did not move."""
+        return f"{self.promotion()}: {self.serve_reason()}"
+
+    def promotion(self, arrow: str = "→") -> str:
+        models = self.models
+        if self.outcome == NO_MODEL:
+            return "alias `current` removed"
+        if self.promoted:
+            return f"alias `current` {arrow} v{models['unlearned'].version}"
+        return "alias `current` NOT moved" + (f" (stays at v{models['current'].version})" if models.get("current")
+                                              else "")
+
+    def serve_reason(self) -> str:
+        """Why the batch's version serves on its tier, or why it does not serve."""
+        gates = self.gates
+        if self.outcome == NO_MODEL:
+            return "no training sample is left to train a model on"
+        if not self.promoted:
+            held = (gates.held_back or [f"{c.name} {c.verdict}" for c in gates.checks if c.verdict != "pass"]
+                    if gates else [])
+            # Under the strict policy a version the interim tier would take still needs every check to pass.
+            strict = "strict policy, only a pass serves: " if self.policy == "strict" and gates and not gates.held_back \
+                else ""
+            return "held back — " + strict + ("; ".join(held) or "no version of the batch passed")
+        if self.forgetting in ("exact", "formal"):
+            return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
+                    f"certificate **{self.certificate.get('guarantee')}** proves the forgetting: nothing owed")
+        inconclusive = [c.name for c in gates.checks if c.verdict == "inconclusive"] if gates else []
+        checks = ("not gated" if gates is None else "every check passed" if not inconclusive else
+                  f"no check failed ({', '.join(inconclusive)} inconclusive)")
+        if self.forgetting != "interim":
+            return checks
+        return f"serves on the **interim** tier — {checks}; {self.exact_owed()}"
+
+    def exact_owed(self) -> str:
+        """Interim: when exact forgetting is due, when its retrain must start, and whether it was done."""
+        due = f"exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "exact forgetting owed"
+        start = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
+        done = self.exactly_forgotten
+        return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})" if done
+                      else start)
+
+    def unmeasured_line(self) -> str:
+        """Interim: what the batch's checks could not measure (the tier's caveat)."""
+        if self.forgetting != "interim" or not self.promoted:
+            return ""
+        return "Not measurable: " + "; ".join((self.gates.unmeasured if self.gates else []) or
+                                                ["every check measured"]) + "."
 
     def tier_line(self) -> str:
         """The tier of forgetting in one line: interim (what was not measurable, when exact is due) or exact."""

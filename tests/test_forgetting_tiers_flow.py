@@ -86,8 +86,11 @@ def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadlin
     assert serving.tags["data_version"] == receipt.data_version_after != receipt.data_version_before
     assert [a.method for a in receipt.attempts] == ["puf-special"] and receipt.attempts[0].gates.interim
     assert not Registry(workspace).versions(SCENARIO, role="retrained")  # no exact retrain in the batch
-    assert receipt.source_gates is not None and "forgetting: interim; exact forgetting due by" in out
-    assert "Forgetting: **interim**" in receipt.markdown()
+    assert receipt.source_gates is not None
+    assert f"alias current -> v{serving.version} (puf-special, " in out  # the reason on the line that says it serves
+    assert next(line for line in out.splitlines() if line.startswith("alias current ->")).count(
+        "serves on the interim tier — no check failed") == 1 and "; exact forgetting due by" in out
+    assert "serves on the **interim** tier" in receipt.markdown()
     [scheduled] = scheduled_repayments(deployment_id)
     assert scheduled.expected_start_time == receipt.exact_start_by
     assert scheduled.parameters["scenario"] == SCENARIO
