@@ -141,6 +141,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
 
 def run_status(args: argparse.Namespace, root: Path) -> int:
+    from cli.text import plain
     from fedunlearn.errors import RequestOverdue
     from runtime.local_server import served_prefect_api
     from tasks.status import deletion_status
@@ -150,7 +151,7 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
     ws.params.scenario(args.scenario)
     with served_prefect_api():  # the next exact retrain is read from the served server, if one runs
         status = deletion_status(ws, args.scenario)
-    print(status.markdown())
+    print(plain(status.markdown()))
     warning = status.repayment_warning()
     if warning:  # a warning, not an exit status: status exits non-zero only once a deadline is missed (9)
         print(f"warning: {warning}", file=sys.stderr)

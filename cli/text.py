@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-_EMPHASIS = re.compile(r"\*\*(.+?)\*\*|`([^`]*)`")
+_EMPHASIS = re.compile(r"(?<!\\)\*\*(.+?)(?<!\\)\*\*|(?<!\\)`([^`]*?)(?<!\\)`")
 _SEPARATOR = re.compile(r"^\|?(\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*$")
 _CELL_BORDER = re.compile(r"(?<!\\)\|")
+_ESCAPED = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|<>~])")
 
 
 def plain(markdown: str) -> str:
@@ -26,7 +27,10 @@ def plain(markdown: str) -> str:
 
 
 def _inline(text: str) -> str:
-    return _EMPHASIS.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), text)
+    """Bold and code marks dropped, then markdown's escapes undone (a quarantine reason is escaped so
+    that it shows as written in the UI; the terminal shows it as written too)."""
+    text = _EMPHASIS.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), text)
+    return _ESCAPED.sub(r"\1", text)
 
 
 def _cells(row: str) -> list[str]:

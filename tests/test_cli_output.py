@@ -118,6 +118,15 @@ def test_plain_drops_bold_and_code_marks_and_aligns_tables():
     assert plain("no markdown here -> v2") == "no markdown here -> v2"
 
 
+def test_plain_shows_an_escaped_reason_as_written():
+    from tasks.status_lines import markdown_text
+
+    reason = "field `ids`: **not** a list [got *] (see #3) a\\b | c_d"
+    assert plain(markdown_text(reason)) == reason
+    assert plain(f"| file | reason |\n|---|---|\n| r1 | {markdown_text(reason)} |").splitlines()[2].split(None, 1) == [
+        "r1", reason]
+
+
 def gate(name: str, verdict: str) -> GateCheck:
     return GateCheck(name=name, value=0.5, limit=0.05, passed=verdict == "pass", verdict=verdict)
 

@@ -103,7 +103,7 @@ def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
         monkeypatch.setattr(pipeline, name, lambda *args, **kwargs: None)
     monkeypatch.setattr("flows.process.process_deletions", lambda **kwargs: result)
     monkeypatch.setattr("stores.workspace.init_workspace", lambda root: None)
-    args = argparse.Namespace(scenario="s", method="auto", retrain=False, method_options={}, device=None,
+    args = argparse.Namespace(scenario="s", method="auto", retrain=False, method_options={}, device=None, verbose=False,
                                        forgetting_policy=None, runner="flower")
     assert pipeline.run_process(args, Path(".")) == 0
     assert "warning: runner flower: ga left out" in capsys.readouterr().out

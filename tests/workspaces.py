@@ -254,3 +254,10 @@ def cli_training(scenario: str) -> Callable[[Path], None]:
         trained = call_cli(workspace, "train", "--scenario", scenario, "--inline")
         assert trained.status == 0, trained.err
     return train
+
+
+def status_row(out: str, request_id: str) -> list[str]:
+    """The cells of ``request_id``'s row in `fedunlearn status`'s table as a terminal shows it (plain
+    text, columns apart by spaces): the request, its state, ... ."""
+    [row] = [line.split() for line in out.splitlines() if line.split()[:1] == [request_id]]
+    return row

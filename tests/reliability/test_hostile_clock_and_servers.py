@@ -26,6 +26,7 @@ from fedunlearn.receipts import read_receipt
 from fedunlearn.requests.batch import BatchStatus
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from stores.workspace import data_version
+from workspaces import status_row
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
 pytestmark = pytest.mark.skipif(not FULL, reason="whole batches against killed servers: `make reliability`")
@@ -147,5 +148,5 @@ def test_a_batch_killed_after_ingest_is_resumed_although_the_last_one_was_dated_
     assert serving.tags["data_version"] == record.data_version_after == receipt.data_version_after
     status = cli.run("status", "--scenario", SCENARIO)
     assert status.returncode == 0 and "no pending requests" in status.stdout, status.describe()
-    assert f"| {crashed_request} |" in status.stdout
+    assert status_row(status.stdout, crashed_request)
     reliability_report.count("batches resumed behind a clock set ahead")
