@@ -66,6 +66,16 @@ class ExactForgetting(BaseModel):
     by: str
 
 
+# The cost columns' short names: the receipt's two tables fit the Prefect UI's artifact pane at 1400 px.
+SHORT_COST = {"wall_seconds": "seconds", "flops": "FLOPs", "comm_bytes": "bytes"}
+
+
+def model_cell(name: str, ref: ModelRef) -> str:
+    """``source v1 (original)``: the model's part in the batch, its version, and its role where that
+    says more (a batch's source may be an earlier batch's unlearned version)."""
+    return f"{name} v{ref.version}" + (f" ({ref.role})" if ref.role != name else "")
+
+
 class Receipt(BaseModel):
     """What one deletion batch did to the data and to the model registry."""
 
@@ -117,8 +127,8 @@ class Receipt(BaseModel):
                                  f"{len(self.request_ids)} request(s) deleted every training sample: data version "
                                  f"{self.data_version_before} → {self.data_version_after}; no model can be trained on "
                                  "what is left, alias `current` removed.", self.erasure_line()])
-        rows = [{"model": name, "version": f"v{models[name].version}", "role": models[name].role,
-                 **self.metrics.get(name, {})}
+        rows = [{"model": model_cell(name, models[name]), **self.metrics.get(name, {}),
+                 **{short: self.metrics.get(name, {}).get(key) for key, short in SHORT_COST.items()}}
                 for name in ("source", "unlearned", "retrained") if models.get(name)]
         checks = gate_rows(self.gates)
         return "\n\n".join([
@@ -129,7 +139,7 @@ class Receipt(BaseModel):
             + (f"gates ({self.gates.policy}) **{self.gates.verdict}**." if self.gates else "not gated."),
             f"{self.serve_line()}.",
             *filter(None, [self.chain(), self.unmeasured_line(), self.source_line()]),
-            markdown_table(rows, ("model", "version", "role", *VERSION_METRICS)),
+            markdown_table(rows, ("model", *(SHORT_COST.get(k, k) for k in VERSION_METRICS))),
             markdown_table(checks, GATE_COLUMNS), self.erasure_line()])
 
     def serve_line(self) -> str:

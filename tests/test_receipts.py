@@ -53,7 +53,7 @@ def test_the_markdown_names_batch_requests_versions_and_each_gate():
     assert "batch-1" in passed and "req-a, req-b" in passed and "v0 → v1" in passed
     assert "alias `current` → v2" in passed
     assert "| abs_gap_test_acc | 0.01 | [-0.004, 0.016] | 1000 | 0.02 | pass |" in passed
-    assert "| unlearned | v2 | unlearned | 0.89 |" in passed and "Attempts: 1. `puf-special` v2 (pass)" in passed
+    assert "| unlearned v2 | 0.89 |" in passed and "Attempts: 1. `puf-special` v2 (pass)" in passed
     held = make_receipt(promoted=False).markdown()
     assert "**inconclusive**" in held and "alias `current` NOT moved" in held and "| inconclusive |" in held
 
@@ -80,3 +80,16 @@ def test_the_gate_table_fits_the_prefect_ui_at_1400_px():
     assert cells[0] == ["gate", "value", "CI", "n", "limit", "result"]
     assert cells[1][4] == "any certified" and cells[-1][1] == "source passes too"
     assert sum(max(len(row[column]) for row in cells) for column in range(len(cells[0]))) <= GATE_TABLE_CHARS
+
+
+def test_the_models_table_fits_the_prefect_ui_at_1400_px_with_every_column():
+    full = {"test_acc": 0.9524, "retain_acc": 0.9657, "forget_acc": 0.975, "mia_auc": 0.4831, "wall_seconds": 10.6134,
+            "flops": 1.44e12, "comm_bytes": 3.45e8}  # every column as wide as a real batch's
+    receipt = make_receipt(promoted=True).model_copy(update={"metrics": {
+        "source": full, "unlearned": full, "retrained": full}})
+    table = next(block for block in receipt.markdown().split("\n\n") if block.startswith("| model |")).splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table if not line.startswith("|---")]
+    assert cells[0] == ["model", "test_acc", "retain_acc", "forget_acc", "mia_auc", "seconds", "FLOPs", "bytes"]
+    assert [row[0] for row in cells[1:]][:2] == ["source v1 (original)", "unlearned v2"]
+    widest = {column: max(len(row[column]) for row in cells) for column in range(len(cells[0]))}
+    assert sum(widest.values()) <= GATE_TABLE_CHARS
