@@ -6,7 +6,9 @@ latest safe time; ``status`` exits 9 for a request left interim past its deadlin
 passed repays at once; ``strict`` escalates as before. Then a batch applied without unlearning and
 closed by ``fedunlearn retrain``."""
 
+import itertools
 import math
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -109,10 +111,14 @@ def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadlin
     compared_on_the_forget_set(workspace, receipt, run("compare", "--scenario", SCENARIO))
 
 
-def table_rows(markdown: str) -> list[dict[str, str]]:
-    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
-    keys = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    return [dict(zip(keys, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[1:]]
+def table_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the first table a command printed as plain text: columns under a dashed line."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "--" in line and set(line) <= {"-", " "})
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[at])]
+    keys = [lines[at - 1][a:b].strip() for a, b in spans]
+    rows = itertools.takewhile(str.strip, lines[at + 1:])
+    return [dict(zip(keys, (row[a:b].strip() for a, b in spans))) for row in rows]
 
 
 def compared_on_the_forget_set(workspace, receipt, compared: str) -> None:
