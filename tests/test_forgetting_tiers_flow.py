@@ -60,11 +60,16 @@ def current(workspace):
     return Registry(workspace).by_alias(SCENARIO, "current")
 
 
-def serve_repayment_deployment(workspace) -> str:
-    """What `make serve` registers: the repay-retrain-debt deployment (its runner is not started)."""
+@pytest.fixture
+def repayment_deployment(trained):
+    """What `make serve` registers: the repay-retrain-debt deployment (its runner is not started),
+    deleted after the test: the session's Prefect server is shared, and another test's status must
+    not find it served."""
     deployment_id = Runner().add_flow(repay_retrain_debt, name="weekly",
-                                      parameters={"root": str(workspace), "scenario": SCENARIO})
-    return str(deployment_id)
+                                      parameters={"root": str(trained), "scenario": SCENARIO})
+    yield str(deployment_id)
+    with get_client(sync_client=True) as client:
+        client.delete_deployment(deployment_id)
 
 
 def scheduled_repayments(deployment_id: str) -> list:
@@ -73,9 +78,8 @@ def scheduled_repayments(deployment_id: str) -> list:
     return [r for r in runs if r.state and r.state.is_scheduled()]
 
 
-def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadline(trained, run):
-    workspace = trained
-    deployment_id = serve_repayment_deployment(workspace)
+def test_an_interim_batch_serves_at_once_and_the_exact_retrain_meets_the_deadline(trained, run, repayment_deployment):
+    workspace, deployment_id = trained, repayment_deployment
     deadline = T0 + timedelta(days=2)
     [first] = request(run, client=1, deadline=deadline)
 
