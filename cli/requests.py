@@ -107,21 +107,35 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
 
 
 def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:
-    """Sample IDs the scenario's partition never held are refused now (exit 2, nothing submitted),
-    not quarantined by the next batch. Before `fedunlearn prepare` there is nothing to check against:
-    the batch checks them then. Already-deleted IDs are the batch's to report (it reads the ledger)."""
+    """Sample IDs not in the scenario's current data version are refused now (exit 2, nothing
+    submitted), not quarantined by the next batch: those the ledger deleted already are named as such,
+    the others as never in the data. Before `fedunlearn prepare` there is nothing to check against:
+    the batch checks them then."""
     from fedunlearn.data.store import PARTITIONS_DIR
     from fedunlearn.errors import InputError
     from fedunlearn.requests.catalog import load_catalog
+    from fedunlearn.requests.ledger import LEDGER_PATH, LedgerDamaged, read_deleted_ids
 
     if not (root / PARTITIONS_DIR / scenario / "manifest.json").is_file():
         return
     known = load_catalog(scenario, root, set()).labels
     unknown = [i for i in ids if i not in known]
-    if unknown:
-        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise InputError(f"{len(unknown)} of {len(ids)} sample ID(s) are not in {scenario}'s data: {shown}; nothing "
-                         f"was submitted — list the valid ones with `fedunlearn ids --scenario {scenario}`")
+    if not unknown:
+        return
+    try:
+        deleted = read_deleted_ids(root / LEDGER_PATH) if (root / LEDGER_PATH).is_file() else set()
+    except LedgerDamaged:  # which were deleted cannot be told: `ledger verify` is the batch's to ask for
+        deleted = set()
+    gone, never = [i for i in unknown if i in deleted], [i for i in unknown if i not in deleted]
+    parts = ([f"deleted already: {shown_ids(gone)} (`fedunlearn status --scenario {scenario}` shows their batch)"]
+             if gone else []) + ([f"never in the data: {shown_ids(never)}"] if never else [])
+    raise InputError(f"{len(unknown)} of {len(ids)} sample ID(s) are not in {scenario}'s current data version — "
+                     f"{'; '.join(parts)}; nothing was submitted — list the valid ones with `fedunlearn ids "
+                     f"--scenario {scenario}`")
+
+
+def shown_ids(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def run_ingest(args: argparse.Namespace, root: Path) -> int:

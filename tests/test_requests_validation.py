@@ -254,7 +254,20 @@ def test_request_refuses_sample_ids_the_data_never_held_and_submits_nothing(fold
     refused = main(["--root", str(root), "request", "samples", "--scenario", SCENARIO,
                     "--ids", client_ids[0][0], "digits-99999", "does-not-exist"])
     error = capsys.readouterr().err
-    assert refused == 2 and "2 of 3 sample ID(s) are not in digits-hfl's data: digits-99999, does-not-exist" in error
+    assert refused == 2 and ("2 of 3 sample ID(s) are not in digits-hfl's current data version — never in the data: "
+                             "digits-99999, does-not-exist;") in error
     assert "fedunlearn ids --scenario digits-hfl" in error and list(folders.inbox.iterdir()) == []
     accepted = main(["--root", str(root), "request", "samples", "--scenario", SCENARIO, "--ids", client_ids[0][0]])
     assert accepted == 0 and len(list(folders.inbox.iterdir())) == 1
+
+
+def test_request_names_sample_ids_deleted_already_apart(folders, capsys):
+    from cli import main
+
+    root = folders.workspace
+    record_deleted(root, ["digits-99998"])  # a deletion the data version no longer holds
+    refused = main(["--root", str(root), "request", "samples", "--scenario", SCENARIO, "--ids", "digits-99998"])
+
+    error = capsys.readouterr().err
+    assert refused == 2 and "deleted already: digits-99998 (`fedunlearn status" in error and "never in" not in error
+    assert list(folders.inbox.iterdir()) == []
