@@ -83,13 +83,13 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
     measured = []
     for record in records:
         if record.purged:
-            log.warning("%s v%s not measured on the forget set of batch %s: its rows were purged", scenario,
+            log.warning("%s v%s not measured on the forget set of %s: its rows were purged", scenario,
                         version, record.batch_id)
             continue
         try:
             done = measure_on(ws, record, model, dev)
         except Exception as err:  # a measurement after the fact: the repayment it follows stands
-            log.warning("%s v%s not measured on the forget set of batch %s: %s: %s", scenario, version,
+            log.warning("%s v%s not measured on the forget set of %s: %s: %s", scenario, version,
                         record.batch_id, type(err).__name__, err)
             continue
         if done:

@@ -55,7 +55,7 @@ def test_the_forget_set_columns_hold_only_figures_on_the_batchs_forget_set():
     assert [r["forget_set_part"] for r in shown] == [SOURCE, None, UNLEARNED, RETRAINED]
     assert shown[2]["audit_auc"] is None and shown[0]["test_acc"] == 0.9  # NaN shown as none; the rest kept
     line = header("batch-x", 40, measured)
-    assert line.startswith("forget_acc, mia_auc and audit_auc on the forget set of batch batch-x (40 samples): ")
+    assert line.startswith("forget_acc, mia_auc and audit_auc on the forget set of batch-x (40 samples): ")
     assert line.endswith("v1 (its source, trained on them), v3 (unlearned), v4 (retrained without them); – for the "
                          "other versions.")
     assert header("batch-x", 40, measured, rows=3).endswith("v4 (retrained without them).")

@@ -130,7 +130,7 @@ def compared_on_the_forget_set(workspace, receipt, compared: str) -> None:
     the batch's forget set, in ``compare`` and as each run's metrics (MLflow's compare view); the
     source's figures are the batch's own measurement; runs named by role and version."""
     samples = sum(receipt.forgotten_per_client.values())
-    assert f"on the forget set of batch {receipt.batch_id} ({samples} samples)" in compared
+    assert f"on the forget set of {receipt.batch_id} ({samples} samples)" in compared
     rows = table_rows(compared)
     assert [row["role"] for row in rows] == ["original", "unlearned", "retrained"]
     assert all(row[key] != "–" for row in rows for key in ("forget_acc", "mia_auc", "audit_auc")), compared

@@ -234,7 +234,7 @@ def test_compare_lists_the_versions_and_no_retrain_debt_after_an_exact_reference
     lines = cli(resumed.workspace, capsys, "compare", "--scenario", SCENARIO).splitlines()
     table = lines[2:]
 
-    assert lines[0].startswith(f"forget_acc, mia_auc and audit_auc on the forget set of batch {resumed.receipt.batch_id}")
+    assert lines[0].startswith(f"forget_acc, mia_auc and audit_auc on the forget set of {resumed.receipt.batch_id}")
     assert table[0].split()[:9] == ["version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc",
                                     "mia_auc", "audit_auc"]
     assert set(table[1]) == {"-", " "} and "|" not in "".join(table)  # plain text: columns under a dashed line

@@ -69,7 +69,7 @@ def header(batch_id: str, samples: int | None, measured: Mapping[str, Mapping[st
     parts = ", ".join(f"v{version} ({what.get(found.get('part'), found.get('part'))})" for version, found in versions)
     count = f" ({samples} samples)" if samples else ""
     others = "; – for the other versions" if rows is None or rows > len(measured) else ""
-    return (f"forget_acc, mia_auc and audit_auc on the forget set of batch {batch_id}{count}: "
+    return (f"forget_acc, mia_auc and audit_auc on the forget set of {batch_id}{count}: "
             + (parts or "no version was measured on it") + others + ".")
 
 
