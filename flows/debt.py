@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.forget_sets import measure_retrained
+from flows.forget_sets import measure_retrained, retrain_device
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from flows.results import RepayResult
@@ -53,7 +53,7 @@ def repay(ws: Workspace, scenario: str, device: str | None) -> RepayResult:
     reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device, close_open=False)
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
     repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
-    measure_retrained(ws, scenario, reference.model_version, repaid, device)
+    measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(ws, reference, device))
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
     return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)

@@ -20,6 +20,7 @@ from fedunlearn.federation.protocol import Federation
 from fedunlearn.requests.batch import BatchRecord, load_records
 from fedunlearn.unlearning.base import DeletionBatch
 from flows.audit import audit_references
+from flows.results import ReferenceResult
 from stores.registry import RegisteredModel
 from stores.workspace import Workspace
 from tasks.audit import audit, load_references
@@ -66,8 +67,14 @@ def forget_set_kit(ws: Workspace, record: BatchRecord, federation: Federation, b
     return ForgetSetKit(sets, evaluator, references, clean_forget_labels, ws.params.seed)
 
 
+def retrain_device(ws: Workspace, result: ReferenceResult, device: str | None) -> torch.device:
+    """The device the retrain ran on, as its training flow resolved it; for a reference reused
+    without training, the command's choice (resolved here, the command's only resolution then)."""
+    return torch.device(result.trained.device) if result.trained else command_device(ws, device)
+
+
 def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: list[str],
-                      device: str | None = None) -> list[str]:
+                      device: torch.device) -> list[str]:
     """The exact retrain ``version`` measured on the forget set of each of ``batch_ids`` (the batches
     whose debt it repays), each logged as that batch's figures; returns the batches measured. Per
     batch, not on their union: each batch's source and unlearned version were measured on its own
@@ -79,7 +86,6 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
     if not records:
         return []
     model = ws.registry.load(scenario, version)
-    dev = command_device(ws, device)
     measured = []
     for record in records:
         if record.purged:
@@ -87,7 +93,7 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
                         version, record.batch_id)
             continue
         try:
-            done = measure_on(ws, record, model, dev)
+            done = measure_on(ws, record, model, device)
         except Exception as err:  # a measurement after the fact: the repayment it follows stands
             log.warning("%s v%s not measured on the forget set of %s: %s: %s", scenario, version,
                         record.batch_id, type(err).__name__, err)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.forget_sets import measure_retrained
+from flows.forget_sets import measure_retrained, retrain_device
 from flows.heartbeat import parent_heartbeat
 from flows.results import ReferenceResult
 from flows.train import train_federated
@@ -64,7 +64,7 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
                 closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
                                           "retrain-reference")
                 result = result.model_copy(update={"closed": closed})
-                measure_retrained(ws, scenario, result.model_version, closed, device)
+                measure_retrained(ws, scenario, result.model_version, closed, retrain_device(ws, result, device))
                 print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied "
                       f"without unlearning {', '.join(closed)} (receipts written)")
     return result
