@@ -224,7 +224,7 @@ def describe_batch(result: ProcessResult, root: Path) -> str:
     from fedunlearn.receipts import read_receipt
 
     receipt = read_receipt(root, result.batch_id)
-    retrained = result.models.get("retrained")
+    retrained = result.reference
     chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'})" for a in result.attempts)
     what = f" ({result.method}, {result.certificate}" + (f"; retrained reference v{retrained.version}" if retrained
                                                          else "") + ")" if result.method else ""

@@ -19,6 +19,7 @@ from fedunlearn.receipts import Receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.erasure import Fingerprints
 from fedunlearn.unlearning.escalation import Attempt
+from stores.registry import RegisteredModel
 from stores.workspace import Workspace
 
 
@@ -40,8 +41,10 @@ class Batch:
     the device chosen for the command, the forgetting policy (which tier may serve), the escalation's
     attempts in order (``chosen_by_user``: the user named them, so the source's audit does not
     reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
-    registered (read at entry), once applied, the deleted rows' bytes, the engine of the
-    unlearning attempts (``runner``) and what the batch warns its user of (``warnings``)."""
+    registered, the source model it unlearns from and the samples its lineage was trained with the
+    backdoor trigger on (``poisoned``; all three read at entry), once applied, the deleted rows'
+    bytes, the engine of the unlearning attempts (``runner``) and what the batch warns its user of
+    (``warnings``)."""
 
     ws: Workspace
     record: BatchRecord
@@ -52,6 +55,8 @@ class Batch:
     gates: PromotionGates
     retrain_reference: bool = False
     registered: Mapping[int, Any] = field(default_factory=dict)
+    source: RegisteredModel | None = None
+    poisoned: tuple[str, ...] = ()
     fingerprints: Fingerprints | None = None
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
     runner: Runner = Runner.in_process

@@ -13,14 +13,16 @@ that time has come.
 
 from __future__ import annotations
 
+import torch
 from prefect import flow
 
 from flows.forget_sets import measure_retrained, retrain_device
 from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from flows.results import RepayResult
+from tasks.data import command_device
 from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 # An exact retrain takes minutes; a batch running meanwhile is waited for, as batches wait for each other.
@@ -39,21 +41,24 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
         device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
     """
     ws = Workspace.open(root)
+    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"), parent_heartbeat():
-        return repay(ws, scenario, device)
+        return repay(scope, command_device(ws, device))
 
 
-def repay(ws: Workspace, scenario: str, device: str | None) -> RepayResult:
-    """The repayment itself, for a caller that holds the batch lock (``process-deletions``). Batches
-    applied without unlearning are closed by the same retrain (``close_by_retrain``)."""
+def repay(scope: ScenarioScope, device: torch.device) -> RepayResult:
+    """The repayment itself, for a caller that holds the batch lock (``process-deletions``), on the
+    device the command chose. Batches applied without unlearning are closed by the same retrain
+    (``close_by_retrain``)."""
+    ws, scenario = scope.ws, scope.scenario
     debt = retrain_debt(ws, scenario)
     if not debt.receipts and not open_batches(ws, scenario):
         print("no retrain debt")
         return RepayResult(scenario=scenario, repaid=[])
-    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=device, close_open=False)
+    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=str(device), close_open=False)
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
     repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
-    measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(ws, reference, device))
+    measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(reference) or device)
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
     return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)

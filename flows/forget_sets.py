@@ -24,7 +24,7 @@ from flows.results import ReferenceResult
 from stores.registry import RegisteredModel
 from stores.workspace import Workspace
 from tasks.audit import audit, load_references
-from tasks.data import command_device, load_data
+from tasks.data import load_data
 from tasks.evaluation import build_evaluator, evaluate
 from tasks.forget_sets import log_forget_set
 from tasks.models import backdoor_ids
@@ -67,10 +67,10 @@ def forget_set_kit(ws: Workspace, record: BatchRecord, federation: Federation, b
     return ForgetSetKit(sets, evaluator, references, clean_forget_labels, ws.params.seed)
 
 
-def retrain_device(ws: Workspace, result: ReferenceResult, device: str | None) -> torch.device:
-    """The device the retrain ran on, as its training flow resolved it; for a reference reused
-    without training, the command's choice (resolved here, the command's only resolution then)."""
-    return torch.device(result.trained.device) if result.trained else command_device(ws, device)
+def retrain_device(result: ReferenceResult) -> torch.device | None:
+    """The device the retrain ran on, as its training flow resolved it; None for a reference reused
+    without training (its measurement takes the command's device)."""
+    return torch.device(result.trained.device) if result.trained else None
 
 
 def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: list[str],

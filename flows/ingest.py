@@ -17,14 +17,14 @@ from collections import Counter
 
 from prefect import flow, get_run_logger
 
-from fedunlearn.requests.batch import BatchRecord, QuarantineNote, Triage, record_path
-from fedunlearn.requests.folders import LOCK_TIMEOUT_S, RequestFolders
+from fedunlearn.requests.batch import BatchRecord, record_path
+from fedunlearn.requests.folders import LOCK_TIMEOUT_S
 from fedunlearn.requests.model import DeletionRequestModel
 from flows.heartbeat import parent_heartbeat
-from flows.intake import apply_deletions, intake_requests
+from flows.intake import Intake, apply_deletions, intake_requests
 from flows.results import IngestResult
 from tasks.requests import submit_requests
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 NO_PENDING = "no pending requests"
 
@@ -38,27 +38,28 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     the DVC cache."""
     logger = get_run_logger()
     ws = Workspace.open(root)
-    ws.scenario(scenario)  # an unknown scenario stops here
+    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))  # an unknown scenario stops here
     if requests:
-        submit_requests(ws, scenario, requests)
+        submit_requests(scope, requests)
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"), parent_heartbeat():
-        taken = intake_requests(ws, scenario, purge=purge)
+        taken = intake_requests(scope, purge=purge)
         record = apply_deletions(ws, taken.batch).record if taken.batch else None
-    summary = summarize(ws.folders, scenario, record, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied)
+    summary = summarize(scope, record, taken)
     logger.info("%s: %d quarantined, %d resumed batch(es), data version %s -> %s", summary.status,
                 len(taken.quarantined), len(taken.resumed), summary.data_version_before, summary.data_version_after)
     return summary
 
 
-def summarize(folders: RequestFolders, scenario: str, record: BatchRecord | None, resumed: list[BatchRecord],
-              inbox: Triage, quarantined: list[QuarantineNote], already_applied: list[str]) -> IngestResult:
-    """What the CLI prints and the flow returns (``process-deletions`` adds its batch's fields)."""
-    summary = {"scenario": scenario, "resumed": [r.batch_id for r in resumed], "quarantined": list(quarantined),
-               "already_applied": already_applied, "left_pending": [item.name for item in inbox.elsewhere],
+def summarize(scope: ScenarioScope, record: BatchRecord | None, taken: Intake) -> IngestResult:
+    """What the CLI prints and the flow returns (``process-deletions`` adds its batch's fields):
+    ``record``, the batch worked on (None: none), and what intake found."""
+    inbox, folders = taken.inbox, scope.ws.folders
+    summary = {"scenario": scope.scenario, "resumed": [r.batch_id for r in taken.resumed],
+               "quarantined": list(taken.quarantined), "already_applied": taken.already_applied,
+               "left_pending": [item.name for item in inbox.elsewhere],
                "waiting": {item.name: item.waiting for item in inbox.waiting}}
     if record is None:
-        return IngestResult(**summary, status="no valid requests" if quarantined else NO_PENDING)
+        return IngestResult(**summary, status="no valid requests" if taken.quarantined else NO_PENDING)
     per_client = Counter()
     for entry in record.requests:
         per_client.update({int(client): len(ids) for client, ids in entry.clients.items()})

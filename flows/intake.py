@@ -31,7 +31,7 @@ from tasks.progress import Owed, owed_batch
 from tasks.requests import (append_ledger, close_batch, collect_inbox, file_applied_requests, open_batch,
                             quarantine_requests, recover_interrupted_batches, reproduce_versions)
 from tasks.validation import validate_requests
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 @dataclass
@@ -68,9 +68,10 @@ def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
 
 
 @task(name="intake-requests", task_run_name="intake-requests", cache_policy=NO_CACHE)
-def intake_requests(ws: Workspace, scenario: str, purge: bool = False, take_owed: bool = False) -> Intake:
-    """The batch this run works on. ``take_owed`` (process-deletions): a batch of ``scenario`` an
+def intake_requests(scope: ScenarioScope, purge: bool = False, take_owed: bool = False) -> Intake:
+    """The batch this run works on. ``take_owed`` (process-deletions): a batch of the scenario an
     earlier run left unfinished comes first (``tasks.progress``), and the inbox waits."""
+    ws, scenario = scope.ws, scope.scenario
     interrupted = recover_interrupted_batches(ws)
     sync_state(ws.root, "the remote was behind this workspace")  # a push an earlier run could not make
     resumed = [finish_steps(ws, r).record for r in interrupted if not (take_owed and r.scenario == scenario)]

@@ -12,9 +12,11 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
     debt-and-status      the retrain debt repaid, scheduled or left (``batch_decisions.debt_action``)
                          ─▶ status
 
-The batch is one value (``flows.batch.Batch``) built where the flow starts — its record, the device
-chosen once for the command, the forgetting policy, the attempts — and each stage returns the next
-(applied, ``Unlearned``, ``Receipted``): no stage opens the workspace or reads the journal again.
+The flow opens the workspace and names the scenario once (``ScenarioScope``); the batch is one value
+(``flows.batch.Batch``) built from it — its record, the device chosen once for the command, the
+forgetting policy, the attempts, and what the stores hold of it (attempts registered, source model),
+read once here — and each stage returns the next (applied, ``Unlearned``, ``Receipted``): no stage
+opens the workspace or reads the journal again.
 Each stage is a task run with its steps' task runs (and ``unlearn-and-register``'s flows: training,
 audit references) nested under it: a sub-flow's creation and state changes are blocking calls to
 the Prefect server, a task run's are events. The stages live in ``flows.intake``,
@@ -33,10 +35,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterator
 
+import torch
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from fedunlearn.batch_decisions import DebtAction, debt_action
+from fedunlearn.batch_decisions import DebtAction, debt_action, recorded_source
 from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.device import intra_op_threads
@@ -57,10 +60,11 @@ from flows.promote import promote_and_receipt
 from flows.results import AttemptLine, ProcessResult, Timings
 from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 from tasks.data import command_device
 from tasks.debt import (REPAY_DEPLOYMENT, Debt, late_repayment, repayment_time, retrain_debt,
                         schedule_repayment)
+from tasks.models import backdoor_ids, load_source_model
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
@@ -142,22 +146,22 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             deadlines) or strict (escalate until one passes every check); empty: params.yaml's.
     """
     clock, ws = FlowClock(), Workspace.open(root)
-    cfg = ws.scenario(scenario)
+    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))
     choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),
                     retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy),
-                    choose_runner(runner, cfg.runner))
-    check_runner(choice, scenario, cfg.setting)  # an unknown name, or one the engine lacks, fails before anything is taken
+                    choose_runner(runner, scope.config.runner))
+    check_runner(choice, scope)  # an unknown name, or one the engine lacks, fails before anything is taken
     if requests:
-        submit_requests(ws, scenario, requests)
+        submit_requests(scope, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
-            intra_op_threads(cfg.threads), parent_heartbeat():
-        taken = intake_requests(ws, scenario, take_owed=True)
+            intra_op_threads(scope.config.threads), parent_heartbeat():
+        taken = intake_requests(scope, take_owed=True)
         clock.stage("intake-requests")
-        announce_processed([n.request_id or n.file for n in taken.quarantined], scenario, "quarantined",
+        announce_processed([n.request_id or n.file for n in taken.quarantined], scope.scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
         if taken.batch is None:
-            return nothing_to_process(ws, scenario, taken, device)
-        batch = start_batch(ws, taken, choice, device)
+            return nothing_to_process(scope, taken, device)
+        batch = start_batch(scope, taken, choice, device)
         with stage(batch.record, "ingest (ledger, new data version, erasure check)"):
             batch = batch.applied(apply_deletions(ws, batch.record))
         clock.stage("apply-deletions")
@@ -168,16 +172,14 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             receipted = promote_and_receipt(unlearned)
             publish_receipt(receipted.receipt)
         clock.stage("promote-and-receipt")
-        announce_processed(receipted.receipt.request_ids, scenario, "forgotten", batch.record.batch_id)
-        debt, exact_run = settle_debt(ws, scenario, batch.device_name)
-        publish_status(ws, scenario)
+        announce_processed(receipted.receipt.request_ids, scope.scenario, "forgotten", batch.record.batch_id)
+        debt, exact_run = settle_debt(scope, batch.device)
+        publish_status(scope)
         clock.stage("debt-and-status")
     print(receipted.receipt.markdown())
     timings = Timings(**clock.split())
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
-    summary = summarize(ws.folders, scenario, batch.record, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied)
-    return ProcessResult(**dict(summary), **batch_result(ws, receipted),
+    return ProcessResult(**dict(summarize(scope, batch.record, taken)), **batch_result(ws, receipted),
                          retrain_debt=debt.line(ws.params.requests.max_retrain_debt), exact_run=exact_run,
                          timings=timings, warnings=list(batch.warnings))
 
@@ -202,24 +204,26 @@ class Choice:
         return bool(self.escalation or self.method_options) or self.method.value != "auto"
 
 
-def check_runner(choice: Choice, scenario: str, setting: str) -> None:
+def check_runner(choice: Choice, scope: ScenarioScope) -> None:
     """The chosen method exists, and the chosen engine can run it on this scenario: checked before a
     request is taken, so a wrong ``--runner`` leaves the inbox as it was."""
+    setting = scope.config.setting
     first = Attempt(method=choose_method(choice.method, setting), options=choice.method_options)
-    check_flower_training(choice.runner, scenario, setting)
+    check_flower_training(choice.runner, scope.scenario, setting)
     if not first.exact:
         flower_attempts(choice.runner, [first], flower_methods(), True)
 
 
-def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None) -> Batch:
+def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str | None) -> Batch:
     """The batch value every stage is handed: the device chosen once for the command, the attempts in
-    order (an unsupported method stops here, before the ledger moves on), and the attempts an earlier
-    run registered (read once, here)."""
+    order (an unsupported method stops here, before the ledger moves on), and what the stores hold of
+    it, read once, here: the attempts an earlier run registered and the source model (the one they
+    recorded, else the version on the data before the batch)."""
     record = taken.batch
     if taken.owed:
         get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
                                  "inbox wait for the next run", record.batch_id)
-    setting = ws.scenario(record.scenario).setting
+    ws, setting = scope.ws, scope.config.setting
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
     attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
                 else default_escalation(setting, record.kind, first))
@@ -229,8 +233,11 @@ def start_batch(ws: Workspace, taken: Intake, choice: Choice, device: str | None
     dropped = dropped_fallbacks(choice.runner, attempts, kept)
     if dropped:
         get_run_logger().warning("%s", dropped)
+    with stage(record, "reading the source model"):
+        registered = attempts_registered(ws, record.scenario, record.batch_id)
+        source = load_source_model(ws, record.scenario, record.data_version_before, recorded_source(registered))
     return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
-                 choice.gates, choice.retrain_reference, attempts_registered(ws, record.scenario, record.batch_id),
+                 choice.gates, choice.retrain_reference, registered, source, tuple(backdoor_ids(ws, record.scenario)),
                  runner=choice.runner, warnings=(dropped,) if dropped else ())
 
 
@@ -252,25 +259,24 @@ def batch_result(ws: Workspace, receipted: Receipted) -> dict[str, Any]:
             "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
 
 
-def nothing_to_process(ws: Workspace, scenario: str, taken: Intake, device: str | None) -> ProcessResult:
+def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None) -> ProcessResult:
     """No batch to run: what intake did, and the retrain debt repaid if it could not wait."""
-    exact_run = repay_if_late(ws, scenario, device)
-    summary = summarize(ws.folders, scenario, None, taken.resumed, taken.inbox, taken.quarantined,
-                        taken.already_applied)
-    return ProcessResult(**dict(summary), exact_run=exact_run)
+    exact_run = repay_if_late(scope, device)
+    return ProcessResult(**dict(summarize(scope, None, taken)), exact_run=exact_run)
 
 
-def repay_if_late(ws: Workspace, scenario: str, device: str | None) -> str | None:
+def repay_if_late(scope: ScenarioScope, device: str | None) -> str | None:
     """With no batch to run: a retrain debt whose latest safe start has passed is repaid now, as after a
     batch. Waiting for a new request (or for a schedule no served deployment runs) could miss the
     deadline. A failed repayment exits non-zero and names `fedunlearn repay-debt`."""
+    ws, scenario = scope.ws, scope.scenario
     start_by = late_repayment(ws, scenario)
     if start_by is None:
         return None
     get_run_logger().warning("the retrain debt of %s is past its latest safe start (%s): repaying it now", scenario,
                              f"{start_by:%Y-%m-%d %H:%M}Z")
     try:
-        repay(ws, scenario, device)
+        repay(scope, command_device(ws, device))
     except Exception as err:
         meaning = next((c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
                         if isinstance(err, c)), BatchFailed)
@@ -280,16 +286,17 @@ def repay_if_late(ws: Workspace, scenario: str, device: str | None) -> str | Non
     return f"repaid in this run: its latest safe start ({start_by:%Y-%m-%d %H:%M}Z) had passed"
 
 
-def settle_debt(ws: Workspace, scenario: str, device: str | None) -> tuple[Debt, str | None]:
+def settle_debt(scope: ScenarioScope, device: torch.device) -> tuple[Debt, str | None]:
     """After a batch: repay the retrain debt now when it passed ``requests.max_retrain_debt`` or its
     latest safe time has come; otherwise have Prefect start the repaying run at that time (a
     scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left
     and what was done about it."""
+    ws, scenario = scope.ws, scope.scenario
     debt = retrain_debt(ws, scenario)
     start_by = repayment_time(ws, scenario, debt)
     action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
     if action is DebtAction.repay:
-        repay(ws, scenario, device)
+        repay(scope, device)
         return retrain_debt(ws, scenario), "repaid in this run"
     if action is DebtAction.nothing:
         return debt, None

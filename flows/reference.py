@@ -17,7 +17,7 @@ from flows.forget_sets import measure_retrained, retrain_device
 from flows.heartbeat import parent_heartbeat
 from flows.results import ReferenceResult
 from flows.train import train_federated
-from tasks.data import reproduce_data
+from tasks.data import command_device, reproduce_data
 from tasks.debt import close_by_retrain, open_batches
 from tasks.models import move_alias
 from stores.workspace import Workspace
@@ -64,7 +64,8 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
                 closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
                                           "retrain-reference")
                 result = result.model_copy(update={"closed": closed})
-                measure_retrained(ws, scenario, result.model_version, closed, retrain_device(ws, result, device))
+                measure_retrained(ws, scenario, result.model_version, closed,
+                                  retrain_device(result) or command_device(ws, device))
                 print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied "
                       f"without unlearning {', '.join(closed)} (receipts written)")
     return result

@@ -163,3 +163,8 @@ class ProcessResult(IngestResult):
     exact_run: str | None = None
     timings: Timings | None = None
     warnings: list[str] = []  # what the batch warned of, e.g. fallbacks its runner lacks
+
+    @property
+    def reference(self) -> ModelRef | None:
+        """The exactly retrained version the batch's attempts were gated against, if any."""
+        return self.models.get("retrained")

@@ -12,7 +12,7 @@ from prefect import flow
 
 from fedunlearn.requests.model import DeletionRequestModel
 from tasks.requests import submit_requests
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 @flow(name="submit-deletion-requests", log_prints=True)
@@ -27,7 +27,6 @@ def submit_deletion_requests(requests: list[DeletionRequestModel], scenario: str
         root: the workspace (the directory holding params.yaml).
     """
     ws = Workspace.open(root)
-    ws.params.scenario(scenario)
-    written = submit_requests(ws, scenario, requests)
+    written = submit_requests(ScenarioScope(ws, scenario, ws.scenario(scenario)), requests)
     print(f"{len(written)} request(s) in the inbox of {scenario}: {', '.join(written)}")
     return written

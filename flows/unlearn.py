@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, Route, attempts_for_route, attempts_in_order,
-                                        exact_certificate, metrics_of, receipt_without_model, recorded_source, route,
+                                        exact_certificate, metrics_of, receipt_without_model, route,
                                         stops)
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
@@ -43,7 +43,7 @@ from tasks.data import load_data, read_federation
 from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.evaluation import apply_gates, evaluate
 from tasks.forget_sets import log_forget_set
-from tasks.models import (backdoor_ids, batch_description, describe_version, find_reference, load_source_model,
+from tasks.models import (batch_description, describe_version, find_reference,
                           register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
 from tasks.unlearning import unlearn_in_gpu_slot, unlearn_through_flower
@@ -97,9 +97,7 @@ def unlearn_and_register(batch: Batch) -> Unlearned:
     forgetting policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts registered
     by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
     source remembers tries the methods that can remove it first (``attempts_in_order``)."""
-    ws, record = batch.ws, batch.record
-    source = load_source_model(ws, batch.scenario, record.data_version_before, recorded_source(batch.registered))
-    poisoned = backdoor_ids(ws, batch.scenario)
+    ws, record, source, poisoned = batch.ws, batch.record, batch.source, list(batch.poisoned)
     federation = with_weights(load_data(ws, batch.scenario, batch.device, record.data_version_before,
                                         backdoor_ids=poisoned), source)
     forget = record.forget_set(federation.clients)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -296,3 +297,14 @@ class Workspace:
         """``path`` relative to the workspace; a symbolic link is not resolved (a quarantined link
         stays where it is, whatever it points at)."""
         return Path(os.path.abspath(path)).relative_to(self.root).as_posix()
+
+
+@dataclass(frozen=True)
+class ScenarioScope:
+    """One scenario of one opened workspace, as the stages of a command share it: the workspace, the
+    scenario's name and its configuration (params.yaml read once). Built where a flow starts, from a
+    name the workspace knows; the stages take it rather than a name to look up again."""
+
+    ws: Workspace
+    scenario: str
+    config: ScenarioConfig

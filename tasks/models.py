@@ -6,6 +6,7 @@ description of why the version exists (counts and identifiers only: never a samp
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any, Iterator
 
 from prefect import task
@@ -24,7 +25,7 @@ from stores.workspace import Workspace
 SOURCE_ALIASES = ("current", "retrained", "original")
 BACKDOOR_ARTIFACT = "backdoor_ids.txt"
 # The context (``mlflow.data.context``) of a run's data version input, by the role of its version.
-DATA_CONTEXTS = {"original": "training", "retrained": "retraining", "unlearned": "unlearning"}
+DATA_CONTEXTS = MappingProxyType({"original": "training", "retrained": "retraining", "unlearned": "unlearning"})
 SHOWN_REQUESTS = 5  # a description lists this many request IDs, then a count
 
 

@@ -17,14 +17,15 @@ from fedunlearn.requests.inbox import InboxItem, file_processed, quarantine, sca
 from fedunlearn.requests.integrity import ensure_intact
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
 from stores.registry import registered_batch_ids
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 @task(name="submit-requests", cache_policy=NO_CACHE)
-def submit_requests(ws: Workspace, scenario: str, requests: list[DeletionRequestModel]) -> list[str]:
-    """Write requests given as flow parameters into the inbox: from here on they are files."""
-    folders = ws.folders
-    return [submit_request(folders, r if r.scenario else r.model_copy(update={"scenario": scenario})).name
+def submit_requests(scope: ScenarioScope, requests: list[DeletionRequestModel]) -> list[str]:
+    """Write requests given as flow parameters into the inbox: from here on they are files. A request
+    naming no scenario gets the scope's."""
+    folders = scope.ws.folders
+    return [submit_request(folders, r if r.scenario else r.model_copy(update={"scenario": scope.scenario})).name
             for r in requests]
 
 

@@ -39,7 +39,7 @@ from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
 from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
                                 quarantine_lines, runs_for)
 from tasks.requests import read_inbox
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 PENDING, INTERIM, EXACT = "pending", "interim", "exact"
@@ -260,9 +260,9 @@ def status_artifact_key(scenario: str) -> str:
 
 
 @task(name="publish-status", cache_policy=NO_CACHE)
-def publish_status(ws: Workspace, scenario: str) -> DeletionStatus:
+def publish_status(scope: ScenarioScope) -> DeletionStatus:
     """The status as the Prefect artifact ``status_artifact_key`` (a new version each batch)."""
-    status = deletion_status(ws, scenario)
-    create_markdown_artifact(status.markdown(), key=status_artifact_key(scenario),
-                             description=f"pending deletion requests and the serving model of {scenario}")
+    status = deletion_status(scope.ws, scope.scenario)
+    create_markdown_artifact(status.markdown(), key=status_artifact_key(scope.scenario),
+                             description=f"pending deletion requests and the serving model of {scope.scenario}")
     return status

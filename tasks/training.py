@@ -27,7 +27,7 @@ from fedunlearn import timing
 from fedunlearn_flower.engine import train_with_flower
 from stores.workspace import Workspace
 
-CLIENT_UPDATE = {"global_state", "data", "client", "round_idx"}
+CLIENT_UPDATE = frozenset({"global_state", "data", "client", "round_idx"})
 
 
 @task(name="train-client", cache_policy=NO_CACHE, task_run_name="train-client-{client}-round-{round_idx}")
