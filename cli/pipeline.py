@@ -155,7 +155,7 @@ def run_compare(args: argparse.Namespace, root: Path) -> int:
 
     ws = Workspace.open(root)
     if args.batch and read_receipt(ws.root, args.batch) is None:
-        raise InputError(f"no receipt of batch {args.batch!r} in {RECEIPTS_DIR.as_posix()}/: "
+        raise InputError(f"no receipt of {args.batch!r} in {RECEIPTS_DIR.as_posix()}/: "
                          f"`fedunlearn status --scenario {args.scenario}` lists the batches")
     print(plain(comparison(ws, args.scenario, args.batch)[1]))
     print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")

@@ -63,7 +63,7 @@ def finish_steps(ws: Workspace, record: BatchRecord) -> Applied:
         record = verify_erasure(ws, record, fingerprints, found_clean)
     if record.status is BatchStatus.VERIFIED:
         record = close_batch(ws, record)
-    sync_state(ws.root, f"batch {record.batch_id}: ledger and new data version")  # with a default DVC remote
+    sync_state(ws.root, f"{record.batch_id}: ledger and new data version")  # with a default DVC remote
     return Applied(record, fingerprints, found_clean)
 
 

@@ -93,7 +93,7 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
     past says to re-run (``BatchFailed``); one that it cannot (damaged state, a batch that can never
     succeed) keeps its meaning and its remedy; a full disk says so."""
     rerun = f"`fedunlearn process --scenario {record.scenario}`"
-    where = f"batch {record.batch_id} ({record.scenario}) failed at {step}"
+    where = f"{record.batch_id} ({record.scenario}) failed at {step}"
     try:
         yield
     except BatchFailed:
@@ -116,7 +116,7 @@ def batch_state(record: BatchRecord) -> str:
     the data (an error's "nothing was changed" would be untrue), the model step is not done."""
     if record.status is not BatchStatus.COMPLETE:
         return ""
-    return (f". State of batch {record.batch_id}: its {len(record.requests)} request(s) ARE applied to the data "
+    return (f". State of {record.batch_id}: its {len(record.requests)} request(s) ARE applied to the data "
             f"(ledger entries written, data version {record.data_version_before} -> {record.data_version_after}, "
             "request files in processed/); the model step did not finish and no receipt is written, so the batch "
             f"stays owed: once the cause is fixed, `fedunlearn process --scenario {record.scenario}` resumes it "
@@ -221,7 +221,7 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
     recorded, else the version on the data before the batch)."""
     record = taken.batch
     if taken.owed:
-        get_run_logger().warning("resuming batch %s, which an earlier run left unfinished; requests in the "
+        get_run_logger().warning("resuming %s, which an earlier run left unfinished; requests in the "
                                  "inbox wait for the next run", record.batch_id)
     ws, setting = scope.ws, scope.config.setting
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)

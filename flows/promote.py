@@ -46,7 +46,7 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     chosen = unlearning.chosen
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
     # (pushed after the ingest steps; again here if that push was not made): a failed push fails the batch.
-    sync_state(ws.root, f"batch {batch_id}: before alias current moves")
+    sync_state(ws.root, f"{batch_id}: before alias current moves")
     deadlines = record.deadlines(ws.params.requests.deadline_days)
     tier = tier_fields(deadlines, chosen.certificate, forgetting, lambda due: safe_start(ws, scenario, due))
     tag_version(ws, scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
@@ -72,6 +72,6 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
         mark_repaid(ws, scenario, (exact or chosen.version).version, f"batch {batch_id}")
     # Signed before the state is pushed, so the snapshot on the remote carries the head that logs this batch.
     publish_tree_head_task(ws.root, (exact or chosen.version).run_id)
-    sync_state(ws.root, f"batch {batch_id}: receipt")
+    sync_state(ws.root, f"{batch_id}: receipt")
     failpoint("after-receipt")
     return Receipted(batch, receipt, path)

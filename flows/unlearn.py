@@ -105,7 +105,7 @@ def unlearn_and_register(batch: Batch) -> Unlearned:
                   any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
                   sum(len(c) for c in federation.clients))
     if taken in (Route.exact_only, Route.retrain_for_new_features):
-        get_run_logger().warning("batch %s deletes held-out samples, on which %s's feature transform is fit: every "
+        get_run_logger().warning("%s deletes held-out samples, on which %s's feature transform is fit: every "
                                  "sample's features moved, so the batch retrains exactly", batch.record.batch_id,
                                  batch.scenario)
     if taken is Route.retrain_for_new_features:
@@ -364,7 +364,7 @@ def close_without_model(batch: Batch, source: RegisteredModel) -> None:
                                     ws.relative(record_path(ws.folders, record.batch_id)))
     path = write_receipt(ws, receipt)
     raise BatchCannotSucceed(
-        f"batch {record.batch_id} deleted every training sample of {scenario}: the deletion is applied (data version "
+        f"{record.batch_id} deleted every training sample of {scenario}: the deletion is applied (data version "
         f"{record.data_version_after}, receipt {ws.relative(path)}) but no model can be trained or unlearned on no "
         f"data, so alias 'current' was removed and nothing serves. Add training data, then train a new model with "
         f"`fedunlearn train --scenario {scenario}`")

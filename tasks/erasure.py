@@ -127,7 +127,7 @@ def check_nothing_returned(ws: Workspace, record: BatchRecord) -> None:
     present = workspace.sample_ids(ws.root, record.dataset, list(record.data_versions))
     returned = {batch_id: sorted(ids & present) for batch_id, ids in deleted.items() if ids & present}
     if returned:
-        listing = "; ".join(f"batch {b}: {len(ids)} IDs, e.g. {', '.join(ids[:3])}" for b, ids in returned.items())
+        listing = "; ".join(f"{b}: {len(ids)} IDs, e.g. {', '.join(ids[:3])}" for b, ids in returned.items())
         raise LedgerDamaged(ws.ledger.path, [], f"; samples deleted by earlier batches are back in the new data "
                                                     f"version of {record.dataset} ({listing})")
 

@@ -71,7 +71,7 @@ def owed_batch(ws: Workspace, scenario: str) -> Owed:
         return Owed(last)
     listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
     raise BatchCannotSucceed(
-        f"the data of {scenario} moved on to data version {current} (batch {last.batch_id}, applied without "
+        f"the data of {scenario} moved on to data version {current} (by {last.batch_id}, applied without "
         f"unlearning) and no registered model can be unlearned to it: " +
         ("the data before that batch is no longer in the DVC cache (purged)" if last.data_version_before in on.values()
          else f"no version is on the data before it ({listing or 'none registered'})") +

@@ -39,12 +39,12 @@ def write_receipt(ws: Workspace, receipt: Receipt) -> Path:
 def publish_receipt(receipt: Receipt) -> None:
     """Two Prefect artifacts of the batch's flow run: the receipt in markdown, the models as a table."""
     create_markdown_artifact(key="deletion-receipt", markdown=receipt.markdown(),
-                             description=f"receipt of deletion batch {receipt.batch_id}")
+                             description=f"receipt of {receipt.batch_id}")
     table = [{"model": name, "version": ref.version, "role": ref.role, "data_version": ref.data_version,
               **{key: _finite(value) for key, value in receipt.metrics.get(name, {}).items()}}
              for name, ref in receipt.models.items() if ref is not None and name in receipt.metrics]
     create_table_artifact(key="deletion-batch-models", table=table,
-                          description=f"models of deletion batch {receipt.batch_id}")
+                          description=f"models of {receipt.batch_id}")
 
 
 def comparison(ws: Workspace, scenario: str, batch_id: str | None = None) -> tuple[list[dict[str, Any]], str]:

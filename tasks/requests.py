@@ -143,7 +143,7 @@ def batch_markdown(ws: Workspace, record: BatchRecord) -> str:
                f"{report.files_scanned} files scanned in the stores "
                f"{', '.join(s.name for s in report.stores if s.in_scope)}")
     return "\n\n".join([
-        f"## Deletion batch {record.batch_id} ({record.scenario})",
+        f"## Deletion {record.batch_id} ({record.scenario})",
         f"Data version {record.data_version_before} → {record.data_version_after}; "
         f"cache purged: {record.purged}; erasure {verdict}.",
         _markdown_table(["request_id", "kind", "deleted IDs", "per client", "merged"], rows),
@@ -160,5 +160,5 @@ def close_batch(ws: Workspace, record: BatchRecord) -> BatchRecord:
     record = record.advance(folders, BatchStatus.COMPLETE, processed_files=record.processed_files + moved,
                             completed_at=utc_now())
     create_markdown_artifact(key="deletion-batch", markdown=batch_markdown(ws, record),
-                             description=f"deletion batch {record.batch_id}")
+                             description=f"record of {record.batch_id}")
     return record

@@ -144,14 +144,14 @@ def test_a_lost_postgresql_says_to_start_it_first_then_rerun(tmp_path, capsys):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # postmaster.pid of a server killed with SIGKILL: it names a process that is gone
     (cluster / "data/postmaster.pid").write_text(f"{gone.pid}\n{cluster}/data\n1700000000\n54321\n")
-    failed = BatchFailed("batch b1 (digits-hfl) failed at unlearn and register: (psycopg2.OperationalError) "
+    failed = BatchFailed("batch-b1 (digits-hfl) failed at unlearn and register: (psycopg2.OperationalError) "
                          "connection to server at 127.0.0.1 failed: Connection refused; re-run `fedunlearn process "
                          "--scenario digits-hfl` to resume")
 
     assert report_error(failed, "`fedunlearn process --scenario digits-hfl`", tmp_path) == 1
 
     err = one_error_line(capsys.readouterr().err)
-    assert f"the workspace's PostgreSQL ({cluster}) stopped" in err and "batch b1 (digits-hfl) failed at" in err
+    assert f"the workspace's PostgreSQL ({cluster}) stopped" in err and "batch-b1 (digits-hfl) failed at" in err
     assert f"Start it with `fedunlearn --root {tmp_path} db start`, then run `fedunlearn process --scenario " \
            "digits-hfl` again" in err
     # A registry read failing on the stopped database is no damaged state; bad input keeps its own message.

@@ -71,4 +71,4 @@ def test_runs_are_named_by_role_and_version():
 
 def test_compare_refuses_a_batch_it_has_no_receipt_of(workspace, capsys):
     assert main(["--root", str(workspace), "compare", "--scenario", "digits-hfl", "--batch", "batch-nope"]) == 2
-    assert "no receipt of batch 'batch-nope'" in capsys.readouterr().err
+    assert "no receipt of 'batch-nope'" in capsys.readouterr().err

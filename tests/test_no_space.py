@@ -76,7 +76,7 @@ def test_errno_28_names_the_file_it_could_not_write(tmp_path, monkeypatch):
     roomy(monkeypatch)  # errno 28 needs no confirmation: the kernel said so
     target = tmp_path / "mlflow" / "artifacts" / "weights.pt"
     assert_no_space(raised(OSError(28, "No space left on device", str(target))), str(target))
-    wrapped = raised(BatchFailed("batch b1 failed at ingest"), raised(OSError(28, "No space left on device",
+    wrapped = raised(BatchFailed("batch-b1 failed at ingest"), raised(OSError(28, "No space left on device",
                                                                             str(target))))
     assert_no_space(wrapped, str(target))  # anywhere in the chain
 
@@ -119,11 +119,11 @@ def test_prefect_http_500_on_a_full_prefect_home(full_disk, monkeypatch):
     # failure (700 KB free), is the message: it names the path and how to resume.
     try:
         try:
-            raise NoSpace(f"batch b1 failed at ingest: no space left on device ({home / 'x.db'}); run {RESUME}")
+            raise NoSpace(f"batch-b1 failed at ingest: no space left on device ({home / 'x.db'}); run {RESUME}")
         except NoSpace:
             raise http_500()
     except PrefectHTTPStatusError as top:
-        assert str(as_no_space(top, "`fedunlearn other`")).startswith("batch b1 failed at ingest: no space")
+        assert str(as_no_space(top, "`fedunlearn other`")).startswith("batch-b1 failed at ingest: no space")
     monkeypatch.setattr(errors, "free_bytes", lambda path: 10**12)
     assert as_no_space(err, RESUME) is None  # a 500 with room on every disk is not a full disk
 

@@ -86,7 +86,7 @@ def test_erasure_and_integrity_sequences_through_the_cli(trained_digits_hfl, pre
     assert str(ledger) in err and receipt.batch_id in err and "fedunlearn ledger repair" in err
     assert ledger.read_bytes() == written[:-20] and (workspace / "dvc.lock").read_bytes() == lock
     out, _ = cli("ledger", "verify", status=StateDamaged.exit_code)
-    assert f"batch {receipt.batch_id}" in out and "NOT droppable" in out
+    assert f"of {receipt.batch_id} (" in out and "NOT droppable" in out and "batch batch-" not in out
     out, _ = cli("ledger", "repair")
     assert ledger.read_bytes() == written and out.strip().endswith("intact")
     assert set(ids) <= Ledger(ledger).deleted_ids()
@@ -95,7 +95,7 @@ def test_erasure_and_integrity_sequences_through_the_cli(trained_digits_hfl, pre
     record_file = folders.batches / f"{receipt.batch_id}.json"
     record_file.write_text(record_file.read_text()[:100])
     _, err = cli("process", "--scenario", SCENARIO, status=StateDamaged.exit_code)
-    assert f"batch {receipt.batch_id}" in err and str(record_file) in err and "fedunlearn ledger repair" in err
+    assert f"the record of {receipt.batch_id}" in err and str(record_file) in err and "fedunlearn ledger repair" in err
     cli("ledger", "repair")
     cli("process", "--scenario", SCENARIO)  # the rebuilt record resumes (idempotently), then client 0 goes
 

@@ -234,7 +234,7 @@ def test_the_batch_and_its_exact_forgetting_are_logged_and_an_honest_log_proves_
     write_receipt(workspace, receipt)
     sync_workspace(workspace, lambda scenario, version: f"sha-of-v{version}")
     status, out = verify_alone(tmp_path, monkeypatch, build_receipt(log, "r1"), (log.directory / "log.pub").read_text())
-    assert status == 0 and "included: batch b1 (leaf 3): data version v0 -> v1; serving version 2" in out, out
+    assert status == 0 and "included: b1 (leaf 3): data version v0 -> v1; serving version 2" in out, out
     assert "model sha256 sha-of-v2" in out and "req-a" not in out
 
     done = ExactForgetting(at=datetime(2026, 3, 3, tzinfo=timezone.utc), version="4", by="exact retrain")
@@ -247,7 +247,7 @@ def test_the_batch_and_its_exact_forgetting_are_logged_and_an_honest_log_proves_
     assert printed.status == 0, printed.err
     status, out = verify_alone(tmp_path, monkeypatch, out_file.read_text(), (log.directory / "log.pub").read_text(),
                                ("first.tlog-proof", first))
-    assert status == 0 and "exact forgetting of batch b1 (leaf 4)" in out and "(size 3) is a prefix" in out, out
+    assert status == 0 and "exact forgetting of b1 (leaf 4)" in out and "(size 3) is a prefix" in out, out
     assert TransparencyLog(workspace).check(Ledger(workspace / LEDGER_PATH).entries()).problems == []
 
 

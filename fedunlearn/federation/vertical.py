@@ -511,7 +511,7 @@ class VerticalState:
     def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
         """{0: mask over the aligned samples}; checks the batch's key and that every ID is shared."""
         if set(batch.forget_ids) != {0}:
-            raise ValueError(f"batch {batch.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
+            raise ValueError(f"{batch.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
                              f"got keys {sorted(batch.forget_ids)}")
         ids = batch.forget_ids[0]
         mask = np.zeros(self.federation.num_samples, dtype=bool)

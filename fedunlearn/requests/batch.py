@@ -235,7 +235,7 @@ class BatchRecordDamaged(StateDamaged):
 
     def __init__(self, path: Path, cause: str):
         self.path, self.batch_id = path, path.name.removesuffix(".json")
-        super().__init__(f"the record of deletion batch {self.batch_id} ({path}) cannot be read: {cause}. Every later "
+        super().__init__(f"the record of {self.batch_id} ({path}) cannot be read: {cause}. Every later "
                          "batch waits for it, since it may be the journal of an unfinished batch. Run `fedunlearn "
                          "ledger repair`: it rebuilds the record from the batch's ledger entries (and its receipt) "
                          "when "

@@ -47,8 +47,8 @@ class AppliedElsewhere:
     scenario: str | None = None
 
     def __str__(self) -> str:
-        who = f"request {self.request_id}" if self.request_id else f"batch {self.batch_id}"
-        batch = f" (batch {self.batch_id})" if self.request_id and self.batch_id else ""
+        who = f"request {self.request_id}" if self.request_id else f"{self.batch_id}"
+        batch = f" (in {self.batch_id})" if self.request_id and self.batch_id else ""
         return f"{who}{batch} is applied according to the {self.store} {self.path}, but the ledger has no entry for it"
 
 
@@ -179,7 +179,7 @@ def applied_elsewhere(folders: RequestFolders, present: set[str], present_batche
     versions = current_data_versions(root) if unmatched else {}  # dvc.lock is parsed only when it can decide
     for record in unmatched:
         if record.data_version_after and versions.get(record.scenario) == record.data_version_after:
-            found += [AppliedElsewhere(f"data version {record.data_version_after}, the one after batch "
+            found += [AppliedElsewhere(f"data version {record.data_version_after}, the one after "
                                        f"{record.batch_id}, in", root / "dvc.lock", e.request_id, record.batch_id, record.scenario)
                       for e in record.requests if e.request_id not in present]
     if registry_batches is not None:

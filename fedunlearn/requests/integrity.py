@@ -62,7 +62,7 @@ class MissingRecord:
     request_ids: list[str]
 
     def __str__(self) -> str:
-        return (f"the record of batch {self.batch_id} ({self.path}) is missing, though the ledger holds its "
+        return (f"the record of {self.batch_id} ({self.path}) is missing, though the ledger holds its "
                 f"request(s) {', '.join(self.request_ids)}")
 
 
@@ -103,7 +103,7 @@ class LedgerCheck:
             out.append("the torn tail is " + ("droppable: no completed append is missing (a crash cut off an append "
                                               "that never returned; the next run drops it)" if self.tail_droppable
                                               else f"NOT droppable: {self._kept_because()}"))
-        out += [f"missing: request {m.entry.request_id} of batch {m.batch_id} ({m.batch_status.value}; "
+        out += [f"missing: request {m.entry.request_id} of {m.batch_id} ({m.batch_status.value}; "
                 f"{len(m.entry.sample_ids)} sample IDs) is in the batch record but not in the ledger"
                 for m in self.missing]
         out += [f"missing: {evidence}" for evidence in self.elsewhere]
@@ -124,7 +124,7 @@ class LedgerCheck:
     def problems(self) -> list[LedgerProblem]:
         """Everything that stops a batch, as ledger problems (line 0: not a line of the file)."""
         found = list(self.blocking)
-        found += [LedgerProblem(0, "missing entry", f"request {m.entry.request_id} of batch {m.batch_id}",
+        found += [LedgerProblem(0, "missing entry", f"request {m.entry.request_id} of {m.batch_id}",
                                 m.entry.request_id) for m in self.missing]
         found += [LedgerProblem(0, "missing entry", str(e), e.request_id) for e in self.elsewhere]
         found += [LedgerProblem(0, "missing batch record", str(m)) for m in self.missing_records]
@@ -179,7 +179,7 @@ def ensure_intact(folders: RequestFolders, ledger: Ledger, registry_batches: Reg
         raise check.damaged_records[0]
     if problems:
         batches = sorted({m.batch_id for m in check.missing})
-        detail = (f"; entries of completed batch(es) {', '.join(batches)} are missing — their batch records "
+        detail = (f"; entries of {', '.join(batches)} (completed) are missing — their batch records "
                   "hold them" if batches else "")
         raise LedgerDamaged(ledger.path, problems, detail)
     if check.tail_droppable:
@@ -211,8 +211,8 @@ class RepairReport:
         out += [f"rebuilt from {source}: request {r}" for r, source in self.rebuilt.items()]
         out += ["dropped a torn last line (an append that never returned)"] if self.dropped_tail else []
         out += ["replaced the torn last line by the entry rebuilt from the other stores"] if self.replaced_tail else []
-        out += [f"rebuilt batch record {b} from its ledger entries" for b in self.rebuilt_records]
-        out += [f"set aside batch record {b} (the ledger holds none of its entries: it applied nothing)"
+        out += [f"rebuilt the record of {b} from its ledger entries" for b in self.rebuilt_records]
+        out += [f"set aside the record of {b} (the ledger holds none of its entries: it applied nothing)"
                 for b in self.set_aside_records]
         out += [f"previous ledger kept as {self.backup}"] if self.backup else []
         out += [f"NOT repaired: {u}" for u in self.unrepairable]

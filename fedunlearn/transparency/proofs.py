@@ -170,7 +170,7 @@ def verify_receipt(text: str, verifier: Verifier, source: str, kept: str | None 
     lines = [f"signature: the tree head of log {checkpoint.origin} (size {checkpoint.size}, root "
              f"{_b64(checkpoint.root)}) is signed by the key given",
              f"included: request {statement.get('request_id')} is leaf {file.index} of that log: applied "
-             f"{statement.get('applied_at')} in batch {statement.get('batch_id')} ({statement.get('scenario')}), "
+             f"{statement.get('applied_at')} in {statement.get('batch_id')} ({statement.get('scenario')}), "
              f"{statement.get('ids_count')} sample IDs committed to"]
     lines += _verify_statements(file, checkpoint, statement, source)
     if sample_ids is not None:
@@ -205,8 +205,8 @@ def _verify_statements(file: ProofFile, checkpoint: Checkpoint, deletion: dict[s
                               "inclusion proof fails): it was changed after it was logged")
         statement = _statement(leaf, source)
         if statement.get("batch_id") != deletion.get("batch_id"):
-            raise ReceiptMalformed(f"{source}: the statement at leaf {item['index']} is about batch "
-                                   f"{statement.get('batch_id')}, not the request's batch {deletion.get('batch_id')}")
+            raise ReceiptMalformed(f"{source}: the statement at leaf {item['index']} is about "
+                                   f"{statement.get('batch_id')}, not the request's {deletion.get('batch_id')}")
         lines.append(_describe(statement, item["index"]))
     if not lines:
         lines.append("the batch's receipt was not logged yet when this file was made (ask for a newer receipt)")
@@ -216,14 +216,14 @@ def _verify_statements(file: ProofFile, checkpoint: Checkpoint, deletion: dict[s
 def _describe(statement: dict[str, Any], index: int) -> str:
     if statement.get("type") == BATCH:
         serving = statement.get("serving") or {}
-        return (f"included: batch {statement['batch_id']} (leaf {index}): data version "
+        return (f"included: {statement['batch_id']} (leaf {index}): data version "
                 f"{statement.get('data_version_before')} -> {statement.get('data_version_after')}; serving "
                 f"version {serving.get('version')} (data version {serving.get('data_version')}, model sha256 "
                 f"{serving.get('model_sha256')}); forgetting {statement.get('forgetting')}, method "
                 f"{statement.get('method')}, guarantee {statement.get('guarantee')}, exact due "
                 f"{statement.get('exact_due')}")
     if statement.get("type") == EXACT:
-        return (f"included: exact forgetting of batch {statement['batch_id']} (leaf {index}) at {statement.get('at')} "
+        return (f"included: exact forgetting of {statement['batch_id']} (leaf {index}) at {statement.get('at')} "
                 f"by version {statement.get('version')} ({statement.get('by')}, model sha256 "
                 f"{statement.get('model_sha256')})")
     return f"included: a {statement.get('type')} statement (leaf {index})"

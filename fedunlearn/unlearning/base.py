@@ -90,7 +90,7 @@ class FederatedState:
             masks[client] = np.isin(held, ids)
             if masks[client].sum() != len(np.unique(ids)):
                 missing = np.setdiff1d(ids, held)[:5].tolist()
-                raise ValueError(f"batch {batch.batch_id}: client {client} does not hold sample ID(s) {missing}")
+                raise ValueError(f"{batch.batch_id}: client {client} does not hold sample ID(s) {missing}")
         return masks
 
     def retained_clients(self, batch: DeletionBatch) -> list[Tensors]:
@@ -276,7 +276,7 @@ class UnlearningMethod(ABC):
     def unlearn(self, fed_state: FederatedState, batch: DeletionBatch) -> Outcome:
         self.check_supported(fed_state.setting, batch.kind)
         if batch.num_forget >= sum(len(c) for c in fed_state.clients):
-            raise ValueError(f"batch {batch.batch_id} removes all training data; nothing would be retained")
+            raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
         monitor = Monitor(fed_state, batch)  # also checks that every forget ID is held where the batch says
         start = time.perf_counter()
         outcome = self._unlearn(fed_state, batch, monitor)

@@ -140,8 +140,8 @@ def test_a_batch_killed_after_ingest_is_resumed_although_the_last_one_was_dated_
     resumed = cli.process()
 
     assert resumed.returncode == 0 and "no pending requests" not in resumed.stdout, resumed.describe()
-    assert "resuming batch" in resumed.stdout + resumed.stderr
     [record] = [r for r in Stores.read(cli.workspace).records if crashed_request in {e.request_id for e in r.requests}]
+    assert f"resuming {record.batch_id}, which an earlier run left unfinished" in resumed.stdout + resumed.stderr
     receipt = read_receipt(cli.workspace, record.batch_id)
     assert receipt is not None and record.data_version_after == data_version(cli.workspace, SCENARIO)
     serving = registry(cli.workspace).get_model_version(SCENARIO, alias_version(cli.workspace, "current"))
