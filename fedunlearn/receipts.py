@@ -119,6 +119,11 @@ class Receipt(BaseModel):
                                              "checks, its audit included: what the batch's checks could measure")
     batch_record: str = Field(description="the ingest journal of this batch, relative to the workspace")
 
+    @property
+    def guarantee(self) -> str | None:
+        """The certificate's class (``certify.certificate.GUARANTEES``) as the receipt records it."""
+        return (self.certificate or {}).get("guarantee")
+
     def markdown(self) -> str:
         """A summary for people: the Prefect artifact and ``fedunlearn process`` print it."""
         models = self.models
@@ -135,7 +140,7 @@ class Receipt(BaseModel):
             f"## Deletion batch {self.batch_id} ({self.scenario})",
             f"{len(self.request_ids)} request(s): {', '.join(self.request_ids)}; {self.deleted_samples} sample IDs "
             f"deleted; data version {self.data_version_before} → {self.data_version_after}.",
-            f"Method `{self.method}`, certificate **{self.certificate.get('guarantee')}**; "
+            f"Method `{self.method}`, certificate **{self.guarantee}**; "
             + (f"gates ({self.gates.policy}) **{self.gates.verdict}**." if self.gates else "not gated."),
             f"{self.serve_line()}.",
             *filter(None, [self.chain(), self.unmeasured_line(), self.source_line()]),
@@ -170,7 +175,7 @@ class Receipt(BaseModel):
             return "held back — " + strict + ("; ".join(held) or "no version of the batch passed")
         if self.forgetting in ("exact", "formal"):
             return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
-                    f"certificate **{self.certificate.get('guarantee')}** proves the forgetting: nothing owed")
+                    f"certificate **{self.guarantee}** proves the forgetting: nothing owed")
         inconclusive = [c.name for c in gates.checks if c.verdict == "inconclusive"] if gates else []
         checks = ("not gated" if gates is None else "every check passed" if not inconclusive else
                   f"no check failed ({', '.join(inconclusive)} inconclusive)")
@@ -273,7 +278,7 @@ EXACT_GUARANTEES = (EXACT_RETRAIN, FORMAL)  # what needs no exact retrain later
 
 def owes_retrain(receipt: Receipt) -> bool:
     """Whether the batch was forgotten only approximately and no exact retrain has repaid it yet."""
-    guarantee = (receipt.certificate or {}).get("guarantee")
+    guarantee = receipt.guarantee
     approximate = receipt.forgetting == "interim" if receipt.forgetting else guarantee not in EXACT_GUARANTEES
     return receipt.outcome == UNLEARNED and approximate and receipt.exactly_forgotten is None
 

@@ -251,7 +251,7 @@ def print_timings(timings: Timings) -> None:
 def batch_result(ws: Workspace, receipted: Receipted) -> dict[str, Any]:
     """The fields of ``ProcessResult`` its receipt gives: method, certificate, attempts, models, tier."""
     receipt, path = receipted.receipt, receipted.path
-    return {"method": receipt.method, "certificate": receipt.certificate["guarantee"], "promoted": receipt.promoted,
+    return {"method": receipt.method, "certificate": receipt.guarantee, "promoted": receipt.promoted,
             "attempts": [AttemptLine(attempt=a.attempt, method=a.method, note=a.note,
                                      verdict=a.gates.verdict if a.gates else None,
                                      interim=a.gates.interim if a.gates else None) for a in receipt.attempts],

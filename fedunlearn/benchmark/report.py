@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from fedunlearn.evaluation.mia import AttackResult  # noqa: E402
+from fedunlearn.unlearning.escalation import is_exact_retrain  # noqa: E402
 
 GAP_KEYS = ("test_acc", "forget_acc", "mia_auc", "bd_asr")
 SUMMARY_KEYS = ("method", "test_acc", "retain_acc", "forget_acc", "mia_auc", "bd_asr", "wall_seconds",
@@ -92,7 +93,7 @@ def plot_rocs(out: Path, attacks: dict[str, dict[str, AttackResult]]) -> Path:
 
 
 def plot_gaps(out: Path, rows: list[dict[str, Any]]) -> Path:
-    methods = [r for r in rows if r["method"] not in ("retrain",)]
+    methods = [r for r in rows if not is_exact_retrain(r["method"])]
     keys = [k for k in GAP_KEYS if any(r.get(f"abs_gap_{k}") is not None for r in methods)]
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(methods)), 4))
     width = 0.8 / max(len(keys), 1)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum
 from typing import Any, Sequence
 
 
@@ -91,6 +92,14 @@ def _check_privacy(epsilon: float, delta: float) -> None:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
 
 
+class BudgetAction(str, Enum):
+    """What a release does to the residual budget: a Newton step charged to the running sum, or an
+    exact retrain that starts a new sum (a string in serialised entries)."""
+
+    newton = "newton"
+    retrain = "retrain"
+
+
 @dataclass(frozen=True)
 class BudgetEntry:
     """One released batch: its action — "newton" (the unlearning step, charged) or "retrain" (the
@@ -122,7 +131,7 @@ class ResidualBudget:
     @property
     def since_retrain(self) -> tuple[BudgetEntry, ...]:
         """The releases the current sum covers: from the last retrain (included) on."""
-        retrains = [i for i, e in enumerate(self.entries) if e.action == "retrain"]
+        retrains = [i for i, e in enumerate(self.entries) if e.action == BudgetAction.retrain]
         return self.entries[retrains[-1]:] if retrains else self.entries
 
     @property
@@ -135,29 +144,29 @@ class ResidualBudget:
 
     @property
     def retrains(self) -> int:
-        return sum(e.action == "retrain" for e in self.entries)
+        return sum(e.action == BudgetAction.retrain for e in self.entries)
 
     def admits(self, residual_bound: float) -> bool:
         """Whether a release this far (at most) from the retrained optimum fits in what is left."""
         return self.used + residual_bound <= self.budget
 
-    def charge(self, batch_id: str, residual_bound: float, action: str,
+    def charge(self, batch_id: str, residual_bound: float, action: BudgetAction,
                triggering_bound: float | None = None) -> "ResidualBudget":
         """Record a release. "newton" adds its bound to the sum, and must fit; "retrain" starts a
         new sum with it, ``triggering_bound`` the bound that did not fit."""
         bound = float(residual_bound)
-        if action == "newton":
+        if action == BudgetAction.newton:
             if not self.admits(bound):
                 raise ValueError(f"a bound of {bound:.3g} does not fit in the {self.left:.3g} left of the residual "
                                  "budget: retrain instead")
             if triggering_bound is not None:
                 raise ValueError("only a retrain has a triggering bound")
             used = self.used + bound
-        elif action == "retrain":
+        elif action == BudgetAction.retrain:
             used = bound
         else:
             raise ValueError(f"unknown ledger action {action!r}")
-        entry = BudgetEntry(batch_id, action, bound, max(0.0, self.budget - used), used,
+        entry = BudgetEntry(batch_id, BudgetAction(action).value, bound, max(0.0, self.budget - used), used,
                             None if triggering_bound is None else float(triggering_bound))
         return replace(self, entries=(*self.entries, entry))
 

@@ -115,7 +115,7 @@ def batch_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
                       "receipt_created_at": _time(receipt.created_at), "request_count": len(receipt.request_ids),
                       "data_version_before": receipt.data_version_before,
                       "data_version_after": receipt.data_version_after, "outcome": receipt.outcome,
-                      "method": receipt.method, "guarantee": (receipt.certificate or {}).get("guarantee"),
+                      "method": receipt.method, "guarantee": receipt.guarantee,
                       "promoted": receipt.promoted, "forgetting": receipt.forgetting,
                       "exact_due": _time(receipt.exact_due),
                       "serving": {"version": serving.version, "data_version": serving.data_version,

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedunlearn.certify.budget import ResidualBudget, classical_delta, composition, gaussian_delta, gaussian_sigma
+from fedunlearn.certify.budget import BudgetAction, ResidualBudget, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL
 from fedunlearn.federation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
 from fedunlearn.federation.dpsgd import average_state
@@ -403,10 +403,10 @@ class CertifiedDFU(UnlearningMethod):
         if not precomputed:  # Step 4 happens now: every node computes its statistic and floods it
             cost += self._statistics_cost(before, sum(len(c) for c in fed_state.clients), problem.num_params,
                                           per_sample)
-        action, triggering_bound = "newton", None
+        action, triggering_bound = BudgetAction.newton, None
         if budgeted and not ledger.admits(step.residual_bound):
             # The bound does not fit in what is left: retrain (a new sum), then the same steps from there.
-            action, triggering_bound = "retrain", step.residual_bound
+            action, triggering_bound = BudgetAction.retrain, step.residual_bound
             nodes, retrain_cost = dpsgd_rounds(fed_state, retained, state=None, rounds=fed_state.train_config.rounds,
                                                first_round=0, phase="retrain", monitor=monitor)
             point = problem.flatten(average_state(nodes))
