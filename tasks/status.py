@@ -31,7 +31,7 @@ from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
 from fedunlearn.certify.tiers import repay_now
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
-from fedunlearn.requests.batch import load_records
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.inbox import quarantined_sample_ids, read_quarantined
 from fedunlearn.requests.model import utc_now
 from fedunlearn.unlearning.escalation import is_exact_retrain
@@ -176,27 +176,35 @@ def _span(delta: timedelta) -> str:
     return f"{hours / 24:.1f} d" if abs(hours) >= 48 else f"{hours:.1f} h"
 
 
+def unfinished_requests(record: BatchRecord, days: int) -> list[PendingRequest]:
+    """The requests of a batch with no receipt yet, and how far it got: journaled but not applied
+    (an earlier run stopped before the ledger), or applied to the data but not yet unlearned."""
+    state = ("data deleted, model not yet unlearned" if record.status is BatchStatus.COMPLETE
+             else "in a batch, data not yet deleted")
+    return [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
+                           e.due(days, record.created_at), f"{record.batch_id} ({state})") for e in record.requests]
+
+
 def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -> DeletionStatus:
     """Read-only: nothing is moved, validated against the data or quarantined."""
     now = now or utc_now()
     days = ws.params.requests.deadline_days
     triage = read_inbox(ws, scenario)
-    pending = [PendingRequest(p.request.request_id, p.request.kind.value, p.request.submitted_at,
-                              p.request.due(days), "inbox") for p in triage.pending]
     receipts = read_receipts(ws.root, scenario)
     by_batch = {r.batch_id: r for r in receipts}
-    forgotten = []
+    in_batches, forgotten = [], []
     for record in load_records(ws.folders):
         if record.scenario != scenario:
             continue
         receipt = by_batch.get(record.batch_id)
         if receipt is None:
-            pending += [PendingRequest(e.request_id, e.kind.value if e.kind else "sample",
-                                       e.submitted_at or record.created_at, e.due(days, record.created_at),
-                                       f"{record.batch_id} (data deleted, model not yet unlearned)")
-                        for e in record.requests]
+            in_batches += unfinished_requests(record, days)
         else:
             forgotten += forgotten_requests(record, receipt, days)
+    taken = {p.request_id for p in in_batches}  # a batch not yet applied leaves its files in the inbox
+    pending = [PendingRequest(p.request.request_id, p.request.kind.value, p.request.submitted_at,
+                              p.request.due(days), "inbox") for p in triage.pending
+               if p.request.request_id not in taken] + in_batches
     pending.sort(key=lambda p: (not p.overdue(now), p.deadline))
     current = ws.registry.by_alias(scenario, "current")
     serving = None if current is None else {

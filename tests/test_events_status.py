@@ -96,3 +96,33 @@ def test_request_refuses_a_deadline_that_cannot_be_met_with_exit_2_and_one_error
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: deadline") and err.count("\n") == 1 and "Traceback" not in err
     assert not list((workspace / "data/deletion_requests/inbox").glob("*.json"))
+
+
+def test_a_batch_with_no_model_to_unlearn_from_deletes_nothing_and_status_lists_its_request_once(
+        workspace, prefect_server, capsys):
+    """The batch reads its source model where it starts, before the ledger moves: with none
+    registered, nothing is deleted, the error says what to train, and status shows the request in
+    its batch once (its file still in the inbox)."""
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+    from stores.workspace import data_version
+
+    def cli(*args: str):
+        code = main(["--root", str(workspace), *args])
+        return code, capsys.readouterr()
+
+    # arrange
+    cli("prepare", "--scenario", SCENARIO)
+    ids = cli("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "3")[1].out.split()
+    request_id = cli("request", "samples", "--scenario", SCENARIO, "--ids", *ids)[1].out.strip()
+    before = data_version(workspace, SCENARIO)
+
+    # act
+    code, printed = cli("process", "--scenario", SCENARIO)
+
+    # assert
+    assert code == 1 and "failed at reading the source model: no registered version of digits-hfl" in printed.err
+    assert f"`fedunlearn train --scenario {SCENARIO}`" in printed.err
+    assert data_version(workspace, SCENARIO) == before and Ledger(workspace / LEDGER_PATH).entries() == []
+    rows = [line for line in cli("status", "--scenario", SCENARIO)[1].out.splitlines() if line.startswith("req-")]
+    assert len(rows) == 1 and rows[0].split()[0] == request_id
+    assert "(in a batch, data not yet deleted)" in rows[0] and "inbox" not in rows[0]
