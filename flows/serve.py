@@ -5,35 +5,21 @@ flows on demand or weekly.
                                          one run at a time
     submit-deletion-requests/form        requests from the Prefect UI into the inbox
     repay-retrain-debt/weekly            exact retrain when approximate forgetting is owed; each interim
-                                         batch also schedules a run of it at the latest safe time
-                                         before its requests' deadlines (tasks.debt.schedule_repayment)
+                                         batch also schedules a run at the latest safe time
     train-audit-references/audit-references   the per-example audit's reference models
     retrain-reference/exact-retrain      the gold standard of the current data version
     train-federated/new-original         a new original model
     benchmark/all-methods                every method against retraining
 
-Each name says what a run of the deployment does: four of them were all "on-demand", which the
-Prefect UI's lists could not tell apart.
-
-Event-driven batches (Prefect's own deployment triggers, evaluated by the server's automations
-service; ``runtime.events`` emits the events): the batch runs when ``requests.batch_threshold``
-requests of the scenario were submitted within ``requests.batch_window_hours``; at once when one
-is urgent (due within ``requests.urgent_hours``); and when a submitted request was not processed
-within ``requests.max_wait_hours`` (a proactive trigger: the absence of its ``processed`` event).
-A trigger that fires while a batch runs starts a run that waits for the lock and takes what is
-left, so no request waits for the cron.
-
-``fedunlearn serve`` (what ``make serve`` starts) serves them from one process against the
-Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them: Prefect's runner with
-``flow.to_deployment`` deployments, whose entrypoints are module paths, so each flow run is the
-process the runner starts for it (``python -m prefect.engine``, the flow imported from its module).
-Their parameters are typed (pydantic models and
-enums), so the Prefect UI's Run button shows forms; ``root`` defaults to the served workspace.
-
-GPU: the unlearning tasks carry the tag ``gpu`` (``tasks.benchmark``: unlearn, train-original,
-audit-ulira); serving first sets a concurrency limit on that tag (one slot by default), so runs
-started together never put two of them on one GPU worker — the second waits for the slot. A
-deletion batch on a GPU holds the slot for its whole GPU phase (``tasks.unlearning.gpu_slot``).
+A batch starts (Prefect's own deployment triggers; ``runtime.events`` emits the events) when
+``requests.batch_threshold`` requests of the scenario were submitted within
+``requests.batch_window_hours``, at once for an urgent one (due within ``requests.urgent_hours``),
+and when a submitted request was not processed within ``requests.max_wait_hours``, so no request
+waits for the cron. ``fedunlearn serve`` (what ``make serve`` starts) serves them from one process
+against the Prefect API in ``PREFECT_API_URL``, with the inbox watcher beside them; every flow run is
+the process Prefect's runner starts for it from the flow's module path, and a concurrency limit on
+the unlearning tasks' ``gpu`` tag keeps two of them off one GPU worker. The details and the reasons:
+docs/serving.md, "Deployments and the two UIs".
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ reference" policy).
     .venv/bin/fedunlearn init /tmp/ap && .venv/bin/fedunlearn --root /tmp/ap prepare --scenario mnist5k-hfl
     .venv/bin/python scripts/audit_power.py --root /tmp/ap --threads 1 --out /tmp/audit_power
 
-(``--threads 1`` on a shared 2-core machine: two intra-op threads under load slowed training >5×.)
+(``--threads 1`` on a shared 2-core machine: why, docs/methods.md, "Measuring the audit".)
 
 A scenario with mislabelled canaries (``partition.canary_fraction``, e.g. ``digits-canary-hfl``)
 takes batch kinds ``canaries<N>``: N of its canaries (the manifest's IDs), a seeded draw per seed;

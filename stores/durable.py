@@ -2,34 +2,22 @@
 
 The DVC remote is DVC's own setting (``dvc remote add -d NAME URL``); the MLflow tracking server is
 ``mlflow.tracking_uri`` in params.yaml (``stores.registry``). With a default DVC remote, a deletion
-batch pushes — before alias ``current`` moves, and again once its receipt is written:
+batch pushes — before alias ``current`` moves, and again once its receipt is written — the data
+versions of dvc.lock (``dvc push``, content-addressed under ``files/md5/``), then a snapshot
+``fedunlearn-state/<time>-<sha256>.tar`` of what DVC's objects cannot say: params.yaml, dvc.yaml,
+dvc.lock (which data version is current), .dvc/config, the ledger, the batch records (the journals
+a re-run resumes from), the processed request files and the receipts — sample IDs and request
+metadata, never a row. Its name carries the SHA-256 of its bytes.
 
-    files/md5/...                          the data versions of dvc.lock (``dvc push`` of its stages):
-                                           content-addressed, as DVC stores every output
-    fedunlearn-state/<time>-<sha256>.tar   a snapshot of what DVC's objects cannot say: params.yaml,
-                                           dvc.yaml, dvc.lock (which data version is current),
-                                           .dvc/config, the ledger, the batch records (the journals a
-                                           re-run resumes from), the processed request files, the
-                                           receipts. Its name carries the SHA-256 of its bytes.
-
-Data first, then the snapshot naming it: the remote never holds a snapshot whose data it lacks. The
-snapshot is written through DVC's filesystem for the remote (any remote type DVC reaches, with
-DVC's credentials), under a temporary name then moved, so a reader never sees half of one; the
-newest ``KEEP_SNAPSHOTS`` are kept. ``dvc gc --cloud`` (``ingest --purge``) removes only DVC's
-objects: the snapshots stay; they hold sample IDs and request metadata, never a row (the erasure
-scan of a local remote reads them too).
-
-A snapshot is pushed only when it differs from the last one pushed to the same remote
-(``PUSHED_MARKER``), and never over a remote whose newest snapshot holds ledger entries this
-workspace lacks: a workspace behind the remote would un-delete what the remote recorded.
-
-Restore (``fedunlearn restore``) takes the newest snapshot, checks its SHA-256, writes its files into
-an empty directory, points DVC at the remote and MLflow at the tracking server, pulls the current
-data versions (and the data before any batch without a receipt, which a resumed batch unlearns
-from), and verifies the ledger's hash chain against the batch records and the registry against the
-receipts. The next ``fedunlearn process`` continues exactly once: the ledger says what was applied,
-the journals and receipts what is owed. Requests still in the inbox are not in a snapshot (they were
-not applied): a requester whose request was pending at the loss submits it again.
+Why: a lost ledger un-deletes. So data go first and the remote never holds a snapshot whose data it
+lacks; a snapshot is moved into place whole (the newest ``KEEP_SNAPSHOTS`` kept), pushed only when
+it differs from the last one pushed (``PUSHED_MARKER``), and never over a remote whose newest
+snapshot holds ledger entries this workspace lacks — a workspace behind the remote would un-delete
+what the remote recorded. Restore (``fedunlearn restore``) takes the newest snapshot, checks its
+SHA-256, pulls the current data versions and verifies the ledger's hash chain against the batch
+records and the registry against the receipts; the next ``fedunlearn process`` continues exactly
+once. The steps, the limits (requests still in the inbox are in no snapshot) and the erasure scan
+of a remote: docs/stores-and-recovery.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
-"""Gaussian noise calibration and the residual budget ledger of certified decentralized unlearning
-(``unlearning/certified_dfu.py``; DESIGN.md §3). Pure functions and a serialisable record: no
-torch, no I/O.
+"""Gaussian noise calibration and the residual budget ledger of certified decentralized unlearning.
 
-``gaussian_sigma`` is the classical calibration σ = (Δ/ε)·√(2 ln(1.25/δ)) [1]_; ``gaussian_delta``
-the exact δ(ε) of the Gaussian mechanism [2]_, [3]_, from which ``classical_delta`` says whether the
+Used by ``unlearning/certified_dfu.py`` (DESIGN.md §3); pure functions and a serialisable record, no
+torch, no I/O. ``gaussian_sigma`` is the classical σ = (Δ/ε)·√(2 ln(1.25/δ)) [1]_, ``gaussian_delta``
+the exact δ(ε) of the Gaussian mechanism [2]_, [3]_, and ``classical_delta`` says whether the
 classical σ is valid at a given (ε, δ) (the method refuses a pair where it is not).
-``ResidualBudget`` keeps the data-dependent calibration [4]_: σ is fixed in advance from (ε, δ)
-and a budget B; each batch's measured distance bound r_t = ‖∇L_r(ŵ_t)‖/λ is charged, the sum since
-the last retrain may not exceed B, and a batch whose bound would not fit retrains instead and
-starts a new sum. ``composition`` states what the releases since the last retrain guarantee
-together.
-
-Why the sum, and not each bound on its own: every batch publishes a new noisy model and every
-release stays published, so an observer holds all k releases since the last retrain. Capping
-Σ r_t ≤ B caps √(Σ r_t²) ≤ B, a filter on Gaussian differential privacy [3]_, [5]_: the k releases
-together are as indistinguishable from their references as one release at the budget, where
-counting them one by one gives only (kε, kδ), or advanced composition's [6]_ ε√(2k ln(1/δ')) +
-kε(e^ε − 1). The derivation: docs/methods.md, "The residual budget and its composition". A ledger
-written by the earlier per-batch rule is read back and re-summed: conservative.
+``ResidualBudget`` keeps the data-dependent calibration [4]_: σ is fixed in advance from (ε, δ) and
+a budget B; each batch's measured distance bound r_t = ‖∇L_r(ŵ_t)‖/λ is charged, the sum since the
+last retrain may not exceed B, and a batch whose bound would not fit retrains instead and starts a
+new sum. Why the sum: every release stays published, and capping Σ r_t ≤ B is a filter on Gaussian
+differential privacy [3]_, [5]_, so the k releases since the last retrain together (``composition``)
+are as indistinguishable as one release at the budget — not (kε, kδ), nor advanced composition's
+[6]_. The derivation, and how a ledger of the earlier per-batch rule is read: docs/methods.md, "The
+residual budget and its composition".
 
 References
 ----------

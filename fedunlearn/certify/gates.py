@@ -1,39 +1,23 @@
-"""The gates: whether an unlearned model version may become ``current``, each metric judged with
-its uncertainty (``evaluation.uncertainty``; DESIGN.md §6 and §8).
+"""The gates: whether an unlearned model version may become ``current``.
 
-Every check answers ``pass``, ``fail`` or ``inconclusive``: ``fail`` needs the evidence to exclude
-the limit at level α (``alpha``, default 0.05, the false-reject rate for a model that meets it,
-e.g. an exact retrain), ``pass`` to exclude the other side. The gate fails when a check fails,
-passes when every check passes, and is inconclusive otherwise. Two policies, each also requiring a
-certificate class in ``allowed_certificates``:
-
-* **vs retrained reference** (one is registered on the batch's new data version): the paired gaps
-  of test accuracy, forget accuracy and the attacks' AUC (DeLong), ``|gap| ≤ tolerance``;
-* **without reference**: the source model's test accuracy kept (``max_test_acc_drop``), forget
-  accuracy at most ``max_forget_acc_excess`` above test accuracy, every attack's AUC at most
-  ``max_mia_auc_excess`` above chance.
-
-A class request is judged on the remaining classes' test accuracy and on the removed classes no
-longer recognised (``max_forgotten_class_acc``); a backdoor's success rate is bounded in both
-policies (``max_backdoor_asr``). A limit set to None switches its check off; a metric nobody
-measured is ``inconclusive``.
-
-Why: a metric over a handful of forgotten samples — an attack AUC over 8 has an interval wider
-than ±0.2 — must neither fail on noise nor pass on nothing. The worst of the three membership
-attacks is reported, so each is judged at α/3 [1]_. A certificate that proves the forgetting
-(``formal (ε,δ)``, ``exact retrain``) needs no statistical evidence for it: only a ``fail`` holds
-it back. Without a reference, a check the source model passes too cannot show that anything was
-forgotten, so ``judge`` judges the source as a no-op candidate and turns such a pass into
-``inconclusive``.
+Each metric is judged with its uncertainty (``evaluation.uncertainty``; DESIGN.md §6 and §8), so a
+metric over a handful of forgotten samples neither fails on noise nor passes on nothing. A check
+answers ``fail`` when the evidence excludes its limit at level ``alpha`` (default 0.05, the
+false-reject rate for a model that meets it, e.g. an exact retrain), ``pass`` when it excludes the
+other side, else ``inconclusive``; the gate fails when a check fails and passes when all pass. Two
+policies, each also requiring a certificate class in ``allowed_certificates``: **vs retrained
+reference** — paired gaps of test accuracy, forget accuracy and attack AUC within ``tolerance``;
+**without reference** — the source model's test accuracy kept, forget accuracy not far above test
+accuracy, attack AUCs near chance, and a pass the source model gets too turned ``inconclusive``.
+The worst of the three membership attacks is reported, so each is judged at α/3 [1]_. A
+certificate that proves the forgetting needs no statistical evidence: only a ``fail`` holds it back.
 
 Two tiers (``certify.tiers``): under ``strict`` only a ``pass`` promotes; under ``interim``
-(``interim_judgement``, recorded as ``GateOutcome.interim``) a version may serve at once when no
-check fails, utility holds, its certificate is not ``not certified`` and every inconclusive check
-is one the source model does not fail either — where the source fails a check the signal is
-measurable, so a no-op or a too-weak method is held back. There the per-example audit is read as
-two one-sided tests of equivalence [2]_ with never-seen samples
-(``AuditResult.equivalence_check``): a forget set shown above the margin (remembered) or below it
-(over-forgotten) is held back. Exact forgetting stays owed before the requests' deadlines.
+(``interim_judgement``, ``GateOutcome.interim``) a version serves at once when no check fails,
+utility holds, its certificate is not ``not certified`` and every inconclusive check is one the
+source model does not fail either, the per-example audit read as equivalence with never-seen
+samples [2]_. Every limit, class requests, backdoors and the interim rules in full: DESIGN.md §6
+and §8.
 
 References
 ----------

@@ -1,25 +1,19 @@
 """Per-example forgetting audit without retraining per deletion batch (DESIGN.md §6).
 
-``audit_forgetting`` scores each forget sample by offline LiRA [2]_: φ, the logit-scaled
-confidence on its label under the audited model, against the mean φ of K reference models that
-never saw it, over one pooled standard deviation, z = (φ_target − μ_out)/σ_out. The references
-(``train_references``) train once per data version on pool A of the held-out split; pool B gives
-the non-members. The forget set's z are compared with pool B's label by label, as a label-stratified
-AUC with its interval [4]_ (``evaluation.uncertainty``), and judged: ``not forgotten`` iff the
-one-sided lower bound exceeds 0.5 + tolerance, ``forgotten`` iff the upper bound is within it,
-else ``inconclusive`` — the strict tier's reading. ``AuditResult.equivalence_check`` reads the same
-AUC as two-sided equivalence within a margin sized to the counts — the interim tier's. Per-sample
-p-values are conformal within each stratum.
-
-Why: population attacks see little on a model that generalises and overestimate forgetting [3]_;
-the power is in calibrating each sample's score by how it scores under models that never saw it
-[1]_, [2]_. References trained on held-out rows only make every forget sample of every later batch
-"out" for all of them, so nothing is retrained per batch; and within a label an exact retrain's
-forget samples are exchangeable with the non-members', so it is called ``not forgotten`` with
-probability ≤ α whatever the references, which decide only the audit's power. Mislabelled
-canaries (``CanaryRule``) and backdoored forget sets are compared with non-members marked alike.
-The derivations, the margin and the marked non-members: docs/methods.md, "The statistics behind
-the gates and the audit".
+``audit_forgetting`` scores each forget sample by offline LiRA [2]_: z = (φ_target − μ_out)/σ_out,
+φ the logit-scaled confidence on its label, μ_out the mean φ of K reference models that never saw
+it, σ_out one pooled standard deviation. The references (``train_references``) train once per data
+version on pool A of the held-out split; pool B gives the non-members. The forget set's z are
+compared with pool B's label by label, as a label-stratified AUC with its interval [4]_:
+``not forgotten`` iff the one-sided (1 − α) lower bound exceeds 0.5 + tolerance, ``forgotten`` iff
+the upper bound is within it, else ``inconclusive`` (the strict tier's reading);
+``AuditResult.equivalence_check`` reads the same AUC two-sidedly (the interim tier's). Why:
+population attacks overestimate forgetting [3]_, and the power is in calibrating each sample by
+models that never saw it [1]_, [2]_; references trained on held-out rows make every later forget
+sample "out", so nothing is retrained per batch, and an exact retrain is called ``not forgotten``
+with probability ≤ α whatever the references. The derivations, the margin, the conformal p-values
+and the marked non-members (canaries, backdoors): docs/methods.md, "The statistics behind the gates
+and the audit".
 
 References
 ----------

@@ -1,25 +1,16 @@
 """Membership inference on the forget set (DESIGN.md §4).
 
-Population attacks, one score per sample, thresholded over the whole population:
-
-- ``confidence_attack`` [1]_: score = softmax confidence on the true label.
-- ``loss_attack`` [2]_: score = −cross-entropy; Yeom's decision rule ("member if the loss is below
-  the mean training loss") is ``loss_threshold``. The loss is −log of the true-label confidence, so
-  the two attacks rank samples identically (same ROC and AUC); both are reported because the
-  literature (and the PUF paper's tables) reports both, and their accuracies differ under Yeom's
-  rule.
-- ``shadow_attack`` [3]_: an attack classifier trained on a shadow model's outputs for its own
-  training data ("in") and unseen data ("out"), then applied to the target model.
-
-Per-example audit: ``ulira_audit``, the likelihood-ratio attack [4]_ in the unlearning form of
-[5]_ (U-LiRA). It compares each example with models that did and did not see *that* example, which
-population attacks cannot: they overestimate forgetting.
-
-Conventions: members (label 1) are the forget set, non-members (label 0) held-out samples never
-trained on; a higher score means "more likely a member". Non-members are drawn with the members'
-label histogram (``label_matched_nonmembers``) because under label skew a client's samples differ
-from the whole test set in their label mix, and a population attack against the whole test set
-measures that mix instead of membership.
+Population attacks, one score per sample thresholded over the whole population:
+``confidence_attack`` [1]_ (softmax confidence on the true label), ``loss_attack`` [2]_
+(−cross-entropy; Yeom's decision rule is ``loss_threshold``) and ``shadow_attack`` [3]_ (a classifier
+trained on a shadow model's outputs for its own training data, "in", and unseen data, "out", then
+applied to the target model). Per example, ``ulira_audit``: the likelihood-ratio attack [4]_ in the
+unlearning form of [5]_ (U-LiRA), which compares each example with models that did and did not see
+*that* example; population attacks cannot, and overestimate forgetting. Members (label 1) are the
+forget set, non-members (label 0) held-out samples never trained on, drawn with the members' label
+histogram (``label_matched_nonmembers``): under label skew an attack against the whole test set
+measures the label mix, not membership. A higher score means "more likely a member". Why both the
+confidence and the loss attack are reported: DESIGN.md §4.
 
 References
 ----------

@@ -1,27 +1,17 @@
-"""Gates that carry their uncertainty (DESIGN.md §6): a metric measured on few samples is judged
-with its confidence interval, and a check answers ``pass``, ``fail`` or ``inconclusive`` — it
-never fails on noise, and it never passes on a number too uncertain to prove anything.
+"""Checks that carry their uncertainty: each metric judged with its confidence interval.
 
-Intervals: a proportion — Clopper–Pearson [1]_ (exact) or Wilson [2]_; the difference of two
-proportions — Newcombe's hybrid score intervals, for independent samples [3]_ or for two models on
-the same samples [4]_; the ROC AUC of members against non-members — DeLong's variance [5]_ on the
-logit scale [6]_, floored at Hanley and McNeil's [7]_; a label-stratified AUC — the within-stratum
-estimates pooled with the members' stratum shares [8]_, its interval the hull of the stratified
-DeLong one and a score interval [9]_; the difference of two AUCs — DeLong's covariance, paired or
-independent.
-
-Verdicts at level α (default 0.05): ``at most`` (metric ≤ limit), ``|gap| at most``
-(|metric − reference| ≤ tolerance, two one-sided tests [10]_) and ``within margin of chance``
-(|AUC − 0.5| ≤ margin, ``judge_within``; ``equivalence_margin`` sizes the margin to the counts).
-Each fails a model that meets its limit with probability at most α (exactly so for
-Clopper–Pearson, approximately for the others). Every check returns a ``Check`` record that
-serialises to JSON.
-
-Why these intervals: a deletion batch has a handful to a few hundred forget samples, where a Wald
-interval leaves [0, 1] and DeLong's variance collapses towards 0 on separated scores; pairing two
-models evaluated on the same samples makes their gap's interval much shorter. The choices, their
-pitfalls, each verdict rule's error rates and the measured coverage: docs/methods.md, "The
-statistics behind the gates and the audit".
+A metric measured on few samples — a deletion batch has a handful to a few hundred forget samples
+— is judged with its interval (DESIGN.md §6), and a check answers ``pass``, ``fail`` or
+``inconclusive``: it never fails on noise, and never passes on a number too uncertain to prove
+anything. Intervals: a proportion, Clopper–Pearson [1]_ (exact) or Wilson [2]_; the difference of
+two proportions, independent [3]_ or paired [4]_; the ROC AUC of members against non-members,
+DeLong [5]_ on the logit scale [6]_ floored at Hanley–McNeil [7]_; a label-stratified AUC [8]_,
+[9]_; the difference of two AUCs. Verdicts at level α (default 0.05): ``at most``, ``|gap| at
+most`` (two one-sided tests [10]_) and ``within margin of chance`` (``judge_within``; the margin
+sized by ``equivalence_margin``); each fails a model that meets its limit with probability at most
+α. Every check returns a ``Check`` record that serialises to JSON. Why these intervals, their
+pitfalls, each rule's error rates and the measured coverage: docs/methods.md, "The statistics
+behind the gates and the audit".
 
 References
 ----------

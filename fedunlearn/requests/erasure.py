@@ -1,34 +1,21 @@
 """Erasure verification: show that the deleted samples' bytes are gone, not just their IDs.
 
-Before a batch produces the new data version, each deleted sample's feature rows are read
-*as stored* (the prepared ``features.npy`` and every partition file holding the sample: the
-same bytes for images, standardized bytes for tabular data, a column slice per VFL party).
-These byte strings — fingerprints — stay in memory only. After the new version (and the
-optional purge of the DVC cache) every file of every store in scope is read once and searched
-for every fingerprint: as raw bytes, and — in text files (JSON, YAML, CSV, logs, sqlite
-databases) — as the sequence of numbers the text writes, decoded to the rows' dtype (an MLflow
-``input_example.json`` writes a row as numbers, not bytes).
+Before a batch produces the new data version, each deleted sample's feature rows are read *as
+stored* (the prepared ``features.npy`` and every partition file holding the sample) and kept in
+memory only, as fingerprints. After the new version (and the optional purge of the DVC cache) every
+file of every store in scope (``Store``: a named set of directories the product writes) is read once
+and searched for every fingerprint: as raw bytes, in the dtypes a copy of the row is likely written
+in (``row_variants``), and in text files also as the numbers the text writes. Rows deleted by
+*earlier* batches, whose bytes are gone, are checked by keyed fingerprints (``ErasedRows``:
+HMAC-SHA256 under a secret key of the workspace) against every row of every array file in scope.
 
-A store (``Store``) is a named set of directories the product writes: the data, the DVC cache
-and remote, MLflow's tracking store and artifacts, Prefect's database and result storage,
-temporary files. A store is in scope or not (the DVC cache keeps earlier data versions until a
-purge, by design); stores out of scope are listed with the reason and not scanned. The report
-is ``verified`` only when at least one sample could be checked and no store in scope holds a
-deleted row; otherwise it names the store and file that do.
-
-A row is searched for in the dtypes a copy of it is likely written in, not only as stored: the
-project writes float32 features, and a copy saved as float64 (``np.save`` of ``astype(float64)``),
-or an image row as its 8-bit pixels (and those over 255 in float64, as a loader computes them),
-has other bytes (``row_variants``).
-
-Rows deleted by *earlier* batches are checked too, though their bytes are gone: each batch keeps,
-instead of a row, its keyed fingerprint (``ErasedRows``) — HMAC-SHA256 of the row's float32 bytes
-under a secret key of the workspace — and every later scan hashes each row of every array file
-(``.npy``, ``.npz``) of the stores in scope once and looks it up in the set of all of them.
-
-A fingerprint that would prove nothing is not used, and its sample is reported as "not
-verifiable" rather than claimed: a row with too little content (mostly zero bytes, e.g. an
-empty image band) or a row identical to a retained sample's row (its bytes legitimately stay).
+Why: a copy of a row (an MLflow ``input_example.json``, a cached earlier data version) outlives the
+deletion of its ID, so only a search for its bytes shows it gone — and the report never vouches for
+what it did not read. Stores out of scope are listed with the reason; a fingerprint that would prove nothing (a
+row with too little content, or identical to a retained sample's row) makes its sample "not
+verifiable"; the report is ``verified`` only when at least one sample could be checked and no store
+in scope holds a deleted row, and otherwise names the store and file that do. The stores, the
+dtypes and the text formats searched: docs/requests-and-ledger.md, "Ingest", and DESIGN.md §6.
 """
 
 from __future__ import annotations

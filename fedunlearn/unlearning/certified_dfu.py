@@ -1,25 +1,19 @@
 """Certified decentralized unlearning: a Newton removal step on the retained objective, Gaussian
 noise, and the update flooded through the graph [1]_.
 
-After a deletion batch every node holds the consensus model and takes the same Newton step on the
-retained objective L_r (per sample F = CE + (λ/2)‖x‖²; a removed client leaves the graph), with the
-retained nodes' gradients and curvatures flooded to all; further steps follow while the measured
-distance bound exceeds what the calibration allows. Every node then adopts the result plus
-N(0, σ²I) noise, drawn as shares that sum over the nodes. Class removal is every client removing
-its samples of the class.
-
-Why: for a λ-strongly convex model (L2-regularised logistic regression) the distance to the exact
-retrain's optimum is bounded by ‖∇L_r‖/λ, so it is measured rather than assumed, and noise
-calibrated to it makes the release (ε, δ)-indistinguishable from that optimum released with the
-same noise [2]_, [3]_. The step uses the full retained gradient and the curvature of every retained
-node, not Algorithm 1's per-client correction, because D-PSGD stops short of the optimum and
-deletions differ per client. ``calibration="residual"`` (default) charges each measured bound to a
-budget fixed in advance and retrains when it would be exceeded (``certify.budget``);
-``"paper"`` uses the a-priori bound ΔF of [1]_, Lemma 3 — rigorous, and vacuous in practice. A
-model that is not strongly convex gets the step and the noise, and is ``not certified``.
-
-The derivation, how the step differs from Algorithm 1 and what each difference costs, what the
-guarantee covers and the protocol's cost: docs/methods.md, "Certified decentralized unlearning".
+After a deletion batch every node holds the consensus model and takes the same Newton steps on the
+retained objective L_r, with the retained nodes' gradients and curvatures flooded to all; every node
+then adopts the result plus N(0, σ²I) noise, drawn as shares that sum over the nodes. Class removal
+is every client removing its samples of the class. Why: for a λ-strongly convex model
+(L2-regularised logistic regression) the distance to the exact retrain's optimum is bounded by
+‖∇L_r‖/λ, so it is measured rather than assumed, and noise calibrated to it makes the release
+(ε, δ)-indistinguishable from that optimum released with the same noise [2]_, [3]_.
+``calibration="residual"`` (default) charges each measured bound to a budget fixed in advance and
+retrains when it would be exceeded (``certify.budget``); ``"paper"`` uses the a-priori bound ΔF of
+[1]_, Lemma 3 — rigorous, and vacuous in practice. A model that is not strongly convex gets the step
+and the noise, and is ``not certified``. The step and why it departs from Algorithm 1 (full retained
+gradient, every node's curvature), what the guarantee covers and the protocol's cost:
+docs/methods.md, "Certified decentralized unlearning".
 
 References
 ----------

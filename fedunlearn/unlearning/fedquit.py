@@ -3,28 +3,18 @@
 The teacher is the global model at the time of the request, with each forget sample's labelled
 logit lowered to ``suppress`` ("min": the lowest other logit; "mean": their mean): it still ranks
 the other classes as the model does — "quasi-competent" — but no longer vouches for the label. For
-``rounds`` FedAvg rounds every client trains on its retained data; a client holding forget samples
-adds a distillation term towards the teacher on them; the server averages with FedAvg:
-
-    local step (target client):  ℓ_CE(retained mini-batch) + λ · D(z_student(x_f), z_teacher(x_f))
-    local step (other client):   ℓ_CE(mini-batch)
-    server:                      w ← Σ_i (n_i / n) w_i
+``rounds`` FedAvg rounds every client trains on its retained data, and a client holding forget
+samples adds a distillation term towards the teacher on them (hyperparameters: ``FedQUIT``).
 
 Why: the gradient at a sample the model has memorised is near zero, so methods that start from it
 (PUF, HF-KCU, gradient ascent, fine-tuning) cannot remove what was memorised; the distance between
-the model's logits and the teacher's is largest for exactly those samples. Every round keeps the
-forget term, so the retained-data training that restores test accuracy cannot drift back to the
-memorised solution, and the teacher's target is fixed, so more rounds converge towards it rather
-than push past it. It is the HFL escalation's last resort before an exact retrain, and its first
-attempt where the source model remembers the forget set. Class requests are refused: a retrain
-without a class never predicts it on any input, while the teacher only changes the forget inputs'
-targets.
-
-Where it departs from the paper, and why — D is by default the squared logit distance (the
-high-temperature limit of distillation [2]_, logit matching [3]_) instead of the softmax KL at
-T = 1, whose gradient on the labelled logit vanishes while the log-odds a membership audit reads
-are still high; a client with forget samples keeps training on its retained ones; local steps are
-clipped — and where it fails: docs/methods.md, "fedquit".
+the model's logits and the teacher's is largest for exactly those samples. It is the HFL
+escalation's last resort before an exact retrain, and its first attempt where the source model
+remembers the forget set; class requests are refused. The distance is by default the squared
+logit distance (distillation's high-temperature limit [2]_, logit matching [3]_), not the paper's
+softmax KL at T = 1, whose gradient on the labelled logit vanishes while the log-odds a membership
+audit reads are still high. The local step, the other departures from the paper and why, and where
+it fails: docs/methods.md, "fedquit".
 
 References
 ----------

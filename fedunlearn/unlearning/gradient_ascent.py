@@ -1,23 +1,13 @@
-"""Projected gradient ascent (PGA): Halimi, Kadhe, Rawat and Baracaldo (2022), "Federated
-Unlearning: How to Efficiently Erase a Client in FL?" (arXiv:2207.05521).
+"""Projected gradient ascent (PGA) [1]_: the target clients ascend the loss on their forget data.
 
-The target clients maximise the loss on their forget data, starting from the trained model, with
-the gradient norm clipped and the model projected onto the L2 ball of radius δ around a reference
-model w_ref before the first step and after every step (so every iterate, and the result, lies
-in the ball even if the trained model does not); a client stops as soon as a mini-batch loss
-exceeds the early stopping threshold. The server takes the forget-size weighted average of the ascended models
-(with one target client: its model; the average of points in the ball stays in the ball), then
-optional FedAvg recovery rounds on the retained data follow.
+From the trained model, each target client maximises its forget loss with the gradient norm clipped
+and every iterate projected onto the L2 ball of radius δ around a reference model w_ref, the average
+of the other clients' models; it stops early once a mini-batch loss exceeds τ. The server averages
+the ascended models by forget size, then optional FedAvg recovery rounds follow. Clients here keep no
+state, so w_ref is recomputed by replaying the targets' last update, which also extends PGA to
+several targets and to sample and class requests: docs/methods.md, "ga"; cost: "Cost accounting".
 
-Reference model. PGA's w_ref is the average of the OTHER clients' models, obtained from the
-global model by removing the target's last stored update: w_ref = (n·w − n_u·w_u)/(n − n_u).
-Clients here are not stateful, so w_u is recomputed: each target client replays one local
-FedAvg update on its forget data from the trained model w (n = all training samples, n_u = the
-forget samples). Written as a server step this is ``aggregate(w, updates, server_lr=−n_u/(n−n_u))``,
-i.e. w minus the forget data's pseudo-gradient re-weighted to the retained data. It extends to
-several target clients and to sample/class requests, which the original paper does not cover.
-
-Hyperparameters (default; value in the paper, as reported in PUF Appendix A):
+Hyperparameters (default; value in the paper, as reported in PUF [2]_, Appendix A):
     lr: ascent step size (None: the clients' own step size, ``TrainConfig.lr``; PUF tunes PGA's
         local learning rate but does not report the value).
     epochs: local unlearning epochs over the forget data (5; 5).
@@ -32,11 +22,12 @@ Hyperparameters (default; value in the paper, as reported in PUF Appendix A):
     recovery_rounds: FedAvg rounds on the retained data after the ascent (2; PGA's few rounds
         of post-training, reported by PUF as recovery rounds).
 
-Cost (PUF Appendix B): 2·P·B bytes per target client for the ascent (w_ref down, unlearned
-model up; Table VIII) plus 2·P·B·|S_t| per recovery round. FLOPs count the training passes that
-ran: the replayed reference update, the ascent steps taken (early stopping cuts them short)
-and the recovery rounds. The replay stands in for PGA's stored client state, so it costs FLOPs
-but is not charged as communication.
+References
+----------
+.. [1] Halimi, Kadhe, Rawat and Baracaldo (2022), "Federated Unlearning: How to Efficiently Erase a
+   Client in FL?", arXiv:2207.05521.
+.. [2] "Federated Unlearning via Negated Pseudo-Gradients" (puf-negated-pseudo-gradients.txt):
+   Appendix A (PGA's hyperparameters), Appendix B (cost).
 """
 
 from __future__ import annotations

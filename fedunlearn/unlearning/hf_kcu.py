@@ -2,107 +2,33 @@
 on the retained objective) computed without forming the Hessian [1] (§3, Algorithm 1,
 Appendix A.2).
 
-Each client holding forget data solves a damped Hessian system by k conjugate-gradient steps
-whose Hessian-vector products come from double backprop [3, 4] (``krylov.py``). Per affected
-client i, with U_i its forget samples and n_r the retained samples of the whole federation:
-
-    g_i  = Σ_{u∈U_i} ∇f_u(θ)        f_u = CE_u + (l2/2)‖θ‖²: the SUM of per-sample objective terms,
-                                    regulariser included (federation.local.objective, per sample)
-    v_i ≈ (H + λI)⁻¹ g_i / n_r      k CG steps; H the Hessian of a MEAN objective (see ``hessian``)
-    Δθ_i = scale_i · v_i,  scale_i = min(1, β‖θ‖/‖v_i‖)        (Algorithm 1 line 17, Eq. 21)
-    server: θ ← θ + Σ_i w_i Δθ_i                                  (line 24–25; see ``weights``)
-
-Sign. The step is +v, the removal direction: from the trained optimum, θ + H_r⁻¹ g/n_r is one
-Newton step on the mean retained objective, the influence of up-weighting the forget samples by
-−1/n [2]. The paper writes Δθ = −H⁻¹∇ℓ(D_u) (Eq. 3, 8) and Δθ_raw = −v_k (line 15); read
-literally, that step descends the forget loss, i.e. learns the forget data further (docs/DESIGN.md
-§3). The derivation, and the convex oracle test that checks the sign against the exactly
-retrained optimum (tests/test_hf_kcu.py): docs/methods.md, "hf-kcu".
-
-Which Hessian (``hessian``). ``"client"`` (the paper, Algorithm 1 line 5; default): client i's own
-curvature over its retained samples (over its whole data D_i, as line 5 writes, when a
-client-level request leaves it none). Local: one download and one upload per affected client, but
-a few dozen samples give a Hessian far from the federation's. ``"federation"``: H_r itself,
-Σ_j (n_j^r/n_r) H_j over every client's retained samples. Each CG iteration is one federated round:
-the server broadcasts the direction, every client with retained data returns its Hessian-vector
-product. Its step is the Newton step above, exactly. On a neural network neither is the retrained
-model: the curvature can be indefinite at the trained point, which the certificate reports
-(below). What each choice did on the oracle and on digits-hfl: docs/methods.md; its cost against
-retraining: docs/BENCHMARKS.md.
-
-Combining clients (``weights``). The removal step of a union of deletions is the SUM of the
-per-client steps (H⁻¹ is linear in g), so ``"sum"`` (w_i = 1; default) is the Newton step on the
-global retained objective when the clients share H (``hessian="federation"``). The paper's
-causal weights α_i = ‖g_i‖/Σ_affected‖g_j‖ (Eq. 7; ``"causal"``) sum to 1 and shrink the step by
-up to the number of affected clients; both coincide for one affected client, the case the paper
-evaluates. Either way a client without forget data contributes nothing (g_i = 0: the paper's
-causal isolation), and α_i is recorded.
-
-Strength per batch (``max_doublings``; not in the paper; docs/DESIGN.md §3, "Calibration
-rows"). With calibration rows (``FederatedState.calibration``: held-out samples the audit never
-uses as non-members) the removal climbs a ladder cheapest first — rung r takes 2^r·k CG steps at
-damping λ/2^r, closer to the undamped Newton step at twice the products — and keeps the first
-rung whose forget samples' mean loss at their labels reaches the calibration rows' under the same
-model: PUF's rule (``base.climb_ladder``, ``base.calibration_reached``). Every rung is computed
-afresh from the trained state and counted in the cost. A ladder that never reaches the level
-keeps its last rung, skips fine-tuning (training on the retained data brings the forget loss
-back down) and says so in ``notes["strength"]``; the certificate inputs are the kept rung's. Off
-by default, for PUF's reason: the mean loss does not predict the per-example audit
-(docs/methods.md, "Strength").
+Each client holding forget data solves (H + λI) v_i = g_i/n_r by k conjugate-gradient steps on
+Hessian-vector products from double backprop [3, 4] (``krylov.py``) — g_i its forget samples'
+summed gradient, n_r the federation's retained samples — and the server applies θ + Σ_i w_i Δθ_i.
+The sign is the key decision: Δθ_i = +v_i (scaled) is one Newton step on the mean retained
+objective, the influence of removing the forget samples [2]; the paper's literal −v descends the
+forget loss, i.e. learns the forget data further. The certificate (``bounded approximation``)
+says the step approximates the damped Newton step — not the retrained model — and needs H + λI
+estimated positive definite, a step the β cap did not truncate and a Newton residual within τ.
+The derivation, the convex oracle test of the sign (tests/test_hf_kcu.py), the Hessian and
+weighting choices, the checks, recorded numbers, cost and measurements: docs/methods.md, "hf-kcu".
 
 Hyperparameters (default; the paper's value):
     cg_iterations: k, CG steps per affected client (10; 10).
     damping: λ in H + λI (0.01; 0.01). 0 is allowed when the objective is strongly convex.
     beta: β of the adaptive scale min(1, β‖θ‖/‖v‖) (0.01; 0.01); None switches it off.
-    hessian: "client" or "federation", see above ("client"; the paper's line 5).
+    hessian: "client" (each affected client's own curvature) or "federation" (the federation's
+        retained Hessian, one federated round per CG step) ("client"; the paper's line 5).
     hessian_batch: curvature on a seeded random mini-batch of this many samples per client, as
-        Hessian-free optimisation estimates curvature [4] (None: all the client's samples; the
-        paper does not say). Recorded with the sample counts in the certificate inputs.
-    weights: "sum" or "causal", see above ("sum"; the paper's α_i is "causal").
+        Hessian-free optimisation does [4] (None: all the client's samples; the paper does not say).
+    weights: "sum" or "causal", how the clients' steps combine ("sum"; the paper's α_i is "causal").
     finetune_rounds: FedAvg rounds on the retained data after the step (0; the paper: none).
-    lanczos_steps: m, Lanczos steps of the definiteness check below (20; the paper runs none).
+    lanczos_steps: m, Lanczos steps of the definiteness check (20; the paper runs none).
     residual_tolerance: τ, the largest relative Newton residual certified (1e-3; the paper marks
         CG "converged" at 1e-4 in its Figure 1 and takes k = 10 for an error of 0.01 at κ ~ 100).
-    max_doublings: with calibration rows, how many times k may double and λ halve, see "Strength
-        per batch" (0: the chosen k and λ, unjudged, as in the paper).
-
-Cost. FLOPs: one training pass (F per sample, federation/cost.py) over the forget samples for
-g_i, and per Hessian-vector product 2·F per curvature sample — double backprop costs about two
-gradient evaluations [3] (what a product costs against training epochs: docs/DESIGN.md §4,
-docs/BENCHMARKS.md). Products: k (CG) + 1 (the true residual) per affected client, and m
-(Lanczos) per operator — each affected client's own with ``client``, the federation's one with
-``federation`` — unless CG met negative curvature on it (below). Bytes (2·P·B per transfer pair,
-[5] Appendix B): ``client``: θ down and Δθ_i up per affected client; ``federation``: θ down and
-g_i up per affected client, then per product the direction down and the product up per client
-with retained data. Plus the fine-tuning rounds, if any, and with a ladder every rung climbed.
-
-Certificate (``bounded approximation``): the step v_i approximates the damped Newton step
-v_i* = (H + λI)⁻¹ g_i/n_r (the Hessian named in ``approximates``) — not the retrained model: the
-Hessian choice above decides how close that is. It is issued only if three checks hold, each an
-assumption of ``certify.certificate_for`` that downgrades it to ``not certified`` by name:
-
-* ``positive_definite_damped_hessian``: CG's error bound (Eq. 6) needs H + λI positive definite.
-  CG's step sizes α_t ≥ 0 do not show it, and neither do the Ritz values from CG's coefficients
-  (``krylov.ritz_values``; they have the signs of the α_t, see ``krylov``). So m Lanczos steps
-  from a seeded random start vector (``krylov.lanczos``; power iteration is dominated: its iterates
-  lie in the same Krylov space) estimate λ_min as the smallest Ritz value of both runs. That is a
-  Rayleigh quotient, ≥ λ_min: a negative estimate proves H + λI indefinite, a positive one is
-  evidence, not proof. Where CG itself meets negative curvature (an α_t < 0 proves it:
-  p_tᵀ(H + λI)p_t < 0) the Lanczos run is skipped and the cost stays k + 1 products. Why m = 20:
-  docs/methods.md.
-* ``untruncated_newton_step``: scale_i = 1. The β cap is a trust region with no error bound.
-* ``newton_residual_within_tolerance``: ρ_i = ‖(H + λI)v_i − b_i‖/‖b_i‖ ≤ τ, b_i = g_i/n_r,
-  computed with one more product (CG's recursive residual drifts from the true one in finite
-  precision). The relative error of the step is at most κ·ρ (docs/methods.md).
-
-Numbers, per affected client: the CG residual norms, the scale applied (``scale``), the true
-relative residual (``newton_relative_residual``), whether Lanczos ran (``lanczos_ran``),
-``lambda_min_estimate`` and ``lambda_max_estimate`` of H + λI (the extreme Ritz values of both
-runs), ``condition_estimate`` = their ratio (a lower bound on κ), ``ritz_range`` of CG's own
-Ritz values, and ``damping_bias_estimate`` = λ/λ_min(H + λI): for H positive definite, the
-fraction of the undamped Newton step by which the damped step may differ from it (docs/methods.md),
-estimated from below as λ_min is from above. It is reported, not checked. Also k, λ, β, m, τ, the
-Hessian and its sample counts, and what the step approximates (``approximates``).
+    max_doublings: with calibration rows, how many times k may double and λ halve until the forget
+        loss reaches the calibration rows' (0: the chosen k and λ, unjudged, as in the paper;
+        docs/methods.md, "Strength").
 
 References
 ----------
@@ -175,7 +101,7 @@ class HFKCU(UnlearningMethod):
     """The Newton-step removal of the module docstring, whose "Hyperparameters" lists every option
     with its default. ``max_doublings`` (default 0: off, the chosen k and λ as in the paper): with
     calibration rows, how many times k may double and λ halve, cheapest first, until the forget
-    set's loss reaches the calibration rows' ("Strength per batch")."""
+    set's loss reaches the calibration rows' (docs/methods.md, "Strength")."""
 
     name = "hf-kcu"
     settings = frozenset({"hfl"})
