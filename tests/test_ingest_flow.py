@@ -1,6 +1,8 @@
 """The ``ingest-deletions`` flow on digits-hfl through a temporary Prefect server (one for the
 module) and a real DVC repository: the acceptance scenario through the CLI, and crash-and-rerun at
-two points. Each scenario is arranged once (module fixtures); each test checks one behaviour."""
+two points. Each scenario is arranged and run once (module fixtures: ``ingested``, ``interrupted``,
+each a frozen record of what its runs left); a test of it only asserts, and a test that acts again
+takes a copy of its workspace."""
 
 import json
 import os
@@ -28,7 +30,7 @@ def names(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ingested:
     workspace: Path
     ids: list[str]       # 20 sample IDs requested
@@ -41,6 +43,7 @@ class Ingested:
 def ingested(prefect_server, tmp_path_factory) -> Ingested:
     """The acceptance scenario: 20 IDs requested through the CLI and a malformed file written to the
     inbox an hour ago, then `fedunlearn ingest`. Tests read it; a test that acts takes a copy."""
+    # arrange
     workspace = init_workspace(tmp_path_factory.mktemp("ingest") / "workspace", template=PROJECT_ROOT)
 
     def cli(*args: str) -> Printed:
@@ -55,10 +58,14 @@ def ingested(prefect_server, tmp_path_factory) -> Ingested:
     folders = RequestFolders.create(workspace)
     (folders.inbox / "broken.json").write_text('{"kind": "sample", "sample_ids": [')
     os.utime(folders.inbox / "broken.json", (time.time() - 3600, time.time() - 3600))  # written an hour ago
-    return Ingested(workspace, ids, request_id, before, cli("ingest", "--scenario", SCENARIO))
+
+    # act
+    ingest = cli("ingest", "--scenario", SCENARIO)
+    return Ingested(workspace, ids, request_id, before, ingest)
 
 
 def test_acceptance_the_valid_request_is_processed_and_the_malformed_file_quarantined_with_its_reason(ingested):
+    # assert
     folders = RequestFolders.create(ingested.workspace)
     assert names(folders.inbox) == []
     assert names(folders.processed) == [f"{ingested.request_id}.json"]
@@ -67,6 +74,7 @@ def test_acceptance_the_valid_request_is_processed_and_the_malformed_file_quaran
 
 
 def test_acceptance_the_twenty_ids_leave_in_a_new_data_version_recorded_in_the_ledger_and_the_batch(ingested):
+    # assert
     workspace, before = ingested.workspace, ingested.before
     after = data_version(workspace, SCENARIO)
     assert after != before and f"data version {before} -> {after}" in ingested.ingest.out
@@ -80,12 +88,15 @@ def test_acceptance_the_twenty_ids_leave_in_a_new_data_version_recorded_in_the_l
 
 
 def test_acceptance_a_second_ingest_changes_nothing(ingested, tmp_path):
+    # arrange
     workspace = copy_workspace(ingested.workspace, tmp_path / "workspace")
     folders = RequestFolders.create(workspace)
     ledger, lock = (workspace / LEDGER_PATH).read_bytes(), (workspace / "dvc.lock").read_bytes()
 
+    # act
     again = call_cli(workspace, "ingest", "--scenario", SCENARIO)
 
+    # assert
     assert again.status == 0 and again.out.strip().endswith("no pending requests")
     assert (workspace / LEDGER_PATH).read_bytes() == ledger and (workspace / "dvc.lock").read_bytes() == lock
     assert len(load_records(folders)) == 1 and names(folders.processed) == [f"{ingested.request_id}.json"]
@@ -95,7 +106,7 @@ def crash(*args, **kwargs):
     raise RuntimeError("simulated crash")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Interrupted:
     """Two batches in one workspace, each crashed once and re-run: what the stores held at each step."""
 
@@ -119,6 +130,7 @@ def interrupted(prefect_server, tmp_path_factory) -> Interrupted:
     """A batch (two requests, given as flow parameters) that dies after its ledger append, re-run;
     then a batch (a client request and a malformed class request through the inbox) that dies after
     its new data version, re-run."""
+    # arrange
     workspace = init_workspace(tmp_path_factory.mktemp("interrupted") / "workspace", template=PROJECT_ROOT)
     before = reproduce(workspace, SCENARIO)
     clients = [c.sample_ids.tolist() for c in load_horizontal(SCENARIO, workspace).clients]
@@ -127,6 +139,8 @@ def interrupted(prefect_server, tmp_path_factory) -> Interrupted:
     # Flow parameters (the Prefect UI form) enter through the inbox like files.
     first = [DeletionRequestModel(kind="sample", sample_ids=clients[0][:5]),
              DeletionRequestModel(kind="sample", sample_ids=clients[0][3:8])]
+
+    # act: each batch crashes once, then runs again; what the stores held is recorded after each run
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(intake, "reproduce_versions", crash)  # dies after the ledger append
         with pytest.raises(RuntimeError, match="simulated crash"):
@@ -151,6 +165,7 @@ def interrupted(prefect_server, tmp_path_factory) -> Interrupted:
 
 
 def test_a_batch_interrupted_after_its_ledger_append_is_finished_by_the_next_run(interrupted):
+    # assert
     assert interrupted.ledger_after_crash == interrupted.first
     assert interrupted.inbox_after_crash == 2 and interrupted.records_after_crash == ["ledger_appended"]
     result = interrupted.first_rerun
@@ -161,6 +176,7 @@ def test_a_batch_interrupted_after_its_ledger_append_is_finished_by_the_next_run
 
 
 def test_a_batch_interrupted_after_its_new_data_version_is_finished_by_the_next_run(interrupted):
+    # assert
     assert interrupted.after_crash != interrupted.middle and interrupted.inbox_after_second_crash == 1
     result = interrupted.second_rerun
     assert len(result.resumed) == 1 and result.status == "no pending requests"
@@ -171,6 +187,7 @@ def test_a_batch_interrupted_after_its_new_data_version_is_finished_by_the_next_
 
 
 def test_across_both_interruptions_every_request_is_applied_exactly_once(interrupted):
+    # assert
     folders = RequestFolders.create(interrupted.workspace)
     entries = Ledger(interrupted.workspace / LEDGER_PATH).entries()
     assert len(entries) == 3 and len({e.request_id for e in entries}) == 3

@@ -1,57 +1,139 @@
 """End to end: the train flow on digits-hfl (3 clients × 2 rounds) through a real temporary
-Prefect server, a real DVC repository and a real sqlite MLflow registry."""
+Prefect server, a real DVC repository and a real sqlite MLflow registry: trained once with mapped
+client tasks, then once inline (arranged once for the module: ``trained``; its tests only read it).
+Then the CLI's ``ids`` and the device a sub-flow takes."""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import mlflow
+import pytest
 
-from stores.registry import Registry, tracking_uri
+from flows.results import TrainResult
+from stores.registry import RegisteredModel, Registry, tracking_uri
+from workspaces import Printed, call_cli, copy_workspace
+
+SCENARIO = "digits-hfl"
 
 
-def test_train_flow_registers_the_original_model(workspace, prefect_server):
+def registry(workspace) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
+
+
+@dataclass(frozen=True)
+class Trained:
+    """The module's training: the mapped-task run's result and registered weights, then the inline run's."""
+
+    workspace: Path
+    result: TrainResult        # train_federated with client tasks (the default)
+    original: str              # the version alias `original` named right after it
+    registered: RegisteredModel  # that version loaded from the registry, weights included
+    inline: TrainResult        # train_federated(client_tasks=False), after it
+    inline_state: dict         # the weights the inline run registered as `original`
+
+
+@pytest.fixture(scope="module")
+def trained(fresh_workspace_template, prefect_server, tmp_path_factory) -> Trained:
+    """A fresh workspace; the train flow with mapped client tasks, then with the clients inline."""
     from flows.train import train_federated
 
-    result = train_federated(scenario="digits-hfl", root=str(workspace))
-    assert result.model_version == "1"
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
-    version = client.get_model_version_by_alias("digits-hfl", "original")
-    assert str(version.version) == "1"
+    # arrange
+    workspace = copy_workspace(fresh_workspace_template, tmp_path_factory.mktemp("train") / "workspace")
+
+    # act
+    result = train_federated(scenario=SCENARIO, root=str(workspace))
+    original = str(registry(workspace).get_model_version_by_alias(SCENARIO, "original").version)
+    registered = Registry(workspace).load(SCENARIO, alias="original")
+    inline = train_federated(scenario=SCENARIO, root=str(workspace), client_tasks=False)
+    inline_state = Registry(workspace).load(SCENARIO, alias="original").state
+    return Trained(workspace, result, original, registered, inline, inline_state)
+
+
+def test_train_flow_registers_the_original_model(trained):
+    # assert
+    assert trained.result.model_version == "1" and trained.original == "1"
+    version = registry(trained.workspace).get_model_version(SCENARIO, trained.original)
     assert version.tags["role"] == "original"
-    assert version.tags["scenario"] == "digits-hfl"
-    assert version.tags["data_version"] == result.data_version
-    history = client.get_metric_history(result.run_id, "test_acc")
+    assert version.tags["scenario"] == SCENARIO
+    assert version.tags["data_version"] == trained.result.data_version
+
+
+def test_train_flow_logs_test_accuracy_and_training_loss_per_round(trained):
+    # assert
+    client = registry(trained.workspace)
+    history = client.get_metric_history(trained.result.run_id, "test_acc")
     assert [m.step for m in history] == [1, 2]
-    assert len(client.get_metric_history(result.run_id, "train_loss")) == 2
-    registered = Registry(workspace).load("digits-hfl", alias="original")
-    state = registered.state
-    assert registered.tags["role"] == "original" and "classifier.2.weight" in state
-    # The inline path gives the same model as the mapped task runs (deterministic client updates).
-    inline = train_federated(scenario="digits-hfl", root=str(workspace), client_tasks=False)
-    inline_state = Registry(workspace).load("digits-hfl", alias="original").state
-    assert inline.model_version == "2"
-    assert all((state[k] == inline_state[k]).all() for k in state)
+    assert len(client.get_metric_history(trained.result.run_id, "train_loss")) == 2
 
 
-def test_cli_ids_prints_the_current_sample_ids(workspace, capsys):
-    from cli import main
+def test_the_original_model_loads_from_the_registry_with_its_weights(trained):
+    # assert
+    registered = trained.registered
+    assert registered.tags["role"] == "original" and "classifier.2.weight" in registered.state
 
-    assert main(["--root", str(workspace), "prepare", "--scenario", "digits-hfl"]) == 0
-    capsys.readouterr()
-    assert main(["--root", str(workspace), "ids", "--scenario", "digits-hfl", "--client", "2", "--limit", "4"]) == 0
-    ids = capsys.readouterr().out.split()
+
+def test_the_inline_path_gives_the_same_model_as_the_mapped_task_runs(trained):
+    """Deterministic client updates: the inline run registers the same weights, as version 2, now `original`."""
+    # assert
+    assert trained.inline.model_version == "2"
+    assert str(registry(trained.workspace).get_model_version_by_alias(SCENARIO, "original").version) == "2"
+    state = trained.registered.state
+    assert all((state[k] == trained.inline_state[k]).all() for k in state)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    workspace: Path
+
+
+@pytest.fixture(scope="module")
+def prepared(fresh_workspace_template, tmp_path_factory) -> Prepared:
+    """A fresh workspace with digits-hfl's data prepared (`fedunlearn prepare`); its tests only read it."""
+    workspace = copy_workspace(fresh_workspace_template, tmp_path_factory.mktemp("ids") / "workspace")
+    printed = call_cli(workspace, "prepare", "--scenario", SCENARIO)
+    assert printed.status == 0, printed.err
+    return Prepared(workspace)
+
+
+def test_cli_ids_prints_the_current_sample_ids(prepared):
+    # act
+    printed: Printed = call_cli(prepared.workspace, "ids", "--scenario", SCENARIO, "--client", "2", "--limit", "4")
+
+    # assert
+    ids = printed.out.split()
+    assert printed.status == 0, printed.err
     assert len(ids) == 4 and all(i.startswith("digits-") for i in ids)
-    assert main(["--root", str(workspace), "ids", "--scenario", "digits-hfl", "--client", "7"]) == 2
-    assert "unknown client 7" in capsys.readouterr().err
 
 
-def test_a_sub_flow_takes_the_device_its_parent_chose(workspace, prefect_server, monkeypatch):
-    import torch
+def test_cli_ids_refuses_an_unknown_client(prepared):
+    # act
+    printed = call_cli(prepared.workspace, "ids", "--scenario", SCENARIO, "--client", "7")
+
+    # assert
+    assert printed.status == 2
+    assert "unknown client 7" in printed.err
+
+
+@pytest.fixture
+def resolved(monkeypatch) -> list[str]:
+    """Every device name ``tasks.data.resolve_device`` is asked for, in order (it still resolves them)."""
+    import tasks.data as data
+
+    names, real = [], data.resolve_device
+    monkeypatch.setattr(data, "resolve_device", lambda name: names.append(name) or real(name))
+    return names
+
+
+def test_a_sub_flow_takes_the_device_its_parent_chose(workspace, prefect_server, resolved):
     from prefect import flow
 
     import tasks.data as data
+    from fedunlearn.device import resolve_device
     from stores.workspace import Workspace
 
-    ws, resolved = Workspace.open(workspace), []
-    real = data.resolve_device
-    monkeypatch.setattr(data, "resolve_device", lambda name: resolved.append(name) or real(name))
+    # arrange
+    ws = Workspace.open(workspace)
+    auto_device = str(resolve_device("auto"))
 
     @flow(name="device-child")
     def child(device: str | None) -> str:
@@ -62,10 +144,27 @@ def test_a_sub_flow_takes_the_device_its_parent_chose(workspace, prefect_server,
         chosen = data.command_device(ws, device)
         return str(chosen), child(str(chosen)), child("auto")
 
+    # act
     chosen, handed_down, auto = parent("cpu")
 
+    # assert
     # The parent's choice is made once; a concrete device handed down is taken as chosen, `auto` is not.
-    assert (chosen, handed_down, auto) == ("cpu", "cpu", str(real("auto")))
+    assert (chosen, handed_down, auto) == ("cpu", "cpu", auto_device)
     assert resolved == ["cpu", "auto"]
-    # Outside any flow the device is resolved (a command's first flow chooses it).
-    assert data.command_device(ws, "cpu") == torch.device("cpu") and resolved[-1] == "cpu"
+
+
+def test_outside_any_flow_the_device_is_resolved(workspace, resolved):
+    """A command's first flow chooses the device: outside any flow, a concrete name is resolved too."""
+    import torch
+
+    import tasks.data as data
+    from stores.workspace import Workspace
+
+    # arrange
+    ws = Workspace.open(workspace)
+
+    # act
+    device = data.command_device(ws, "cpu")
+
+    # assert
+    assert device == torch.device("cpu") and resolved == ["cpu"]
