@@ -24,6 +24,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.runner import Runner
 
 import flows.unlearn as unlearn_stage
+import tasks.data as data_tasks
 from fedunlearn.receipts import ExactForgetting, Receipt, read_receipt, read_receipts
 from fedunlearn.requests.model import CLOCK_VARIABLE
 from flows.debt import repay_retrain_debt
@@ -246,6 +247,7 @@ class Urgent:
     receipt: Receipt                   # the batch's receipt right after it
     serving: object                    # the version `current` named right after it
     status: Printed                    # `status` two hours later
+    resolved: list[str]                # the device names `process` resolved (batch and repayment)
 
 
 @pytest.fixture(scope="module")
@@ -256,11 +258,14 @@ def urgent(digits_hfl_template, prefect_server, tmp_path_factory) -> Urgent:
     [urgent] = request(clock, client=2, deadline=later + timedelta(hours=1), at=later)
 
     # act: the batch, then status
-    processed = clock.call("process", "--scenario", SCENARIO, at=later)
+    resolved, real = [], data_tasks.resolve_device
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data_tasks, "resolve_device", lambda name: resolved.append(name) or real(name))
+        processed = clock.call("process", "--scenario", SCENARIO, at=later)
     [receipt] = read_receipts(workspace, SCENARIO)
     serving = current(workspace)
     status = clock.call("status", "--scenario", SCENARIO, at=later + timedelta(hours=2))
-    return Urgent(workspace, urgent, later, processed, receipt, serving, status)
+    return Urgent(workspace, urgent, later, processed, receipt, serving, status, resolved)
 
 
 def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(urgent):
@@ -270,6 +275,11 @@ def test_a_batch_that_finds_the_latest_safe_time_passed_repays_in_the_same_run(u
     assert receipt.forgetting == "interim" and receipt.exactly_forgotten is not None
     assert receipt.exactly_forgotten.at == urgent.later < receipt.exact_due
     assert urgent.serving.tags["forgetting"] == "exact" and "repaid in this run" in urgent.processed.out
+
+
+def test_the_batch_and_its_repayment_run_on_the_device_the_command_chose_once(urgent):
+    # assert: the retrain that repays the debt is handed the batch's device, not resolved again
+    assert len(urgent.resolved) == 1, urgent.resolved
 
 
 def test_after_a_repayment_in_the_batch_s_own_run_status_shows_the_request_forgotten_exactly(urgent):
