@@ -41,7 +41,7 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
         device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
     """
     ws = Workspace.open(root)
-    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))
+    scope = ScenarioScope(ws, scenario)
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"), parent_heartbeat():
         return repay(scope, command_device(ws, device))
 

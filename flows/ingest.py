@@ -38,7 +38,7 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     the DVC cache."""
     logger = get_run_logger()
     ws = Workspace.open(root)
-    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))  # an unknown scenario stops here
+    scope = ScenarioScope(ws, scenario)  # an unknown scenario stops here
     if requests:
         submit_requests(scope, requests)
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"), parent_heartbeat():

@@ -146,7 +146,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             deadlines) or strict (escalate until one passes every check); empty: params.yaml's.
     """
     clock, ws = FlowClock(), Workspace.open(root)
-    scope = ScenarioScope(ws, scenario, ws.scenario(scenario))
+    scope = ScenarioScope(ws, scenario)
     choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),
                     retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy),
                     choose_runner(runner, scope.config.runner))

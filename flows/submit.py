@@ -27,6 +27,6 @@ def submit_deletion_requests(requests: list[DeletionRequestModel], scenario: str
         root: the workspace (the directory holding params.yaml).
     """
     ws = Workspace.open(root)
-    written = submit_requests(ScenarioScope(ws, scenario, ws.scenario(scenario)), requests)
+    written = submit_requests(ScenarioScope(ws, scenario), requests)
     print(f"{len(written)} request(s) in the inbox of {scenario}: {', '.join(written)}")
     return written

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -302,9 +302,13 @@ class Workspace:
 @dataclass(frozen=True)
 class ScenarioScope:
     """One scenario of one opened workspace, as the stages of a command share it: the workspace, the
-    scenario's name and its configuration (params.yaml read once). Built where a flow starts, from a
-    name the workspace knows; the stages take it rather than a name to look up again."""
+    scenario's name and its configuration (params.yaml as the workspace loaded it). Built where a
+    flow starts — an unknown name stops there — and the stages take it rather than a name to look up
+    again."""
 
     ws: Workspace
     scenario: str
-    config: ScenarioConfig
+    config: ScenarioConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", self.ws.scenario(self.scenario))  # frozen: set once, here
