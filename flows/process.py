@@ -101,7 +101,9 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
     except FedunlearnError as err:
         meaning = next(c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
                        if isinstance(err, c))
-        raise meaning(f"{where}: {err}{batch_state(record)}") from err
+        # A store's own full-disk error says "the same command": this one names it
+        again = f"; once space is freed, run {rerun} again" if meaning is NoSpace and rerun not in str(err) else ""
+        raise meaning(f"{where}: {err}{again}{batch_state(record)}") from err
     except Exception as err:
         if is_no_space(err):
             path = no_space_path(err) or record.scenario

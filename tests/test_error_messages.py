@@ -13,7 +13,7 @@ from cli import main
 from fedunlearn.config import load_params
 from fedunlearn.data.datasets import load_csv, load_source
 from fedunlearn.data.store import read_manifest
-from fedunlearn.errors import InputError, StateDamaged
+from fedunlearn.errors import InputError, NoSpace, StateDamaged
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
 from fedunlearn.requests.folders import RequestFolders
 from fedunlearn.requests.inbox import submit_request
@@ -88,6 +88,25 @@ def test_a_model_step_failing_after_the_deletion_says_the_data_is_changed_and_ho
         with stage(record.model_copy(update={"status": BatchStatus.FORMED}), "ingest"):
             raise missing
     assert "applied to the data" not in str(raised.value)
+
+
+def test_a_store_s_full_disk_during_a_batch_names_the_command_to_run_again():
+    from flows.process import stage
+
+    # arrange: what a DVC step reports on a full disk (stores.workspace), generic about the command
+    record = BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.FORMED, requests=[])
+    full = NoSpace("no space left on device (/ws: 0 MiB free) while running `dvc commit`; free space on that "
+                   "filesystem, then run the same command again: the batch resumes where it stopped")
+
+    # act
+    with pytest.raises(NoSpace) as raised:
+        with stage(record, "ingest"):
+            raise full
+
+    # assert
+    message = str(raised.value)
+    assert raised.value.exit_code == 7 and "b1 (digits-hfl) failed at ingest: no space left on device (/ws" in message
+    assert message.endswith(f"; once space is freed, run `fedunlearn process --scenario {SCENARIO}` again"), message
 
 
 @pytest.mark.parametrize("rows, column, lines, problem", [
