@@ -7,8 +7,8 @@ the receipts account for, the inbox empty, every request file processed once, th
 Each test has a copy of the trained workspace of its own (one Prefect server for the module), so
 no case depends on which ran before it. The killed run starts its own Prefect server
 (`runtime.local_server`), as a user's does: nothing it started may outlive it. The same holds for runs
-killed from outside at random moments. `make test` runs one stage and one outside kill,
-`make reliability` (RELIABILITY_FULL=1) all six stages and eight outside kills.
+killed from outside at random moments. `make test` runs one stage, `make reliability`
+(RELIABILITY_FULL=1) all six stages and eight outside kills.
 """
 
 from __future__ import annotations
@@ -111,9 +111,11 @@ def test_a_batch_killed_at_a_stage_is_finished_exactly_once_by_the_next_run(benc
     assert newest_batch_requests(after_resume) == sorted(requests)  # the killed batch, not a later one, took them
 
 
-OUTSIDE_KILLS = 8 if FULL else 1
+OUTSIDE_KILLS = 8
 
 
+@pytest.mark.skipif(not FULL, reason="make reliability only (two processes and a server killed, tens of seconds): "
+                    "make test checks the lifeline itself in tests/test_lifeline.py")
 def test_no_process_outlives_a_cli_killed_from_outside(bench, submitted, reliability_report):
     """`fedunlearn process` and `fedunlearn ingest` SIGKILLed by someone else once their own Prefect
     server runs, after a random further delay: the server dies with them, and the next run finishes
@@ -126,7 +128,7 @@ def test_no_process_outlives_a_cli_killed_from_outside(bench, submitted, reliabi
         command = ("ingest" if kill % 2 else "process", "--scenario", "digits-hfl")
         run = cli.start(*command, own_server=True)
         wait_for(lambda: any(" server start " in member for member in group_members(run.process.pid)), [run])
-        time.sleep(rng.uniform(0.0, 3.0) if FULL else 0.5)
+        time.sleep(rng.uniform(0.0, 3.0))
         os.killpg(run.process.pid, 0)  # still running: the kill below hits a live run
         os.kill(run.process.pid, signal.SIGKILL)  # the CLI alone, as the OOM killer would
         killed = run.wait()  # asserts that nothing of its process group is left
