@@ -67,7 +67,6 @@ def test_ingest_in_a_workspace_never_prepared_says_to_prepare_and_exits_2(worksp
 
 
 def test_a_model_step_failing_after_the_deletion_says_the_data_is_changed_and_how_to_resume():
-    from flows.process import stage
     from stores.registry import ModelArtifactMissing
 
     entry = LedgerEntry(request_id="r1", batch_id="b1", scenario=SCENARIO, kind="sample", sample_ids=["x"])
@@ -76,36 +75,39 @@ def test_a_model_step_failing_after_the_deletion_says_the_data_is_changed_and_ho
                          data_versions={SCENARIO: VersionChange(before="v-before", after="v-after")})
     missing = ModelArtifactMissing("digits-hfl v3: its weights cannot be read. Restore the artifact, or register a "
                                    "new model with `fedunlearn retrain --scenario digits-hfl`")
-    with pytest.raises(StateDamaged) as raised:
-        with stage(record, "unlearn and register"):
-            raise missing
-    message = str(raised.value)
-    assert raised.value.exit_code == 4 and "failed at unlearn and register" in message and "Restore the artifact" in message
+    raised = raised_in_stage(record, "unlearn and register", missing, StateDamaged)
+    message = str(raised)
+    assert raised.exit_code == 4 and "failed at unlearn and register" in message and "Restore the artifact" in message
     assert "ARE applied to the data" in message and "v-before -> v-after" in message
     assert f"`fedunlearn process --scenario {SCENARIO}` resumes it" in message
 
-    with pytest.raises(StateDamaged) as raised:  # before the ledger append nothing was applied: nothing said
-        with stage(record.model_copy(update={"status": BatchStatus.FORMED}), "ingest"):
-            raise missing
-    assert "applied to the data" not in str(raised.value)
+    # Before the ledger append nothing was applied: nothing said
+    formed = record.model_copy(update={"status": BatchStatus.FORMED})
+    assert "applied to the data" not in str(raised_in_stage(formed, "ingest", missing, StateDamaged))
+
+
+def raised_in_stage(record: BatchRecord, step: str, error: Exception, expected: type[Exception]) -> Exception:
+    """What ``error``, raised inside the batch step ``step``, comes out of ``flows.process.stage`` as."""
+    from flows.process import stage
+
+    with pytest.raises(expected) as raised:
+        with stage(record, step):
+            raise error
+    return raised.value
 
 
 def test_a_store_s_full_disk_during_a_batch_names_the_command_to_run_again():
-    from flows.process import stage
-
     # arrange: what a DVC step reports on a full disk (stores.workspace), generic about the command
     record = BatchRecord(batch_id="b1", scenario=SCENARIO, dataset="digits", status=BatchStatus.FORMED, requests=[])
     full = NoSpace("no space left on device (/ws: 0 MiB free) while running `dvc commit`; free space on that "
                    "filesystem, then run the same command again: the batch resumes where it stopped")
 
     # act
-    with pytest.raises(NoSpace) as raised:
-        with stage(record, "ingest"):
-            raise full
+    raised = raised_in_stage(record, "ingest", full, NoSpace)
 
     # assert
-    message = str(raised.value)
-    assert raised.value.exit_code == 7 and "b1 (digits-hfl) failed at ingest: no space left on device (/ws" in message
+    message = str(raised)
+    assert raised.exit_code == 7 and "b1 (digits-hfl) failed at ingest: no space left on device (/ws" in message
     assert message.endswith(f"; once space is freed, run `fedunlearn process --scenario {SCENARIO}` again"), message
 
 
