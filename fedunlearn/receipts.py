@@ -135,17 +135,33 @@ class Receipt(BaseModel):
         rows = [{"model": model_cell(name, models[name]), **self.metrics.get(name, {}),
                  **{short: self.metrics.get(name, {}).get(key) for key, short in SHORT_COST.items()}}
                 for name in ("source", "unlearned", "retrained") if models.get(name)]
-        checks = gate_rows(self.gates)
+        checks = gate_rows(self.gates, self.interim_decided())
         return "\n\n".join([
             f"## Deletion batch {self.batch_id} ({self.scenario})",
             f"{len(self.request_ids)} request(s): {', '.join(self.request_ids)}; {self.deleted_samples} sample IDs "
             f"deleted; data version {self.data_version_before} → {self.data_version_after}.",
             f"Method `{self.method}`, certificate **{self.guarantee}**; "
-            + (f"gates ({self.gates.policy}) **{self.gates.verdict}**." if self.gates else "not gated."),
+            + self.gates_verdict_line(),
             f"{self.serve_line()}.",
             *filter(None, [self.chain(), self.unmeasured_line(), self.source_line()]),
             markdown_table(rows, ("model", *(SHORT_COST.get(k, k) for k in VERSION_METRICS))),
             markdown_table(checks, GATE_COLUMNS), self.erasure_line()])
+
+    def gates_verdict_line(self) -> str:
+        """The gates' verdict in the reading that decided: the interim tier's where it judged the
+        version, the strict one otherwise (one verdict per check: never a strict ``fail`` beside an
+        interim ``may serve``)."""
+        if self.gates is None:
+            return "not gated."
+        if self.interim_decided() and self.gates.interim is not None:
+            return (f"gates ({self.gates.policy}), interim reading: **"
+                    + ("may serve" if self.gates.interim else "held back") + "**.")
+        return f"gates ({self.gates.policy}) **{self.gates.verdict}**."
+
+    def interim_decided(self) -> bool:
+        """Whether the interim tier's reading decided the batch's version: it serves on that tier, or
+        the interim policy held it back."""
+        return self.forgetting == "interim" or (not self.promoted and self.policy != "strict")
 
     def serve_line(self) -> str:
         """Where alias ``current`` went and why, on one line: the version and the reason it may serve
@@ -167,8 +183,8 @@ class Receipt(BaseModel):
         if self.outcome == NO_MODEL:
             return "no training sample is left to train a model on"
         if not self.promoted:
-            held = (gates.held_back or [f"{c.name} {c.verdict}" for c in gates.checks if c.verdict != "pass"]
-                    if gates else [])
+            held = (gates.held_back or [f"{c.name} {c.verdict}" for c in gates.deciding_checks(self.policy != "strict")
+                                        if c.verdict != "pass"] if gates else [])
             # Under the strict policy a version the interim tier would take still needs every check to pass.
             strict = "strict policy, only a pass serves: " if self.policy == "strict" and gates and not gates.held_back \
                 else ""
@@ -176,7 +192,8 @@ class Receipt(BaseModel):
         if self.forgetting in ("exact", "formal"):
             return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
                     f"certificate **{self.guarantee}** proves the forgetting: nothing owed")
-        inconclusive = [c.name for c in gates.checks if c.verdict == "inconclusive"] if gates else []
+        read = gates.deciding_checks(self.forgetting == "interim") if gates else []
+        inconclusive = [c.name for c in read if c.verdict == "inconclusive"]
         checks = ("not gated" if gates is None else "every check passed" if not inconclusive else
                   f"no check failed ({', '.join(inconclusive)} inconclusive)")
         if self.forgetting != "interim":
@@ -265,12 +282,13 @@ def allowed_certificates(allowed: list[str]) -> str:
     return f"any but {', '.join(excluded)}" if len(excluded) < len(allowed) else ", ".join(allowed)
 
 
-def gate_rows(gates: GateOutcome | None) -> list[dict[str, Any]]:
-    """The receipt's gate table, one row per check: value, confidence interval, sample size, limit."""
+def gate_rows(gates: GateOutcome | None, interim_tier: bool = False) -> list[dict[str, Any]]:
+    """The receipt's gate table, one row per check: value, confidence interval, sample size, limit —
+    as the tier that decided read them (``interim_tier``: the interim reading)."""
     return [{"gate": c.name, "value": SHORT_VALUES.get(c.name, c.value) if isinstance(c.value, str) else c.value,
              "CI": _interval(c.interval), "n": c.n, "result": c.verdict if c.verdict != "fail" else "FAIL",
              "limit": allowed_certificates(c.limit) if isinstance(c.limit, list) else c.limit}
-            for c in (gates.checks if gates else [])]
+            for c in (gates.deciding_checks(interim_tier) if gates else [])]
 
 
 EXACT_GUARANTEES = (EXACT_RETRAIN, FORMAL)  # what needs no exact retrain later

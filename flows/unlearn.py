@@ -128,8 +128,9 @@ def unlearn_and_register(batch: Batch) -> Unlearned:
     ordered = attempts_in_order(planned, ws.scenario(batch.scenario).setting, ctx.source_audit.remembered(),
                                 batch.chosen_by_user)
     if ordered != planned:
-        get_run_logger().info("the source model remembers the forget set (audit AUC %.3f): %s first, where the "
-                              "seed methods' gradient is close to zero", ctx.source_audit.auc, ordered[0].method)
+        get_run_logger().info("the source model remembers the forget set (per sample: %s; audit AUC %.3f): %s first, "
+                              "where the seed methods' gradient is close to zero",
+                              ctx.source_audit.per_sample_summary(), ctx.source_audit.auc, ordered[0].method)
     attempts, certificate, cost = escalate(ctx, ordered, batch.forgetting)
     return Unlearned(batch, batch_outcome(ctx, attempts, certificate, cost, source_gates))
 
@@ -141,13 +142,15 @@ def batch_context(of: Batch, source: RegisteredModel, federation: Federation, ba
     ws, record = of.ws, of.record
     kit = forget_set_kit(ws, record, federation, batch, poisoned, of.device_name)
     sets, evaluator, references = kit.sets, kit.evaluator, kit.references
-    setup = runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, batch, bool(poisoned), sets)
     source_model = federation.model_from(source.state)
     source_eval = evaluate(evaluator, f"source-v{source.ref.version}", source_model)
     if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
         federation.calibration = references.calibration_rows(federation.test)
     source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
                          kit.clean_forget_labels)
+    # A removal method acts on what the source is measured to remember, and leaves the rest as a retrain would.
+    batch = batch.with_remembered(source_audit.removal_targets())
+    setup = runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, batch, bool(poisoned), sets)
     return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
                         kit.clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name,
                         engine=flower_engine(of.runner))

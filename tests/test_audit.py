@@ -143,7 +143,8 @@ def test_result_serialises_to_json_and_plots(targets, references, tmp_path):
     result = audit_forgetting(targets[0], rows(FORGET, FLIPPED), references)
     record = json.loads(result.to_json())
     assert {"verdict", "auc", "interval", "n_forget", "n_nonmembers", "references", "samples", "seconds"} <= set(record)
-    assert set(record["samples"][0]) == {"sample_id", "label", "z", "p_value"}
+    assert set(record["samples"][0]) == {"sample_id", "label", "z", "p_value", "t", "p_remembered", "p_over",
+                                         "reading"}
     assert record["n_forget"] == 20 and record["references"] == 4
     assert AuditResult.from_dict(record) == result
     check = result.as_check()
@@ -221,3 +222,28 @@ def test_a_forget_set_of_canaries_and_other_samples_is_judged_stratum_by_stratum
                 + np.isin(relabelled_pool, forget.y.numpy()[:20]).sum())
     assert result.canaries == 20 and result.n_nonmembers == expected
     assert result.verdict != NOT_FORGOTTEN
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_few_memorised_canaries_are_each_shown_remembered_and_the_retrain_brings_them_back(canary_targets,
+                                                                                              references, n):
+    """Where the forget-set AUC's band holds everything (a handful of samples), the per-sample
+    evidence still decides: the source's memorised canaries are remembered one by one, so the no-op
+    fails the per-sample check, and the exact retrain passes it (each canary back within the range
+    never-seen samples take)."""
+    forget = CANARY_RULE.relabel(rows(CANARIES[:n]))
+    source = audit_forgetting(canary_targets[0], forget, references, canaries=CANARY_RULE)
+    retrained = audit_forgetting(canary_targets[1], forget, references, canaries=CANARY_RULE)
+    assert source.margin >= 0.4  # the AUC band alone could not tell a no-op at this size
+    assert len(source.shown("remembered")) == n and source.remembered()
+    assert source.per_sample_check(source).verdict == "fail"
+    assert retrained.shown("remembered") == [] and retrained.shown("over-forgotten") == []
+    assert retrained.per_sample_check(source).verdict == "pass"
+    assert sorted(source.removal_targets()) == sorted(forget.sample_ids.tolist())
+
+
+def test_ordinary_samples_a_model_generalises_to_are_not_called_remembered(canary_targets, references):
+    forget = rows(CLEAN[:20])
+    source = audit_forgetting(canary_targets[0], forget, references, canaries=CANARY_RULE)
+    assert source.shown("remembered") == [] and source.shown("over-forgotten") == []
+    assert source.per_sample_check(source).verdict == "inconclusive"  # nothing per sample to show gone

@@ -80,6 +80,20 @@ class GateOutcome(BaseModel):
     held_back: list[str] = Field(default_factory=list, description="why the interim tier refused the version")
     audit_equivalence: GateCheck | None = Field(None, description="the audit as the interim tier read it: "
                                                 "|AUC − 0.5| within a margin sized to its counts")
+    per_sample: GateCheck | None = Field(None, description="the audit per forget sample, as the interim tier read "
+                                         "it: no sample shown remembered or over-forgotten")
+
+    def interim_checks(self) -> list[GateCheck]:
+        """The checks as the interim tier read them — the reading that decided there: the audit as
+        equivalence in place of the one-sided reading, and the per-sample evidence after it."""
+        checks = [self.audit_equivalence.model_copy(update={"name": AUDIT_CHECK})
+                  if c.name == AUDIT_CHECK and self.audit_equivalence is not None else c for c in self.checks]
+        return checks + ([self.per_sample] if self.per_sample is not None else [])
+
+    def deciding_checks(self, interim_tier: bool) -> list[GateCheck]:
+        """The checks that decided: the interim tier's reading where it judged (``interim_tier``), else
+        the strict one."""
+        return self.interim_checks() if interim_tier and self.interim is not None else self.checks
 
     @classmethod
     def of(cls, policy: str, checks: list[GateCheck], proven: bool = False) -> "GateOutcome":
@@ -220,11 +234,13 @@ def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
 
 NO_OP_CHECK = "power_vs_no_op"
 AUDIT_CHECK = "forget_audit"
+PER_SAMPLE_CHECK = "forget_audit_per_sample"
 
 
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
           gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None,
-          audit_equivalence: Check | None = None, canaries: int = 0) -> GateOutcome:
+          audit_equivalence: Check | None = None, canaries: int = 0,
+          per_sample: Check | None = None) -> GateOutcome:
     """The gate outcome of an unlearned model: against ``reference`` when there is one, else
     against ``source`` and chance; the certificate class and the per-example audit (``audit``:
     pass = forgotten, fail = not forgotten) in both. Without a reference, a pass also needs the
@@ -236,7 +252,8 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     ``audit_equivalence`` (``AuditResult.equivalence_check``) where one is given. ``canaries``: how
     many forget samples are mislabelled canaries; a population attack would compare them with
     correctly labelled non-members, so its check stays out of the verdict (the audit compares them
-    with non-members relabelled alike)."""
+    with non-members relabelled alike). ``per_sample``: the audit per forget sample
+    (``AuditResult.per_sample_check``), read by the interim tier only (``strict`` keeps its rule)."""
     outcome = _judged(candidate, certificate, source, reference, gates, audit, canaries)
     no_op = _judged(source, certificate, source, reference if _paired(source, reference) else None, gates,
                     source_audit, canaries)
@@ -244,7 +261,7 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
         powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
                               limit=None, passed=False, verdict=INCONCLUSIVE)
         outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
-    judged = interim_judgement(outcome, certificate, no_op, audit_equivalence)
+    judged = interim_judgement(outcome, certificate, no_op, audit_equivalence, per_sample)
     if canaries and reference is None and gates.max_mia_auc_excess is not None:
         judged.unmeasured.append(f"{POPULATION_MIA_CHECK} left out: {canaries} forget sample(s) are mislabelled "
                                  "canaries, which a population attack compares with correctly labelled non-members "
@@ -273,25 +290,26 @@ UTILITY_CHECKS = ("test_acc_drop_vs_source", "remaining_classes_test_acc_drop_vs
 
 
 def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome,
-                      audit_equivalence: Check | None = None) -> GateOutcome:
+                      audit_equivalence: Check | None = None, per_sample: Check | None = None) -> GateOutcome:
     """``outcome`` with its interim judgement (module docstring): what holds the version back on
     the interim tier, and what could not be measured. ``no_op``: the source model judged by the
     same checks — a check it fails has power, so the candidate must not be inconclusive there.
     ``audit_equivalence``: the audit read two-sidedly (``AuditResult.equivalence_check``); where
-    given, it stands in for the one-sided ``forget_audit`` check on this tier."""
+    given, it stands in for the one-sided ``forget_audit`` check on this tier. ``per_sample``: the
+    audit per forget sample (``AuditResult.per_sample_check``): a sample shown remembered or
+    over-forgotten holds the version back, whatever the forget set's AUC averages."""
     source_verdicts = {c.name: c.verdict for c in no_op.checks}
     equivalence = GateCheck.of(audit_equivalence) if audit_equivalence is not None else None
+    sample_check = GateCheck.of(per_sample) if per_sample is not None else None
     held_back, unmeasured = [], []
     if certificate == NOT_CERTIFIED:
         held_back.append("certificate 'not certified': an assumption of its claim failed")
-    for check in outcome.checks:
-        if check.name == AUDIT_CHECK and equivalence is not None:
-            check = equivalence.model_copy(update={"name": AUDIT_CHECK})
+    read = outcome.model_copy(update={"audit_equivalence": equivalence, "per_sample": sample_check, "interim": False})
+    for check in read.interim_checks():
         reason = _interim_reason(check, source_verdicts.get(check.name))
         if reason is not None:
             (unmeasured if reason.startswith(UNMEASURED) else held_back).append(reason.removeprefix(UNMEASURED))
-    return outcome.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured,
-                                      "audit_equivalence": equivalence})
+    return read.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured})
 
 
 UNMEASURED = "unmeasured: "
@@ -307,6 +325,8 @@ def _interim_reason(check: GateCheck, source_verdict: str | None) -> str | None:
             return (f"utility not shown: {check.name} inconclusive, its estimate beyond the limit {check.limit}"
                     if _beyond_limit(check) else None)
         return f"{check.name} fails" if check.verdict == FAIL else None
+    if check.name == PER_SAMPLE_CHECK:
+        return _per_sample_reason(check)
     if check.verdict == FAIL:
         if check.rule_within:
             side = "above" if check.value > 0.5 else "below"
@@ -321,6 +341,17 @@ def _interim_reason(check: GateCheck, source_verdict: str | None) -> str | None:
         return UNMEASURED + "no measurable membership signal: the source model passes the same checks"
     return UNMEASURED + (f"{check.name} inconclusive; the source model does not fail it either (nothing "
                          "measurable to remove)")
+
+
+def _per_sample_reason(check: GateCheck) -> str | None:
+    """The per-sample check on the interim tier: a flagged sample holds back; where the source
+    remembers no sample, there is nothing per sample to show gone (unmeasured)."""
+    if check.verdict == FAIL:
+        return (f"{PER_SAMPLE_CHECK} fails: {check.value:.0f} of {check.n} forget sample(s) shown remembered or "
+                "over-forgotten (each judged against never-seen samples)")
+    if check.verdict == INCONCLUSIVE:
+        return UNMEASURED + "no forget sample is shown remembered by the source model (nothing per sample to remove)"
+    return None
 
 
 def _beyond_limit(check: GateCheck) -> bool:

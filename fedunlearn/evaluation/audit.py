@@ -48,7 +48,9 @@ from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_s
 from fedunlearn.evaluation.uncertainty import (AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, STRATIFIED_AUC_METHOD,
                                                Check, check_stratified_auc, equivalence_margin, judge_within,
                                                stratified_null_sd)
-from fedunlearn.federation.local import Tensors, sgd_epochs
+from fedunlearn.evaluation.per_sample import (OVER_FORGOTTEN, REMEMBERED, WITHIN_RANGE, NeverSeen, SampleEvidence,
+                                              lower_tail_scores, sample_evidence)
+from fedunlearn.federation.local import Tensors, predict_logits, sgd_epochs
 
 # INCONCLUSIVE is shared with the gate checks; the other two verdicts are the audit's words for pass/fail.
 FORGOTTEN, NOT_FORGOTTEN = "forgotten", "not forgotten"
@@ -57,6 +59,8 @@ _CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
 # Carlini et al.: below about 64 reference models a per-example variance is mostly noise.
 CHECK_NAME = "forget_audit_auc"
 EQUIVALENCE_CHECK = "forget_audit_equivalence"
+PER_SAMPLE_CHECK = "forget_audit_per_sample"
+PER_SAMPLE_METHOD = "holm-robust-t"
 # Added to a canary's label to make its stratum: canaries meet only relabelled non-members.
 CANARY_STRATUM = 1 << 20
 
@@ -249,6 +253,7 @@ class AuditResult:
     n_compared: int | None = None
     canaries: int = 0
     margin: float | None = None
+    per_sample_alpha: float | None = None
 
     def as_check(self) -> Check:
         """The audit as a gate check ("AUC ≤ limit"; ``pass`` = forgotten, ``fail`` = not forgotten)."""
@@ -266,9 +271,43 @@ class AuditResult:
                             n=self.n_forget + self.n_nonmembers, method=self.method, alpha=self.alpha)
 
     def remembered(self) -> bool:
-        """The equivalence reading's ``fail`` on the remembering side: the interval lies wholly above
-        0.5 + ``margin``, so the forget set stands out as members. False for a record without a margin."""
-        return self.margin is not None and self.interval[0] > 0.5 + self.margin
+        """Whether the forget set, or any one sample of it, is shown remembered: a sample the per-sample
+        evidence calls remembered, or the equivalence reading's ``fail`` on the remembering side (the
+        interval wholly above 0.5 + ``margin``). False for a record with neither."""
+        return bool(self.shown(REMEMBERED)) or (self.margin is not None and self.interval[0] > 0.5 + self.margin)
+
+    def shown(self, reading: str) -> list[Any]:
+        """The sample IDs whose per-sample reading is ``reading`` (``per_sample.REMEMBERED``, …)."""
+        return [row["sample_id"] for row in self.samples if row.get("reading") == reading]
+
+    def per_sample_check(self, source: "AuditResult | None" = None) -> Check | None:
+        """The per-sample evidence as one check (``pass`` = nothing remembered or over-forgotten):
+        ``fail`` where any sample is shown remembered or over-forgotten (Holm, α/2 a side); ``pass``
+        where none is and the ``source`` model's own evidence showed some sample remembered (brought
+        back within the range of never-seen samples); else ``inconclusive`` — the source remembers no
+        sample, so there is nothing per sample to show gone. None for a record without the evidence."""
+        if self.per_sample_alpha is None:
+            return None
+        flagged = len(self.shown(REMEMBERED)) + len(self.shown(OVER_FORGOTTEN))
+        source_remembers = source is not None and bool(source.shown(REMEMBERED))
+        verdict = FAIL if flagged else PASS if source_remembers else INCONCLUSIVE
+        return Check(PER_SAMPLE_CHECK, float(flagged), (float(flagged), float(flagged)), 0.0, self.n_forget, verdict,
+                     self.per_sample_alpha, AT_MOST, PER_SAMPLE_METHOD, 1.0 - self.per_sample_alpha)
+
+    def removal_targets(self) -> list[Any]:
+        """The sample IDs a removal method should treat as remembered: each sample whose own one-sided
+        p-value of being remembered is at most α/2, without the family-wise correction — a remembered
+        sample left in place costs its subject's privacy, an ordinary one treated as remembered only a
+        few points of its accuracy. All of them for a record without per-sample evidence."""
+        if self.per_sample_alpha is None:
+            return [row["sample_id"] for row in self.samples]
+        return [row["sample_id"] for row in self.samples if row["p_remembered"] <= self.per_sample_alpha / 2.0]
+
+    def per_sample_summary(self) -> str:
+        """One line: how many samples each reading holds."""
+        counts = {reading: len(self.shown(reading)) for reading in (REMEMBERED, OVER_FORGOTTEN, WITHIN_RANGE)}
+        return (f"{counts[REMEMBERED]} remembered, {counts[OVER_FORGOTTEN]} over-forgotten, {counts[WITHIN_RANGE]} "
+                f"within the range of never-seen samples, of {self.n_forget}")
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
@@ -296,18 +335,32 @@ def _require_outside_pools(forget: Tensors, references: ReferenceSet) -> None:
                          f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with ReferenceSet.without")
 
 
+@torch.no_grad()
+def _predicts_label(model: nn.Module, data: Tensors) -> np.ndarray:
+    if len(data) == 0:
+        return np.zeros(0, dtype=bool)
+    return (predict_logits(model, data.x).argmax(1) == data.y.to(next(model.parameters()).device)).cpu().numpy()
+
+
+def _rate_keys(strata: np.ndarray) -> np.ndarray:
+    """The per-sample evidence's rate groups: every canary stratum in one (a planted label is an
+    arbitrary wrong class), each ordinary label its own."""
+    return np.where(strata >= CANARY_STRATUM, CANARY_STRATUM, strata)
+
+
 def _nonmembers(target: nn.Module, references: ReferenceSet, pool: Tensors, pool_phi: np.ndarray,
-                pooled_std: float | None, canaries: CanaryRule | None) -> tuple[np.ndarray, np.ndarray]:
-    """Pool B's z and strata (its labels before any trigger); with ``canaries``, pool B once more
-    relabelled by their rule, in the canary strata."""
+                pooled_std: float | None, canaries: CanaryRule | None) -> NeverSeen:
+    """Pool B's z, strata (its labels before any trigger) and hits under ``target``; with
+    ``canaries``, pool B once more relabelled by their rule, in the canary strata."""
     z = _calibrated(logit_scaled_confidence(target, pool), pool_phi, pooled_std)
-    strata = references.pool.y.cpu().numpy()
-    if canaries is None:
-        return z, strata
-    relabelled = canaries.relabel(references.pool)
-    canary_z = _calibrated(logit_scaled_confidence(target, relabelled), _reference_phi(references, relabelled),
-                           pooled_std)
-    return np.concatenate([z, canary_z]), np.concatenate([strata, relabelled.y.cpu().numpy() + CANARY_STRATUM])
+    strata, hits = references.pool.y.cpu().numpy(), _predicts_label(target, pool)
+    if canaries is not None:
+        relabelled = canaries.relabel(references.pool)
+        canary_z = _calibrated(logit_scaled_confidence(target, relabelled), _reference_phi(references, relabelled),
+                               pooled_std)
+        z, hits = np.concatenate([z, canary_z]), np.concatenate([hits, _predicts_label(target, relabelled)])
+        strata = np.concatenate([strata, relabelled.y.cpu().numpy() + CANARY_STRATUM])
+    return NeverSeen(z, strata, _rate_keys(strata), hits)
 
 
 def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
@@ -336,8 +389,8 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSe
     fixed = _uses_fixed_variance(config, len(references))
     pooled_std = _pooled_std(pool_phi) if fixed else None
     forget_z = _calibrated(logit_scaled_confidence(target, forget), _reference_phi(references, forget), pooled_std)
-    pool_z, pool_strata = _nonmembers(target, references, pool, pool_phi, pooled_std,
-                                      canaries if is_canary.any() else None)
+    never_seen = _nonmembers(target, references, pool, pool_phi, pooled_std, canaries if is_canary.any() else None)
+    pool_z, pool_strata = never_seen.z, never_seen.strata
     forget_strata = forget_labels + CANARY_STRATUM * is_canary
     check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
                                  alpha=config.alpha)
@@ -345,13 +398,27 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSe
     margin = equivalence_margin(stratified_null_sd(forget_strata, pool_strata), alpha=config.alpha,
                                 beta=config.equivalence_beta)
     p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
-    samples = [{"sample_id": _plain(sample_id), "label": int(label), "z": float(z), "p_value": float(p)}
-               for sample_id, label, z, p in zip(forget.sample_ids, forget_labels, forget_z, p_values)]
+    t = lower_tail_scores(forget_z, forget_strata, never_seen, is_canary, pool_strata >= CANARY_STRATUM)
+    evidence = sample_evidence(_predicts_label(target, forget), _rate_keys(forget_strata), t, never_seen,
+                               config.alpha)
+    samples = _sample_rows(forget.sample_ids, forget_labels, forget_z, p_values, evidence)
     return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
                        len(forget), int(compared.sum()), len(references), fixed, samples,
                        [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
                        STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), int(is_canary.sum()),
-                       margin)
+                       margin, config.alpha)
+
+
+def _sample_rows(sample_ids: np.ndarray, labels: np.ndarray, z: np.ndarray, p_values: np.ndarray,
+                 evidence: SampleEvidence) -> list[dict[str, Any]]:
+    """Per forget sample: its score, conformal p-value and per-sample reading (t and its p-values;
+    None where its stratum has no never-seen sample)."""
+    finite = lambda value: float(value) if np.isfinite(value) else None
+    return [{"sample_id": _plain(sample_id), "label": int(label), "z": float(score), "p_value": float(p),
+             "t": finite(t), "p_remembered": float(high), "p_over": float(low), "reading": reading}
+            for sample_id, label, score, p, t, high, low, reading in zip(
+                sample_ids, labels, z, p_values, evidence.t, evidence.p_remembered, evidence.p_over,
+                evidence.labels())]
 
 
 def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path:

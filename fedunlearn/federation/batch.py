@@ -21,13 +21,18 @@ REQUEST_KINDS = ("sample", "class", "client")
 @dataclass
 class DeletionBatch:
     """Sample IDs to forget, per client index. ``clients`` / ``labels`` record the subject of a
-    client or class request (and the chosen clients of a fraction request)."""
+    client or class request (and the chosen clients of a fraction request). ``remembered``: the
+    forget samples the source model is measured to remember (the audit's per-sample evidence), for
+    a method that removes only what is remembered; None where nothing was measured (every forget
+    sample then counts as remembered). It is evidence about the model, not part of the request, so
+    the content ID leaves it out."""
 
     kind: str
     forget_ids: dict[int, np.ndarray]
     clients: list[int] | None = None
     labels: list[int] | None = None
     batch_id: str = ""
+    remembered: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in REQUEST_KINDS:
@@ -37,6 +42,21 @@ class DeletionBatch:
             raise ValueError(f"the {self.kind} deletion request resolves to no samples")
         if not self.batch_id:
             self.batch_id = self._content_id()
+        if self.remembered is not None:
+            self.remembered = np.asarray(self.remembered)
+
+    def with_remembered(self, sample_ids: Sequence[Any]) -> "DeletionBatch":
+        """The same batch with ``remembered`` set to those of ``sample_ids`` it forgets."""
+        forgotten = np.concatenate(list(self.forget_ids.values()))
+        wanted = np.asarray(list(sample_ids), dtype=forgotten.dtype) if len(sample_ids) else forgotten[:0]
+        return DeletionBatch(self.kind, dict(self.forget_ids), self.clients, self.labels, self.batch_id,
+                             forgotten[np.isin(forgotten, wanted)])
+
+    def is_remembered(self, sample_ids: np.ndarray) -> np.ndarray:
+        """Per sample of ``sample_ids``: whether a removal method should treat it as remembered."""
+        if self.remembered is None:
+            return np.ones(len(sample_ids), dtype=bool)
+        return np.isin(sample_ids, self.remembered)
 
     @property
     def num_forget(self) -> int:
@@ -54,13 +74,18 @@ class DeletionBatch:
         return f"batch-{digest.hexdigest()[:12]}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "batch_id": self.batch_id, "clients": self.clients, "labels": self.labels,
-                "forget_ids": {str(c): ids.tolist() for c, ids in self.forget_ids.items()}}
+        record = {"kind": self.kind, "batch_id": self.batch_id, "clients": self.clients, "labels": self.labels,
+                  "forget_ids": {str(c): ids.tolist() for c, ids in self.forget_ids.items()}}
+        if self.remembered is not None:
+            record["remembered"] = self.remembered.tolist()
+        return record
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DeletionBatch":
+        remembered = data.get("remembered")
         return cls(data["kind"], {int(c): np.asarray(ids) for c, ids in data["forget_ids"].items()},
-                   data.get("clients"), data.get("labels"), data.get("batch_id", ""))
+                   data.get("clients"), data.get("labels"), data.get("batch_id", ""),
+                   None if remembered is None else np.asarray(remembered))
 
     @classmethod
     def for_clients(cls, client_indices: Sequence[int], clients: Sequence[Tensors], *,

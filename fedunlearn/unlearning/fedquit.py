@@ -62,6 +62,15 @@ def virtual_teacher(logits: torch.Tensor, labels: torch.Tensor, suppress: str) -
     return torch.where(labelled, fill[:, None], logits)
 
 
+def quitting_targets(forget: dict[int, Tensors], batch: DeletionBatch) -> dict[int, Tensors]:
+    """Per client, the forget samples the quitting term applies to: those the batch's per-sample
+    evidence calls remembered (all of them where nothing was measured). A forget sample the source
+    does not remember is left to what the retained data teaches, as a retrain leaves it: pushing its
+    labelled logit down would mark it wrong where a retrain keeps it right (docs/methods.md)."""
+    targets = {c: data.select(batch.is_remembered(data.sample_ids)) for c, data in forget.items()}
+    return {c: data for c, data in targets.items() if len(data)}
+
+
 @register
 class FedQUIT(UnlearningMethod):
     """FedQUIT (module docstring): HFL sample and client requests.
@@ -128,7 +137,7 @@ class FedQUIT(UnlearningMethod):
                       "an integer >= 0")
 
     def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
-        forget = fed_state.forget_by_client(batch)
+        forget = quitting_targets(fed_state.forget_by_client(batch), batch)
         retained = fed_state.retained_clients(batch)
         state, first = fed_state.state, fed_state.train_config.rounds  # fresh shuffling seeds after training
         updates: list[QuitUpdate] = []
@@ -142,8 +151,9 @@ class FedQUIT(UnlearningMethod):
         cost = self._cost(fed_state, updates, participants)
         state, recovery = fedavg_rounds(fed_state, retained, state=state, rounds=self.recovery_rounds,
                                         first_round=first + self.rounds, phase="recovery", monitor=monitor)
+        quit_samples = sum(len(t) for t in forget.values())
         numbers = {**self.get_params(), "target_clients": sorted(forget), "forget_samples": batch.num_forget,
-                   "participants_per_round": participants}
+                   "quitting_samples": quit_samples, "participants_per_round": participants}
         return Outcome(state, cost + recovery, certificate_inputs=numbers,
                        notes={"target_clients": sorted(forget), "participants_per_round": participants,
                               "distance": "squared logits" if self.temperature is None else "T²·KL"})
@@ -154,7 +164,8 @@ class FedQUIT(UnlearningMethod):
         added (its forget work cannot be skipped), each client's update mapped like FedAvg's."""
         sampled = fed_state.engine().select_clients(round_idx, retained)
         jobs = [{"fed_state": fed_state, "state": state, "retained": retained[c], "forget": forget.get(c),
-                 "client": c, "round_idx": round_idx} for c in sorted(set(sampled) | set(forget))]
+                 "client": c, "round_idx": round_idx} for c in sorted(set(sampled) | set(forget))
+                if len(retained[c]) or c in forget]  # a client with nothing left to step through sits out
         return fed_state.map_updates(self._local_update, jobs)
 
     def _local_update(self, fed_state: FederatedState, state: State, retained: Tensors, forget: Tensors | None,

@@ -1,0 +1,176 @@
+"""The interim tier's decision at every request size, with the per-sample evidence: how often a
+no-op, an exact retrain and an over-forgetter serve, over draws of 1 to 40 deleted samples on a
+memorising scenario (docs/BENCHMARKS.md, "The interim decision at every request size").
+
+Each *world* partitions and trains everything again with its own global seed (held-out split,
+clients, canaries, original model, the audit's references, the shadow model), so worlds are
+independent. In a world, a pool U of training samples — canaries and ordinary samples — is drawn;
+one exact retrain without U is trained, and one over-forgetter (that retrain trained on for more
+epochs while a hinge pushes each U sample's labelled logit below its best other class,
+``audit_power.over_forgetting``). Each draw takes n samples of U: for every sample of the draw the
+retrain is a model that never saw it (it also lacks the rest of U, which no per-sample reading of
+the draw's samples depends on) and the over-forgetter one that over-forgot it. The three
+candidates — the source itself (no-op), the retrain and the over-forgetter — are judged as a batch
+judges an attempt without a retrained reference (``certify.gates.judge``, the per-sample check
+included) and the interim tier's decision is counted.
+
+    .venv/bin/fedunlearn init /tmp/psr && .venv/bin/fedunlearn --root /tmp/psr prepare --scenario digits-canary-hfl
+    .venv/bin/python scripts/per_sample_rates.py --root /tmp/psr --scenario digits-canary-hfl --worlds 20 \\
+        --first-world 100 --draws 4 --sizes 1,2,4,8,16,40 --threads 1 --out /tmp/per_sample_rates
+
+Writes ``<out>.json`` (every draw) and ``<out>.md`` (the table, Clopper–Pearson 95 % intervals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from audit_power import build_setup, fmt_rate, over_forgetting, seeded_partition  # noqa: E402
+
+from fedunlearn.certify.certificate import EMPIRICAL_ONLY  # noqa: E402
+from fedunlearn.certify.gates import PromotionGates, judge  # noqa: E402
+from fedunlearn.config import load_params  # noqa: E402
+from fedunlearn.device import resolve_device  # noqa: E402
+from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
+from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
+from fedunlearn.evaluation.per_sample import REMEMBERED  # noqa: E402
+from fedunlearn.federation.batch import DeletionBatch  # noqa: E402
+from fedunlearn.training import train  # noqa: E402
+
+KINDS = ("canaries", "ordinary")
+CANDIDATES = (("noop", "no-op (the source model)"), ("retrain", "exact retrain (as if approximate)"),
+              ("over", "over-forgetter"))
+
+
+def world_pool(setup, size: int, seed: int) -> dict[str, np.ndarray]:
+    """U: ``size`` canaries (all, if fewer) and ``size`` ordinary training samples, seeded."""
+    rng = np.random.default_rng([seed, 0x505])
+    ids = np.concatenate([c.sample_ids for c in setup.federation.clients])
+    canaries = np.asarray(setup.canaries)
+    ordinary = ids[~np.isin(ids, canaries)]
+    return {"canaries": rng.choice(canaries, size=min(size, len(canaries)), replace=False),
+            "ordinary": rng.choice(ordinary, size=size, replace=False)}
+
+
+def judged(candidate_model, setup, batch, evaluator, sets, source_eval, audit_source, gates) -> dict[str, Any]:
+    """One candidate judged as a batch judges an attempt without a retrained reference."""
+    evaluation = evaluator.evaluate(candidate_model)
+    audit = audit_forgetting(candidate_model, sets.forget, setup.references, seed=setup.params.seed)
+    per_sample = audit.per_sample_check(audit_source)
+    gate = judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=None, gates=gates,
+                 audit=audit.as_check(), source_audit=audit_source.as_check(),
+                 audit_equivalence=audit.equivalence_check(), canaries=audit.canaries, per_sample=per_sample)
+    return {"interim": gate.interim, "held_back": gate.held_back, "per_sample": per_sample.verdict,
+            "equivalence": audit.equivalence_check().verdict, "auc": audit.auc,
+            "remembered": len(audit.shown(REMEMBERED)), "forget_acc": evaluation.forget_acc}
+
+
+def run_draw(setup, models: dict[str, Any], kind: str, chosen: np.ndarray, gates: PromotionGates) -> dict[str, Any]:
+    federation = setup.federation
+    batch = DeletionBatch.for_sample_ids(chosen, federation.clients)
+    sets = evaluation_sets(federation, batch)
+    evaluator = Evaluator(federation, batch, sets=sets, shadow_model=setup.shadow)
+    source_eval = evaluator.evaluate(models["noop"])
+    audit_source = audit_forgetting(models["noop"], sets.forget, setup.references, seed=setup.params.seed)
+    record = {"kind": kind, "n": len(chosen), "source_remembers": len(audit_source.shown(REMEMBERED))}
+    for key, _ in CANDIDATES:
+        record[key] = judged(models[key], setup, batch, evaluator, sets, source_eval, audit_source, gates)
+    return record
+
+
+def run_world(args: argparse.Namespace, params, root: Path, world: int, scratch: Path, device,
+              gates: PromotionGates) -> list[dict[str, Any]]:
+    setup = build_setup(args, seeded_partition(args, params, root, world, scratch), scratch, device)
+    federation, sizes = setup.federation, [int(s) for s in args.sizes.split(",")]
+    pool = world_pool(setup, max(sizes) + args.spare, world)
+    everything = DeletionBatch.for_sample_ids(np.concatenate(list(pool.values())), federation.clients)
+    t = time.perf_counter()
+    retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(everything), state={}))
+    over = over_forgetting(federation, retrained.state, everything, args.over_forget_epochs, world)
+    models = {"noop": federation.model_from(setup.original.state), "retrain": federation.model_from(retrained.state),
+              "over": over}
+    print(f"world {world}: retrain and over-forgetter {time.perf_counter() - t:.1f} s", flush=True)
+    rng, draws = np.random.default_rng([world, 0xD4A]), []
+    for kind in KINDS:
+        for n in sizes:
+            for d in range(args.draws):
+                chosen = rng.choice(pool[kind], size=min(n, len(pool[kind])), replace=False)
+                draws.append({"world": world, "draw": d, **run_draw(setup, models, kind, chosen, gates)})
+    return draws
+
+
+def table(draws: list[dict[str, Any]], sizes: list[int]) -> str:
+    lines = ["| forget samples | kind | draws | source shows memorisation | no-op serves (where it does) | "
+             "exact retrain serves | over-forgetter serves | retrain held back by (count) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind in KINDS:
+        for n in sizes:
+            rows = [d for d in draws if d["kind"] == kind and d["n"] == n]
+            if not rows:
+                continue
+            shows = [d for d in rows if d["source_remembers"]]
+            served = {key: sum(bool(d[key]["interim"]) for d in rows) for key, _ in CANDIDATES}
+            noop = sum(bool(d["noop"]["interim"]) for d in shows)
+            why = Counter(line.split(":")[0] for d in rows for line in d["retrain"]["held_back"])
+            lines.append(f"| {n} | {kind} | {len(rows)} | {len(shows)}/{len(rows)} | "
+                         f"{fmt_rate(noop, len(shows)) if shows else '–'} | {fmt_rate(served['retrain'], len(rows))} | "
+                         f"{fmt_rate(served['over'], len(rows))} | "
+                         f"{', '.join(f'{c} ({k})' for c, k in why.most_common()) or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="a workspace with the scenario's data prepared")
+    parser.add_argument("--scenario", default="digits-canary-hfl")
+    parser.add_argument("--worlds", type=int, default=20, help="independent worlds (partition + training each)")
+    parser.add_argument("--first-world", type=int, default=100, help="the first world's global seed")
+    parser.add_argument("--draws", type=int, default=4, help="draws per world, kind and size")
+    parser.add_argument("--sizes", default="1,2,4,8,16,40", help="forget-set sizes")
+    parser.add_argument("--spare", type=int, default=20, help="U holds the largest size plus this many per kind")
+    parser.add_argument("--over-forget-epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=None, help="override the scenario's training rounds")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default="/tmp/per_sample_rates")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started, root, out, gates = time.perf_counter(), Path(args.root), Path(args.out), PromotionGates()
+    params, device = load_params(root / "params.yaml"), resolve_device("cpu")
+    meta = {"scenario": args.scenario, "command": " ".join(sys.argv), "audit_config": params.audit.model_dump(),
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "cpus": os.cpu_count(),
+            "load_average_at_start": os.getloadavg()}
+    draws: list[dict[str, Any]] = []
+    for world in range(args.first_world, args.first_world + args.worlds):
+        with tempfile.TemporaryDirectory(prefix="per-sample-") as scratch:
+            draws += run_world(args, params, root, world, Path(scratch), device, gates)
+        meta["seconds"] = time.perf_counter() - started
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "draws": draws}, indent=1, default=float))
+    meta["load_average_at_end"] = os.getloadavg()
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "draws": draws}, indent=1, default=float))
+    text = table(draws, [int(s) for s in args.sizes.split(",")])
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
