@@ -47,10 +47,12 @@ from fedunlearn.certify.gates import PromotionGates, judge  # noqa: E402
 from fedunlearn.config import load_params  # noqa: E402
 from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
-from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
+from fedunlearn.evaluation.evaluator import Evaluator, correctness, evaluation_sets  # noqa: E402
+from fedunlearn.federation.batch import DeletionBatch  # noqa: E402
 from fedunlearn.unlearning.escalation import Attempt, default_method, default_escalation  # noqa: E402
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
+MIXED = "mixed"
 # Each method from its defaults upward; the escalation's "stronger" is the second rung of each.
 GRID: dict[str, list[dict[str, Any]]] = {
     "puf-special": [{}, {"eta_u": 4.0, "unlearn_epochs": 2}],
@@ -68,30 +70,55 @@ def grid(methods: list[str], extra: dict[str, list[dict[str, Any]]]) -> list[tup
     return [(m, options) for m in methods if m in supported for options in chosen.get(m, [{}])]
 
 
+def draw_forget_set(kind: str, seed: int, setup) -> DeletionBatch:
+    """``mixed<C>+<O>``: C canaries and O ordinary training samples, seeded; else ``draw_batch``'s kinds."""
+    federation = setup.federation
+    if not kind.startswith(MIXED):
+        return draw_batch(kind, seed, federation.clients, setup.client_order, setup.canaries)
+    canaries, ordinary = (int(part) for part in kind[len(MIXED):].split("+"))
+    rng = np.random.default_rng([seed, 0x313])
+    ids = np.concatenate([c.sample_ids for c in federation.clients])
+    plain = ids[~np.isin(ids, setup.canaries)]
+    chosen = np.concatenate([rng.choice(setup.canaries, size=canaries, replace=False),
+                             rng.choice(plain, size=ordinary, replace=False)])
+    return DeletionBatch.for_sample_ids(chosen, federation.clients)
+
+
+def part_accuracies(model, forget, canaries: list[str]) -> dict[str, float]:
+    """Accuracy on the forget set's canaries (their planted labels) and on its ordinary samples."""
+    correct = correctness(model, forget)
+    is_canary = np.isin(forget.sample_ids, canaries)
+    mean = lambda mask: float(correct[mask].mean()) if mask.any() else float("nan")
+    return {"canary_planted_acc": mean(is_canary), "ordinary_acc": mean(~is_canary)}
+
+
 def run_candidate(setup, evaluator: Evaluator, sets, batch, source_eval, audit_source, method: str,
                   options: dict[str, Any], gates: PromotionGates) -> dict[str, Any]:
     federation, references = setup.federation, setup.references
     if "target_test_acc" in inspect.signature(get_method_class(method, "hfl")).parameters:
         options = {"target_test_acc": source_eval.test_acc, **options}  # as a deletion batch tells PUF
+    # As a deletion batch does: a removal method acts on what the source is measured to remember.
+    batch = batch.with_remembered(audit_source.removal_targets())
     outcome = get_method(method, setting="hfl", kind="sample", **options).unlearn(
         dataclasses.replace(federation, state=setup.original.state), batch)
     model = federation.model_from(outcome.state)
     evaluation = evaluator.evaluate(model)
     audit = audit_forgetting(model, sets.forget, references, seed=setup.params.seed)
-    equivalence = audit.equivalence_check()
+    equivalence, per_sample = audit.equivalence_check(), audit.per_sample_check(audit_source)
     gate = judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=None, gates=gates,
                  audit=audit.as_check(), source_audit=audit_source.as_check(),
-                 audit_equivalence=equivalence, canaries=audit.canaries)
+                 audit_equivalence=equivalence, canaries=audit.canaries, per_sample=per_sample)
     return {"method": method, "options": options, "seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
             "test_acc": evaluation.test_acc, "forget_acc": evaluation.forget_acc, "auc": audit.auc,
-            "interval": list(audit.interval), "margin": audit.margin,
-            "equivalence": equivalence.verdict, "interim": gate.interim, "held_back": gate.held_back}
+            "interval": list(audit.interval), "margin": audit.margin, "per_sample": per_sample.verdict,
+            "equivalence": equivalence.verdict, "interim": gate.interim, "held_back": gate.held_back,
+            **part_accuracies(model, sets.forget, setup.canaries)}
 
 
 def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any]]],
              gates: PromotionGates) -> dict[str, Any]:
     federation = setup.federation
-    batch = draw_batch(kind, seed, federation.clients, setup.client_order, setup.canaries)
+    batch = draw_forget_set(kind, seed, setup)
     sets = evaluation_sets(federation, batch)
     evaluator = Evaluator(federation, batch, sets=sets, shadow_model=setup.shadow)
     source_model = federation.model_from(setup.original.state)
@@ -99,13 +126,16 @@ def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any
     audit_source = audit_forgetting(source_model, sets.forget, setup.references, seed=setup.params.seed)
     retrain = run_candidate(setup, evaluator, sets, batch, source_eval, audit_source, "retrain", {}, gates)
     record = {"seed": seed, "kind": kind, "n_forget": batch.num_forget, "source_auc": audit_source.auc,
-              "source_remembered": audit_source.remembered(),
-              "source_test_acc": source_eval.test_acc, "retrain": retrain, "candidates": []}
+              "source_remembered": audit_source.remembered(), "source_per_sample": audit_source.per_sample_summary(),
+              "source_test_acc": source_eval.test_acc, "retrain": retrain, "candidates": [],
+              "source": part_accuracies(source_model, sets.forget, setup.canaries)}
     for method, options in methods:
         row = run_candidate(setup, evaluator, sets, batch, source_eval, audit_source, method, options, gates)
         row["flops_ratio"] = retrain["flops"] / row["flops"] if row["flops"] else float("inf")
         row["seconds_ratio"] = retrain["seconds"] / row["seconds"] if row["seconds"] else float("inf")
         row["test_acc_vs_retrain"] = row["test_acc"] - retrain["test_acc"]
+        for part in ("canary_planted_acc", "ordinary_acc"):
+            row[f"{part}_vs_retrain"] = row[part] - retrain[part]
         record["candidates"].append(row)
         print(f"  seed {seed} {method:12s} {json.dumps(options):60s} AUC {row['auc']:.3f} {row['equivalence']:12s} "
               f"interim {row['interim']!s:5s} retrain/this: {row['seconds_ratio']:.1f}x s, "
@@ -150,7 +180,9 @@ def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "samp
     return {"method": "escalation", "options": " → ".join(a.method for a in policy), "served_by": served["method"],
             "seconds": seconds, "flops": flops, "interim": served is not retrain, "auc": served["auc"],
             "equivalence": served["equivalence"], "seconds_ratio": retrain["seconds"] / seconds,
-            "flops_ratio": retrain["flops"] / flops, "test_acc_vs_retrain": served["test_acc"] - retrain["test_acc"]}
+            "flops_ratio": retrain["flops"] / flops, "test_acc_vs_retrain": served["test_acc"] - retrain["test_acc"],
+            **{f"{part}_vs_retrain": served.get(part, np.nan) - retrain.get(part, np.nan)
+               for part in ("canary_planted_acc", "ordinary_acc")}}
 
 
 def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -158,7 +190,8 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for draw in draws:
         groups[("retrain", "as a candidate")].append({**draw["retrain"], "seconds_ratio": 1.0, "flops_ratio": 1.0,
-                                                      "test_acc_vs_retrain": 0.0})
+                                                      "test_acc_vs_retrain": 0.0, "canary_planted_acc_vs_retrain": 0.0,
+                                                      "ordinary_acc_vs_retrain": 0.0})
         for row in draw["candidates"]:
             groups[(row["method"], label(row["options"]))].append(row)
         chain = escalation_run(draw)
@@ -176,6 +209,8 @@ def summarise(draws: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "flops_ratio": float(np.median([r["flops_ratio"] for r in runs])),
                      "test_acc_vs_retrain": float(np.mean([r["test_acc_vs_retrain"] for r in runs])),
                      "within_a_point": sum(r["test_acc_vs_retrain"] >= -0.01 for r in runs),
+                     **{f"{part}_vs_retrain": float(np.nanmean([r.get(f"{part}_vs_retrain", np.nan) for r in runs]))
+                        for part in ("canary_planted_acc", "ordinary_acc")},
                      "equivalence": {v: sum(r["equivalence"] == v for r in runs) for v in ("pass", "inconclusive",
                                                                                            "fail")}})
     return rows
@@ -187,8 +222,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              + "; ".join(f"`{c}`" for c in commands) + " († from an earlier output of the merge)", "",
              "| method | options | serves on the interim tier | audit AUC mean (range) | audit equivalent / "
              "inconclusive / apart | retrain ÷ method, FLOPs (median) | retrain ÷ method, seconds (median) | "
-             "test accuracy − retrain's (mean) | test accuracy at most 1 point below the retrain's |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "test accuracy − retrain's (mean) | test accuracy at most 1 point below the retrain's | "
+             "deleted canaries' planted-label accuracy − retrain's (mean) | deleted ordinary samples' accuracy − "
+             "retrain's (mean) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["served_interval"]
         eq = r["equivalence"]
@@ -196,7 +233,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append(f"| {r['method']} | {r['options']}{note} | {r['served']}/{r['draws']} [{low:.2f}, {high:.2f}] | "
                      f"{r['auc_mean']:.3f} ({r['auc_range'][0]:.3f}–{r['auc_range'][1]:.3f}) | "
                      f"{eq['pass']} / {eq['inconclusive']} / {eq['fail']} | {r['flops_ratio']:.1f}× | "
-                     f"{r['seconds_ratio']:.1f}× | {r['test_acc_vs_retrain']:+.3f} | {r['within_a_point']}/{r['draws']} |")
+                     f"{r['seconds_ratio']:.1f}× | {r['test_acc_vs_retrain']:+.3f} | {r['within_a_point']}/{r['draws']} | "
+                     f"{r.get('canary_planted_acc_vs_retrain', float('nan')):+.3f} | "
+                     f"{r.get('ordinary_acc_vs_retrain', float('nan')):+.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -256,7 +295,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="/tmp/fr", help="a workspace with the scenario's data prepared")
     parser.add_argument("--scenario", default="mnist5k-canary-hfl")
-    parser.add_argument("--kind", default="canaries40", help="canaries<N> (or N random samples, 'client')")
+    parser.add_argument("--kind", default="canaries40", help="canaries<N>, mixed<C>+<O> (C canaries and O ordinary "
+                        "samples), N random samples or 'client'")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--first-draw", type=int, default=0)
     parser.add_argument("--methods", default=",".join(GRID), help="comma-separated registered HFL methods")

@@ -1,0 +1,117 @@
+"""Small and mixed deletion requests on a memorising scenario, end to end as a user runs them: a
+fresh workspace, the scenario trained, then requests of 1, 2 and 4 memorised canaries and one mixed
+request (memorised canaries and ordinary samples), each `fedunlearn request` + `fedunlearn process`
+with default settings, one at a time; then `fedunlearn repay-debt` (the exact retrain). For each
+request: the served version's accuracy on the deleted canaries' planted labels and on the deleted
+ordinary samples, against the source's and the exact retrain's, and the batch's FLOPs against the
+retrain's (docs/BENCHMARKS.md, "Small and mixed requests, end to end").
+
+    .venv/bin/python scripts/small_requests.py --root /tmp/small --scenario digits-canary-hfl \\
+        --sizes 1,2,4 --mixed 30+10 --out /tmp/small_requests
+
+The deleted samples' tensors are read before any deletion (from the partition the user trained on)
+and kept in memory only, to measure the served versions on them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedunlearn.config import load_params
+from fedunlearn.data.store import canary_ids, read_manifest
+from fedunlearn.evaluation.evaluator import correctness
+from fedunlearn.federation.local import Tensors
+from fedunlearn.receipts import read_receipts
+from fedunlearn.training import load_federation
+from stores.workspace import Workspace
+
+CLI = str(Path(sys.executable).with_name("fedunlearn"))
+
+
+def cli(root: Path, *args: str) -> None:
+    started = time.perf_counter()
+    done = subprocess.run([CLI, "--root", str(root), *args], capture_output=True, text=True)
+    print(f"$ fedunlearn {' '.join(args[:3])} … → {done.returncode} ({time.perf_counter() - started:.0f} s)",
+          flush=True)
+    if done.returncode != 0:
+        sys.exit(f"fedunlearn {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def served_model(root: Path, scenario: str, federation):
+    return federation.model_from(Workspace.open(root).registry.load(scenario, alias="current").state)
+
+
+def accuracies(model, data: Tensors, canaries: np.ndarray) -> dict[str, float]:
+    correct, is_canary = correctness(model, data), np.isin(data.sample_ids, canaries)
+    mean = lambda mask: float(correct[mask].mean()) if mask.any() else None
+    return {"canary_planted_acc": mean(is_canary), "ordinary_acc": mean(~is_canary)}
+
+
+def pick_requests(federation, model, canaries: np.ndarray, sizes: list[int], mixed: tuple[int, int],
+                  seed: int) -> list[np.ndarray]:
+    """Disjoint requests: memorised canaries (the source predicts their planted labels) per size,
+    then the mixed one (memorised canaries and ordinary samples the source gets right)."""
+    data = Tensors(torch.cat([c.x for c in federation.clients]), torch.cat([c.y for c in federation.clients]),
+                   np.concatenate([c.sample_ids for c in federation.clients]))
+    correct, is_canary = correctness(model, data), np.isin(data.sample_ids, canaries)
+    memorised = np.random.default_rng(seed).permutation(data.sample_ids[is_canary & correct])
+    ordinary = np.random.default_rng(seed + 1).permutation(data.sample_ids[~is_canary & correct])
+    requests, used = [], 0
+    for n in sizes:
+        requests.append(memorised[used:used + n])
+        used += n
+    requests.append(np.concatenate([memorised[used:used + mixed[0]], ordinary[:mixed[1]]]))
+    return requests, data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, required=True, help="a new workspace folder")
+    parser.add_argument("--scenario", default="digits-canary-hfl")
+    parser.add_argument("--sizes", default="1,2,4")
+    parser.add_argument("--mixed", default="30+10", help="canaries+ordinary samples of the mixed request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/small_requests"))
+    args = parser.parse_args()
+    root, scenario = args.root, args.scenario
+    cli(root.parent, "init", str(root))
+    cli(root, "train", "--scenario", scenario)
+    federation = load_federation(scenario, load_params(root / "params.yaml"), root, torch.device("cpu"))
+    canaries = np.asarray(canary_ids(read_manifest(scenario, root)))
+    source = served_model(root, scenario, federation)
+    requests, data = pick_requests(federation, source, canaries, [int(s) for s in args.sizes.split(",")],
+                                   tuple(int(p) for p in args.mixed.split("+")), args.seed)
+    rows: list[dict[str, Any]] = []
+    for ids in requests:
+        cli(root, "request", "samples", "--scenario", scenario, "--ids", ",".join(ids))
+        cli(root, "process", "--scenario", scenario)
+        receipt = read_receipts(root, scenario)[-1]
+        chosen = data.select(np.isin(data.sample_ids, ids))
+        rows.append({"samples": len(ids), "canaries": int(np.isin(ids, canaries).sum()), "method": receipt.method,
+                     "forgetting": receipt.forgetting, "attempts": [a.method for a in receipt.attempts],
+                     "flops": receipt.metrics.get("unlearned", {}).get("flops"),
+                     "source": accuracies(source, chosen, canaries),
+                     "served": accuracies(served_model(root, scenario, federation), chosen, canaries)})
+        print(json.dumps(rows[-1]), flush=True)
+    cli(root, "repay-debt", "--scenario", scenario)
+    retrained = served_model(root, scenario, federation)
+    retrain_flops = Workspace.open(root).registry.load(scenario, alias="current").metrics.get("flops")
+    for row, ids in zip(rows, requests):
+        row["retrain"] = accuracies(retrained, data.select(np.isin(data.sample_ids, ids)), canaries)
+        row["retrain_flops"] = retrain_flops
+    args.out.with_suffix(".json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
