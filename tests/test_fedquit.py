@@ -5,6 +5,7 @@ share of the training's FLOPs and without losing test accuracy; deterministic; r
 and bad hyperparameters by name."""
 
 
+import numpy as np
 import pytest
 import torch
 from memorising import canary_federation
@@ -79,3 +80,57 @@ def test_class_requests_and_bad_hyperparameters_are_refused_by_name(canaries):
                          ({"recovery_rounds": -1}, "recovery_rounds must be an integer >= 0, got -1")):
         with pytest.raises(ValueError, match=f"fedquit: {message}"):
             get_method("fedquit", **bad)
+
+
+def _expected_flops(federation, batch, rounds: int, recovery_rounds: int, local_epochs: int = 1) -> float:
+    """FedQUIT's FLOPs counted by hand: per quitting round, every client with data (all take part
+    here) trains on its retained samples and, at each step, on a mini-batch of its forget samples,
+    plus one teacher forward pass (a third of a training pass) per forget sample; then the recovery
+    rounds' FedAvg training on the retained data (the scenario's local epochs)."""
+    per_sample, size = federation.flops_per_sample(), federation.train_config.batch_size
+    retained, forget = federation.retained_clients(batch), federation.forget_by_client(batch)
+    passes = teacher = 0.0
+    for client, data in enumerate(retained):
+        steps = -(-len(data) // size)
+        quit_samples = len(forget.get(client, []))
+        passes += local_epochs * (len(data) + steps * min(size, quit_samples))
+        teacher += quit_samples
+    recovery = recovery_rounds * federation.train_config.local_epochs * sum(len(d) for d in retained)
+    return per_sample * (rounds * (passes + teacher / 3.0) + recovery)
+
+
+def test_its_flops_count_every_training_pass_the_teacher_and_the_recovery_rounds(canaries):
+    federation, _, _, batch = canaries
+    outcome = get_method("fedquit", rounds=2, recovery_rounds=1).unlearn(federation, batch)
+    assert outcome.cost.flops == pytest.approx(_expected_flops(federation, batch, 2, 1), rel=1e-9)
+    no_recovery = get_method("fedquit", rounds=2, recovery_rounds=0).unlearn(federation, batch)
+    assert no_recovery.cost.flops == pytest.approx(_expected_flops(federation, batch, 2, 0), rel=1e-9)
+
+
+def test_the_quitting_term_reaches_only_the_samples_the_source_remembers(canaries):
+    """A mixed request: the batch's evidence names the canaries remembered and not the ordinary
+    samples; the ordinary ones keep the accuracy the source gives them (as a retrain keeps them
+    right), while the quitting term on every sample — no evidence given — pushes them wrong."""
+    from fedunlearn.evaluation.audit import audit_forgetting
+    from fedunlearn.federation.batch import DeletionBatch
+    from fedunlearn.evaluation.evaluator import correctness
+
+    federation, _, references, canary_batch = canaries
+    canary_ids = np.concatenate(list(canary_batch.forget_ids.values()))[:20]
+    everything = np.concatenate([c.sample_ids for c in federation.clients])
+    source = federation.model_from(federation.state)
+    ordinary = everything[~np.isin(everything, np.concatenate(list(canary_batch.forget_ids.values())))]
+    pool = federation.forget_data(DeletionBatch.for_sample_ids(ordinary[:200], federation.clients))
+    right = pool.sample_ids[correctness(source, pool)][:10]
+    batch = DeletionBatch.for_sample_ids(np.concatenate([canary_ids, right]), federation.clients)
+    evidence = audit_forgetting(source, federation.forget_data(batch), references)
+    targeted = batch.with_remembered(evidence.removal_targets())
+    assert set(targeted.remembered) <= set(canary_ids) and len(targeted.remembered) >= 10
+    method = get_method("fedquit")
+    on_remembered = federation.model_from(method.unlearn(federation, targeted).state)
+    on_all = federation.model_from(method.unlearn(federation, batch).state)
+    kept = federation.forget_data(DeletionBatch.for_sample_ids(right, federation.clients))
+    removed = federation.forget_data(DeletionBatch.for_sample_ids(targeted.remembered, federation.clients))
+    assert correctness(on_remembered, kept).mean() >= 0.9                       # as the source: all right
+    assert correctness(on_all, kept).mean() < correctness(on_remembered, kept).mean()
+    assert correctness(on_remembered, removed).mean() <= 0.1                     # planted labels gone
