@@ -104,8 +104,7 @@ def lose_local_log(workspace: Path) -> None:
             path.unlink()
 
 
-@pytest.mark.parametrize("store", ["mlflow", "dvc"])
-@pytest.mark.parametrize("rewrite", ["files deleted", "entry dropped and re-chained"])
+@pytest.mark.parametrize("store, rewrite", [("mlflow", "files deleted"), ("dvc", "entry dropped and re-chained")])
 def test_receipt_refuses_a_lost_or_rewritten_log_that_published_heads_contradict(logged, tmp_path, store, rewrite):
     workspace, log, _ = logged
     publish(workspace, store, tmp_path)
@@ -175,40 +174,38 @@ def malformed(receipt: str) -> dict[str, str | bytes]:
     extra = extra_of(receipt)
     at = lambda i, value: "\n".join(lines[:i] + [value] + lines[i + 1:]) + "\n\n" + note  # noqa: E731
     signed = lambda sig: head + "\n\n" + text + "\n\n" + sig  # noqa: E731
-    checkpoint = lambda i, value: head + "\n\n" + "\n".join(  # noqa: E731
-        text.split("\n")[:i] + [value] + text.split("\n")[i + 1:]) + "\n\n" + signature
-    hash_ = base64.b64encode(b"\x00" * 32).decode()
+    swap = lambda i, value: "\n".join(text.split("\n")[:i] + [value] + text.split("\n")[i + 1:])  # noqa: E731
+    checkpoint = lambda i, value: signed(signature).replace(text, swap(i, value))  # noqa: E731
+    hash_, statement = base64.b64encode(b"\x00" * 32).decode(), {"index": 0, "leaf": extra["leaf"], "proof": []}
     with_extra = lambda **change: remake(receipt, {**extra, **change})  # noqa: E731
-    statement = {"index": 0, "leaf": extra["leaf"], "proof": []}
-    nested = b'{"format":"fedunlearn.receipt@v1","x":' + b"[" * 50000 + b"]" * 50000 + b"}"
     return {
-        "empty": "", "header only": lines[0] + "\n", "another header": receipt.replace(lines[0], "c2sp.org/tlog-proof@v2"),
+        "empty": "", "header only": lines[0] + "\n", "another header": receipt.replace(lines[0], "c2sp.org/x@v2"),
         "CRLF": receipt.replace("\n", "\r\n"), "NUL after the salt": receipt.replace(lines[1], lines[1] + "\x00"),
         "tab": receipt.replace("index ", "index\t"), "C1 control": receipt + "\x85",
         "not UTF-8": receipt.encode() + b"\xff\xfe", "too large": receipt + "\u2014 x " + "A" * (2 << 20) + "\n",
         "index 00": at(2, "index 00"), "index 01": at(2, "index 01"), "index -1": at(2, "index -1"),
         "index +0": at(2, "index +0"), "index of 5000 digits": at(2, "index " + "9" * 5000),
         "index 2**63": at(2, f"index {1 << 63}"), "index hex": at(2, "index 0x0"), "index space": at(2, "index  0"),
-        "index past the tree": at(2, "index 99"), "index line missing": "\n".join([lines[0], lines[1]]) + "\n\n" + note,
+        "index with a trailing space": at(2, "index 0 "), "index line missing": "\n".join(lines[:2]) + "\n\n" + note,
         "extra line missing": "\n".join([lines[0]] + lines[2:]) + "\n\n" + note,
         "extra not base64": at(1, "extra !!!"), "extra padding dropped": at(1, lines[1].rstrip("=") + "x"),
         "extra a list": remake(receipt, raw_extra=b"[]"), "extra not JSON": remake(receipt, raw_extra=b"{nope"),
-        "extra nested deep": remake(receipt, raw_extra=nested),
+        "extra nested deep": remake(receipt, raw_extra=b'{"format":"fedunlearn.receipt@v1","x":' + b"[" * 50000
+                                    + b"]" * 50000 + b"}"),
         "extra with whitespace": remake(receipt, raw_extra=json.dumps(extra, sort_keys=True).encode()),
         "extra duplicate keys": remake(receipt, raw_extra=b'{"format":"fedunlearn.receipt@v1","format":"x"}'),
         "extra keys unsorted": remake(receipt, raw_extra=json.dumps(dict(reversed(extra.items())),
                                                                     separators=(",", ":")).encode()),
         "format wrong": with_extra(format="fedunlearn.receipt@v0"), "statements: 5": with_extra(statements=5),
-        "leaf a number": with_extra(leaf=5), "leaf not base64": with_extra(leaf="@@"),
-        "leaf and its hash": with_extra(leaf_hash=hash_), "salt a list": with_extra(salt=[]),
-        "statement a string": with_extra(statements=["x"]),
+        "note without final newline": receipt.rstrip("\n"), "leaf a number": with_extra(leaf=5),
+        "leaf not base64": with_extra(leaf="@@"), "leaf and its hash": with_extra(leaf_hash=hash_),
         "statement index true": with_extra(statements=[{**statement, "index": True}]),
         "statement index negative": with_extra(statements=[{**statement, "index": -1}]),
         "statement index a string": with_extra(statements=[{**statement, "index": "0"}]),
         "statement proof a dict": with_extra(statements=[{**statement, "proof": {}}]),
         "statement proof hash short": with_extra(statements=[{**statement, "proof": ["AAAA"]}]),
-        "65 statements": with_extra(statements=[statement] * 65),
-        "consistency a list": with_extra(consistency=[]),
+        "65 statements": with_extra(statements=[statement] * 65), "salt a list": with_extra(salt=[]),
+        "consistency a list": with_extra(consistency=[]), "statement a string": with_extra(statements=["x"]),
         "consistency size a string": with_extra(consistency={"old_size": "1", "old_root": hash_, "proof": []}),
         "consistency root short": with_extra(consistency={"old_size": 1, "old_root": "AAAA", "proof": []}),
         "consistency of 65 hashes": with_extra(consistency={"old_size": 1, "old_root": hash_, "proof": [hash_] * 65}),
@@ -223,7 +220,6 @@ def malformed(receipt: str) -> dict[str, str | bytes]:
         "signature name with +": signed(signature.replace(" ", " a+", 1)),
         "101 signatures": signed(signature * 101), "signature of 10000 characters": signed(
             signature.rsplit(" ", 1)[0] + " " + "A" * 10000 + "\n"),
-        "note without final newline": receipt.rstrip("\n"),
         "tree size 08": checkpoint(1, "08"), "tree size of 5000 digits": checkpoint(1, "1" * 5000),
         "root short": checkpoint(2, "AAAA"), "root line missing": head + "\n\n" + "\n".join(text.split("\n")[:2])
         + "\n\n" + signature, "empty extension line": head + "\n\n" + text + "\n\nx\n\n" + signature,
@@ -250,6 +246,8 @@ def test_fifty_malformed_receipts_all_exit_10_with_one_line(logged, tmp_path, mo
         status, out = run_verify(tmp_path, monkeypatch, text, key)
         assert status == 10 and out.startswith("error: ") and out.count("\n") == 1, (kind, status, out[:300])
     assert run_verify(tmp_path, monkeypatch, receipt, key)[0] == 0
+    status, out = run_verify(tmp_path, monkeypatch, malformed(receipt)["index 00"].replace("index 00", "index 99"), key)
+    assert status == 12 and "is NOT in the log" in out  # well formed, and not in a tree of three leaves
 
 
 def test_keys_ids_and_devices_are_read_strictly(logged, tmp_path, monkeypatch):

@@ -93,7 +93,8 @@ def deletion_leaf(entry: LedgerEntry, salt: bytes) -> bytes:
     return canonical({"type": DELETION, "request_id": entry.request_id, "batch_id": entry.batch_id,
                       "scenario": entry.scenario, "kind": entry.kind.value if entry.kind else None,
                       "submitted_at": _time(entry.submitted_at), "applied_at": _time(entry.applied_at),
-                      "deadline": _time(entry.deadline), "ledger_commitment": ledger_commitment(salt, entry_checksum(entry)),
+                      "deadline": _time(entry.deadline),
+                      "ledger_commitment": ledger_commitment(salt, entry_checksum(entry)),
                       "ids_count": len(ids), "ids_commitment": ids_commitment(salt, ids)})
 
 
@@ -161,7 +162,8 @@ def load_signer(root: Path) -> tuple[Signer, bool]:
         document = json.loads(path.read_text())
         return Signer.from_pem(document["origin"], document["private_key_pem"].encode()), False
     directory = root / LOG_DIR
-    kept = [p.name for p in (directory / "log.pub", directory / "leaves.jsonl", directory / "checkpoint") if p.is_file()]
+    kept = [p.name for p in (directory / "log.pub", directory / "leaves.jsonl", directory / "checkpoint")
+            if p.is_file()]
     if kept:
         raise LogRewritten(f"the Merkle log's signing key {KEY_FILE} is missing and {LOG_DIR} holds a log "
                            f"({', '.join(kept)}); nothing was touched. Restore {KEY_FILE} from your backup, or start "

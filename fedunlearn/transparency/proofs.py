@@ -152,8 +152,6 @@ def _check_inclusion(file: ProofFile, checkpoint: Checkpoint, source: str) -> by
     leaf = _unb64(file.extra["leaf"], source, "the leaf") if "leaf" in file.extra else None
     hashed = merkle.leaf_hash(leaf) if leaf is not None else strict_b64(file.extra["leaf_hash"], source,
                                                                          "the leaf hash", merkle.HASH_SIZE)
-    if file.index >= checkpoint.size:
-        raise ReceiptMalformed(f"{source}: the index {file.index} is not below the tree size {checkpoint.size}")
     if not merkle.verify_inclusion(hashed, file.index, checkpoint.size, file.proof, checkpoint.root):
         raise NotIncluded(f"{source}: the entry is NOT in the log: its inclusion proof does not lead from leaf "
                           f"{file.index} to the root of the signed tree head (size {checkpoint.size}); the leaf or "
@@ -193,7 +191,8 @@ def build_receipt(log: TransparencyLog, request_id: str | None, consistency: dic
 
 def _statements(records: list, hashes: list[bytes], batch_id: str | None) -> list[dict[str, Any]]:
     """The batch's own statements (receipt, exact forgetting) with their inclusion proofs."""
-    return [{"index": r.index, "leaf": _b64(r.leaf), "proof": [_b64(h) for h in merkle.inclusion_proof(hashes, r.index)]}
+    return [{"index": r.index, "leaf": _b64(r.leaf),
+             "proof": [_b64(h) for h in merkle.inclusion_proof(hashes, r.index)]}
             for r in records if r.kind in ("batch", "exact") and r.key == batch_id]
 
 

@@ -48,8 +48,8 @@ def strict_text(data: bytes, source: str, what: str, allow_whitespace: bool = Fa
     found = re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]" if allow_whitespace else CONTROL, text)
     if found:
         raise ReceiptMalformed(f"{source} holds the control character {found.group()!r} at character "
-                               f"{found.start()} (CRLF line ends, NUL and the like): it is not {what}; copy the file as "
-                               "it was handed to you")
+                               f"{found.start()} (CRLF line ends, NUL and the like): it is not {what}; copy the file "
+                               "as it was handed to you")
     return text
 
 
