@@ -56,7 +56,24 @@ def configure_output(verbose: bool) -> None:
     silence_library_deprecations()
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Commands a data subject runs without a workspace, whose modules import no torch: they are parsed
+# by a parser that registers only their own module, so that they start quickly (issue 47).
+LIGHT_COMMANDS = {"verify-receipt": "transparency"}
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The sub-command named on the command line (the first argument that is not a global option)."""
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        if word == "--root":
+            rest = rest[1:]
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn",
         description="Federated unlearning pipeline: DVC data versions, Prefect flows, MLflow registry.")
@@ -67,14 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the libraries' logs (Prefect, MLflow, DVC, Great Expectations), the flow runs' "
                              "round-by-round lines among them; also accepted after the command")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(f"cli.{name}").register(sub)
     return parser
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     """The command line, ``--verbose`` accepted after the command as well as before it."""
-    parser = build_parser()
+    light = LIGHT_COMMANDS.get(command_of(sys.argv[1:] if argv is None else argv) or "")
+    parser = build_parser((light,) if light else COMMAND_MODULES)
     args, extra = parser.parse_known_args(argv)
     if "--verbose" in extra:
         args.verbose, extra = True, [arg for arg in extra if arg != "--verbose"]

@@ -7,54 +7,113 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-VERIFY_EPILOG = ("exit status: 0 verified; 10 the file (or OLD, or the key) is not a receipt, tree head or key this "
-                 "command reads, or carries no consistency proof for OLD; 11 the tree head is not signed by KEY; 12 "
-                 "the entry (or a statement, or the IDs given) is not in the signed log; 13 OLD's log is not a prefix "
-                 "of FILE's: the log was rewritten; 2 a file cannot be read")
+VERIFY_EPILOG = ("exit status: 0 verified; 10 the file (or OLD, or the key, or IDS) is not a receipt, tree head, key "
+                 "or ID list this command reads (too large, not UTF-8, CRLF or NUL, a number or base64 field not in "
+                 "canonical form, the signed-note or tlog-proof grammar broken), or carries no consistency proof for "
+                 "OLD; 11 the tree head is not signed by KEY, or KEY is not the --key-id pinned; 12 the entry (or a "
+                 "statement, or the IDs given) is not in the signed log; 13 OLD's log is not a prefix of FILE's: the "
+                 "log was rewritten; 2 a file cannot be read")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     receipt = sub.add_parser("receipt", help="write the receipt of an applied deletion request for its data subject",
                              description="Log what the ledger and the batch receipts hold that the Merkle log does "
-                                         "not yet, sign a tree head, and write REQUEST_ID's receipt: its leaf (a "
-                                         "salted commitment to its sample IDs, the salt included), the batch's "
-                                         "statements, their inclusion proofs and the signed head (C2SP tlog-proof).")
+                                         "not yet, sign a tree head (once the log extends every head published to "
+                                         "the DVC remote and MLflow), and write REQUEST_ID's receipt: its leaf (a "
+                                         "salted commitment to its sample IDs, the salt included: the file tells "
+                                         "those IDs to whoever holds it), the batch's statements, their inclusion "
+                                         "proofs and the signed head (C2SP tlog-proof).")
     receipt.add_argument("request_id", metavar="REQUEST_ID")
-    receipt.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write the receipt")
+    receipt.add_argument("--out", required=True, type=Path, metavar="FILE",
+                         help="where to write the receipt: a new file (never a link or a directory)")
+    receipt.add_argument("--force", action="store_true", help="replace FILE if it exists")
     receipt.set_defaults(handler=run_receipt)
 
     verify = sub.add_parser("verify-receipt", help="verify a receipt with the log's public key alone (no workspace)",
                             description="Check the tree head's signature, the inclusion of the request's leaf and "
                                         "of the batch's statements and, with --since, that the log OLD saw is a "
-                                        "prefix of the log FILE's head signs.", epilog=VERIFY_EPILOG)
+                                        "prefix of the log FILE's head signs. Prints the key ID it verified against.",
+                            epilog=VERIFY_EPILOG)
     verify.add_argument("file", type=Path, metavar="FILE")
     verify.add_argument("--public-key", required=True, type=Path, metavar="KEY",
                         help="the log's verifier key (data/transparency/log.pub of the operator's workspace)")
+    verify.add_argument("--key-id", metavar="HEX", help="the key ID (8 hex digits) you were given for the log, "
+                                                        "apart from KEY: a KEY with another ID is refused (status 11)")
     verify.add_argument("--since", type=Path, metavar="OLD", help="a receipt or signed tree head kept from before")
     verify.add_argument("--ids", type=Path, metavar="IDS",
-                        help="a file of your sample IDs, one per line: checked against the salted commitment")
+                        help="a file of your sample IDs, separated by whitespace or commas as `fedunlearn request` "
+                             "reads them (repeats count once): checked against the salted commitment")
     verify.set_defaults(handler=run_verify_receipt, needs_workspace=False)
 
 
 def register_ledger_actions(actions: argparse._SubParsersAction) -> None:
-    """``ledger prove-consistency`` (called by ``cli.ledger.register``)."""
+    """``ledger prove-consistency`` and ``ledger new-log`` (called by ``cli.ledger.register``)."""
     prove = actions.add_parser("prove-consistency", help="prove today's log an extension of the one a receipt or "
                                                          "tree head saw (or refuse: it is not)",
                                description="Write a receipt against today's signed head that carries the "
                                            "consistency proof from OLD's head and the subject's inclusion proof.")
     prove.add_argument("--since", required=True, type=Path, metavar="OLD", help="the receipt or tree head kept")
-    prove.add_argument("--out", required=True, type=Path, metavar="FILE")
+    prove.add_argument("--out", required=True, type=Path, metavar="FILE",
+                       help="where to write the proof: a new file (never a link or a directory)")
+    prove.add_argument("--force", action="store_true", help="replace FILE if it exists")
     prove.add_argument("--request", metavar="REQUEST_ID", help="whose receipt, when OLD is a bare tree head (without "
-                                                               "it: a proof about the log alone, for a witness)")
+                                                               "it: a proof about the log alone, for a witness, which "
+                                                               "names no entry)")
     prove.set_defaults(handler=run_prove_consistency)
+    new_log = actions.add_parser("new-log", help="retire the Merkle log and start a new one under a new origin "
+                                                 "(old receipts visibly stop extending to it)",
+                                 description="For a log that cannot be restored (data/transparency/ or the signing "
+                                             "key lost, history changed on purpose): the old log's files are kept "
+                                             "as data/transparency/retired-<n>-*, its origin and those of the heads "
+                                             "published to the DVC remote and MLflow are listed as retired, and a "
+                                             "new log is signed and published under a new origin.")
+    new_log.set_defaults(handler=run_new_log)
 
 
-def _read(path: Path, what: str) -> str:
+def _check_out(path: Path, force: bool) -> None:
+    """Before anything is signed: FILE must be a new path, or with --force a regular file; a link
+    is never followed and a directory is never written into."""
+    from fedunlearn.errors import InputError
+
+    if path.is_symlink():
+        raise InputError(f"--out {path} is a symbolic link, which is never followed: give the path of a new file")
+    if path.is_dir():
+        raise InputError(f"--out {path} is a directory: give a file path, e.g. {path / 'receipt.tlog-proof'}")
+    if path.exists() and not force:
+        raise InputError(f"--out {path} exists and was left as it is: give a new path, or pass --force to replace it")
+    if path.exists() and not path.is_file():
+        raise InputError(f"--out {path} is not a regular file: give the path of a new file")
+
+
+def _write_out(path: Path, text: str, force: bool) -> None:
+    """Written whole or not at all: a new file is created exclusively (no link followed, nothing
+    overwritten); --force replaces FILE by a renamed temporary file, never writing through a link."""
+    import os
+    import secrets
+
+    from fedunlearn.errors import InputError
+
+    _check_out(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if force else path
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise FileNotFoundError(f"cannot read {what} {path} ({err.__class__.__name__}); give the path of the file "
-                                "as it was handed to you") from None
+        descriptor = os.open(target, flags, 0o644)
+    except FileExistsError:
+        raise InputError(f"--out {path} appeared while the file was made and was left as it is: give a new path, "
+                         "or pass --force") from None
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if force:
+        os.replace(target, path)
+
+
+def _published(root: Path):
+    from stores.transparency import published_heads
+
+    return published_heads(root)
 
 
 def run_receipt(args: argparse.Namespace, root: Path) -> int:
@@ -62,48 +121,94 @@ def run_receipt(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.transparency.proofs import build_receipt, verify_receipt
     from stores.transparency import weights_sha256
 
-    log = sync_workspace(root, weights_sha256(root))
+    _check_out(args.out, args.force)
+    log = sync_workspace(root, weights_sha256(root), _published(root))
     text = build_receipt(log, args.request_id)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    _write_out(args.out, text, args.force)
     print("\n".join(verify_receipt(text, read_verifier(root), str(args.out))))
-    print(f"wrote {args.out}; hand it to the data subject with {log.directory / 'log.pub'}")
+    print(f"wrote {args.out}; hand it to the data subject with {log.directory / 'log.pub'}. It holds the salt of "
+          "the commitment, so it tells the request's sample IDs to whoever holds it: send it only to the subject")
     return 0
 
 
 def run_verify_receipt(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.transparency.note import parse_vkey
-    from fedunlearn.transparency.proofs import verify_receipt
+    from fedunlearn.errors import FedunlearnError
+    from fedunlearn.transparency.failures import ReceiptMalformed
 
-    verifier = parse_vkey(_read(args.public_key, "the public key"), str(args.public_key))
-    kept = _read(args.since, "the receipt or tree head") if args.since else None
-    ids = _read(args.ids, "the sample IDs").split() if args.ids else None
-    lines = verify_receipt(_read(args.file, "the receipt"), verifier, str(args.file), kept, str(args.since or ""),
-                           ids)
+    try:
+        lines = _verify(args)
+    except (FedunlearnError, FileNotFoundError):
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OverflowError) as err:
+        # A check this command lacks must still end in one line and status 10, not a traceback.
+        raise ReceiptMalformed(f"{args.file} could not be read as a receipt ({err.__class__.__name__}); it is not a "
+                               "file `fedunlearn receipt` wrote") from None
     print("\n".join(lines))
     print(f"VERIFIED: {args.file}")
     return 0
 
 
+def _verify(args: argparse.Namespace) -> list[str]:
+    """Only the pure verification modules: no torch, no orchestration package, no workspace."""
+    from fedunlearn.transparency.failures import SignatureInvalid
+    from fedunlearn.transparency.note import parse_vkey
+    from fedunlearn.transparency.proofs import verify_receipt
+    from fedunlearn.transparency.statements import split_ids
+    from fedunlearn.transparency.untrusted import IDS_LIMIT, KEY_LIMIT, RECEIPT_LIMIT, read_text
+
+    verifier = parse_vkey(read_text(args.public_key, "the public key", KEY_LIMIT), str(args.public_key))
+    if args.key_id is not None:
+        pinned = args.key_id.strip().lower()
+        if pinned != verifier.key_id.hex():
+            raise SignatureInvalid(f"{args.public_key} has key ID {verifier.key_id.hex()}, not the {pinned!r} pinned "
+                                   "with --key-id: it is not the log's key you were given; ask the operator for the "
+                                   "log's key through a channel apart from the receipt")
+    kept = read_text(args.since, "a receipt or tree head", RECEIPT_LIMIT) if args.since else None
+    ids = split_ids(read_text(args.ids, "an ID list", IDS_LIMIT, allow_whitespace=True)) if args.ids else None
+    return verify_receipt(read_text(args.file, "a receipt", RECEIPT_LIMIT), verifier, str(args.file), kept,
+                          str(args.since or ""), ids)
+
+
 def run_prove_consistency(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.transparency.log import sync_workspace
     from fedunlearn.transparency.proofs import prove_consistency
+    from fedunlearn.transparency.untrusted import RECEIPT_LIMIT, read_text
     from stores.transparency import weights_sha256
 
-    log = sync_workspace(root, weights_sha256(root))
-    text = prove_consistency(log, _read(args.since, "the receipt or tree head"), str(args.since), args.request)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    kept = read_text(args.since, "a receipt or tree head", RECEIPT_LIMIT)
+    _check_out(args.out, args.force)
+    log = sync_workspace(root, weights_sha256(root), _published(root))
+    text = prove_consistency(log, kept, str(args.since), args.request)
+    _write_out(args.out, text, args.force)
     print(f"wrote {args.out}: today's signed head, the consistency proof from {args.since} and the inclusion proof")
     return 0
 
 
+def run_new_log(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+    from fedunlearn.transparency.log import TransparencyLog, all_receipts
+    from stores.transparency import publish_tree_head, weights_sha256
+
+    published = _published(root)
+    old, new = TransparencyLog(root).start_new_log(Ledger(root / LEDGER_PATH).entries(), all_receipts(root),
+                                                   weights_sha256(root), published)
+    print(f"NEW MERKLE LOG: {new} replaces {old}; the old log's files are kept as data/transparency/retired-*. "
+          "Receipts signed by the old log do not extend to the new one: tell their holders")
+    print("\n".join(publish_tree_head(root).lines()))
+    return 0
+
+
 def log_check_lines(root: Path, entries) -> tuple[bool, list[str]]:
-    """``ledger verify``'s lines on the Merkle log, and whether it is intact."""
+    """``ledger verify``'s lines on the Merkle log (against the published heads too), and whether it is intact."""
+    from fedunlearn.transparency.failures import LogRewritten
     from fedunlearn.transparency.log import TransparencyLog
 
-    check = TransparencyLog(root).check(entries)
-    return not check.problems, check.lines()
+    try:
+        published, unread = _published(root), []
+    except LogRewritten as err:
+        published, unread = [], [f"Merkle log: {err}"]
+    check = TransparencyLog(root).check(entries, published)
+    return not check.problems and not unread, check.lines() + unread
 
 
 def after_repair(args: argparse.Namespace, root: Path) -> int | None:
@@ -116,15 +221,16 @@ def after_repair(args: argparse.Namespace, root: Path) -> int | None:
     from fedunlearn.transparency.log import TransparencyLog, all_receipts, sync_workspace
     from stores.transparency import weights_sha256
 
+    published = _published(root)
     try:
-        sync_workspace(root, weights_sha256(root))
+        sync_workspace(root, weights_sha256(root), published)
         return None
     except LogRewritten as err:
         if not getattr(args, "new_log", False):
             print(f"Merkle log NOT signed: {err}")
             return StateDamaged.exit_code
     old, new = TransparencyLog(root).start_new_log(Ledger(root / LEDGER_PATH).entries(), all_receipts(root),
-                                                   weights_sha256(root))
+                                                   weights_sha256(root), published)
     print(f"NEW MERKLE LOG: {new} replaces {old}; the old log's files are kept as data/transparency/retired-*. "
           "Receipts signed by the old log do not extend to the new one: tell their holders")
     return None

@@ -14,7 +14,7 @@ The CLI prints ``error: <message>`` and exits with the class's ``exit_code``:
     8  BenchmarkRegressed `benchmark --compare`: the run succeeded, but a method got worse than the baseline
     9  RequestOverdue     `fedunlearn status`: a request is not exactly forgotten by its deadline (the status is printed)
    10  ReceiptMalformed   `verify-receipt`: a file is not a receipt, tree head or key it reads (fedunlearn.transparency)
-   11  SignatureInvalid   `verify-receipt`: the tree head is not signed by the key given
+   11  SignatureInvalid   `verify-receipt`: the tree head is not signed by the key given (or not the --key-id pinned)
    12  NotIncluded        `verify-receipt`: the entry is not in the log the signed tree head commits to
    13  LogInconsistent    `verify-receipt --since`, `ledger prove-consistency`: the log was rewritten since OLD
 """

@@ -32,7 +32,7 @@ from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, read_deleted_ids
 from stores.registry import Registry
 from stores.erasure import CACHE_DIR, TEMPORARY_DIR
 from fedunlearn.timing import CORE
-from fedunlearn.transparency.log import ensure_key
+from fedunlearn.transparency.log import init_key
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE_FILES = ("params.yaml", "dvc.yaml")
@@ -61,7 +61,7 @@ def init_workspace(root: Path, template: Path = PROJECT_ROOT) -> Path:
         (root / LEDGER_PATH).touch()
     (root / "mlflow").mkdir(exist_ok=True)
     temporary_dir(root)
-    ensure_key(root)  # the Merkle log's signing key, outside every store that is pushed (fedunlearn.transparency)
+    init_key(root)  # the Merkle log's signing key, outside every store that is pushed (fedunlearn.transparency)
     return root
 
 

@@ -185,14 +185,17 @@ def test_history_rewritten_and_resigned_fails_ledger_verify_and_the_old_receipt(
     sync_workspace(workspace)
     log.append_statements([("pad", "x", b"{}"), ("pad", "y", b"{}")])
     assert not log.check(Ledger(workspace / LEDGER_PATH).entries()).problems  # self-consistent: copies elsewhere tell
-    (log.directory / "head-3.checkpoint").write_text(old_head)  # e.g. the copy on the DVC remote, fetched back
-    printed = call_cli(workspace, "ledger", "verify")
-    assert printed.status == 4 and "head-3.checkpoint (size 3) does not match the log's first 3 leaves" in printed.out
     (tmp_path / "r1.tlog-proof").write_text(receipt)
     out = tmp_path / "proof.tlog-proof"
     printed = call_cli(workspace, "ledger", "prove-consistency", "--since", str(tmp_path / "r1.tlog-proof"),
                        "--out", str(out))
     assert printed.status == 13 and "does not extend the tree head" in printed.err and not out.exists()
+    (log.directory / "head-3.checkpoint").write_text(old_head)  # e.g. the copy on the DVC remote, fetched back
+    printed = call_cli(workspace, "ledger", "verify")
+    assert printed.status == 4 and "head-3.checkpoint (size 3) does not match the log's first 3 leaves" in printed.out
+    printed = call_cli(workspace, "ledger", "prove-consistency", "--since", str(tmp_path / "r1.tlog-proof"),
+                       "--out", str(out))  # and now that it holds a head the log does not extend, nothing is signed
+    assert printed.status == 4 and "nothing was signed" in printed.err and not out.exists()
 
     # What a modified `prove-consistency` could still hand over: a proof over the rewritten leaves.
     hashes = [r.hash for r in log.records()]

@@ -23,8 +23,6 @@ reordered a logged entry raises ``LogRewritten``; only ``start_new_log`` (``ledg
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -38,26 +36,17 @@ from fedunlearn.receipts import Receipt
 from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.ledger import LedgerEntry, content_checksum
 from fedunlearn.transparency import merkle
-from fedunlearn.transparency.failures import LogRewritten
-from fedunlearn.transparency.note import Checkpoint, Signer, Verifier, open_checkpoint, parse_vkey
+from fedunlearn.transparency.failures import LogRewritten, ReceiptMalformed
+from fedunlearn.transparency.note import Checkpoint, Signer, Verifier, open_checkpoint, parse_vkey, split_note
+from fedunlearn.transparency.statements import (BATCH, DELETION, DELETION_V1, EXACT, canonical, ids_commitment,
+                                                ledger_commitment)
 
 LOG_DIR = Path("data/transparency")
 SECRETS_DIR = Path(".secrets")
 KEY_FILE = SECRETS_DIR / "transparency-log.json"
-DELETION, BATCH, EXACT = "fedunlearn.deletion@v1", "fedunlearn.batch-receipt@v1", "fedunlearn.exact-forgetting@v1"
+RETIRED_ORIGINS = "retired-origins"  # origins given up by `ledger new-log`: their published heads bind no more
 # The serving version's model hash, looked up by a layer that can read the registry (None: unknown).
 ModelHash = Callable[[str, str], str | None]  # (scenario, version) -> SHA-256 hex
-
-
-def canonical(document: dict[str, Any]) -> bytes:
-    """The leaf's bytes: one JSON form for one content, so that anyone can recompute its hash."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def ids_commitment(salt: bytes, sample_ids: Iterable[str]) -> str:
-    """HMAC-SHA256 keyed by the salt over the sorted IDs as canonical JSON: hiding without the
-    salt (the IDs are guessable, the salt is not) and binding."""
-    return hmac.new(salt, json.dumps(sorted(sample_ids)).encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -99,11 +88,13 @@ def entry_checksum(entry: LedgerEntry) -> str:
 
 
 def deletion_leaf(entry: LedgerEntry, salt: bytes) -> bytes:
+    """Everything a hash of could name an ID (the ID list, the ledger line) is keyed by the salt."""
     ids = sorted(set(entry.sample_ids) | set(entry.merged_ids))
     return canonical({"type": DELETION, "request_id": entry.request_id, "batch_id": entry.batch_id,
                       "scenario": entry.scenario, "kind": entry.kind.value if entry.kind else None,
                       "submitted_at": _time(entry.submitted_at), "applied_at": _time(entry.applied_at),
-                      "deadline": _time(entry.deadline), "ledger_checksum": entry_checksum(entry),
+                      "deadline": _time(entry.deadline),
+                      "ledger_commitment": ledger_commitment(salt, entry_checksum(entry)),
                       "ids_count": len(ids), "ids_commitment": ids_commitment(salt, ids)})
 
 
@@ -142,19 +133,54 @@ def new_origin() -> str:
 
 def ensure_key(root: Path) -> Signer:
     """The workspace's signing key, made on first use (``fedunlearn init``); its verifier key is
-    written to ``data/transparency/log.pub``."""
+    written to ``data/transparency/log.pub``. A workspace whose log exists but whose key is gone
+    is refused (``LogRewritten``) and left as it was."""
+    signer, made = load_signer(root)
+    if made:
+        _write_key(root, signer)
+    write_public(root, signer)
+    return signer
+
+
+def init_key(root: Path) -> None:
+    """``fedunlearn init`` and every flow's workspace: a key for a workspace without a log. A log
+    whose key is gone or differs is left as it is, so that the workspace still trains and
+    restores; signing refuses it (``sync``) until the key is restored or a new log started."""
+    try:
+        ensure_key(root)
+    except LogRewritten:
+        pass
+
+
+def load_signer(root: Path) -> tuple[Signer, bool]:
+    """The workspace's key, or (True) a new one, not written yet, where the workspace has no log at
+    all. A key that is missing while a log exists is never replaced silently: a new key would sign
+    a history nobody can tie to the old one."""
     root = Path(root)
     path = root / KEY_FILE
     if path.is_file():
         document = json.loads(path.read_text())
-        signer = Signer.from_pem(document["origin"], document["private_key_pem"].encode())
-    else:
-        signer = _write_key(root, Signer.generate(new_origin()))
-    public = root / LOG_DIR / "log.pub"
-    if not public.is_file() or public.read_text().strip() != signer.verifier.vkey():
+        return Signer.from_pem(document["origin"], document["private_key_pem"].encode()), False
+    directory = root / LOG_DIR
+    kept = [p.name for p in (directory / "log.pub", directory / "leaves.jsonl", directory / "checkpoint")
+            if p.is_file()]
+    if kept:
+        raise LogRewritten(f"the Merkle log's signing key {KEY_FILE} is missing and {LOG_DIR} holds a log "
+                           f"({', '.join(kept)}); nothing was touched. Restore {KEY_FILE} from your backup, or start "
+                           "a new log under a new key and origin with `fedunlearn ledger new-log`")
+    return Signer.generate(new_origin()), True
+
+
+def write_public(root: Path, signer: Signer) -> None:
+    """``log.pub`` for ``signer``; one naming another key is refused, not overwritten."""
+    public = Path(root) / LOG_DIR / "log.pub"
+    if public.is_file() and public.read_text().strip() != signer.verifier.vkey():
+        raise LogRewritten(f"{LOG_DIR / 'log.pub'} names another key than {KEY_FILE} ({signer.verifier.vkey()}); "
+                           "nothing was signed. Restore the key that matches log.pub, or start a new log with "
+                           "`fedunlearn ledger new-log`")
+    if not public.is_file():
         public.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(public, signer.verifier.vkey() + "\n")
-    return signer
 
 
 def _write_key(root: Path, signer: Signer) -> Signer:
@@ -256,25 +282,29 @@ class TransparencyLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.directory / ".lock"))
 
-    def sync(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None
-             ) -> list[LeafRecord]:
+    def sync(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None,
+             published: Iterable[tuple[str, str]] = ()) -> list[LeafRecord]:
         """Log what the ledger and the receipts hold and the log does not yet, and sign a head
         over it; returns the leaves appended. Raises ``LogRewritten`` (and signs nothing) when the
-        ledger or the log no longer reads as the history the last signed head commits to."""
-        signer = ensure_key(self.root)
+        ledger or the log no longer reads as the history every head signed here or ``published``
+        (source, signed note: the copies on the DVC remote and in MLflow) commits to."""
+        signer, made = load_signer(self.root)
         with self._lock():
             if self.torn_tail():
                 with open(self.leaves_path, "r+b") as handle:
                     handle.truncate(self.leaves_path.stat().st_size - self.torn_tail())
             records = self.records()
             _check_prefix(records, entries)
-            self._check_latest_head(records, signer.verifier)  # also refuses heads signed by another key
             new = _pending(records, entries, receipts, model_hash)
+            self._check_heads(records + new, signer.verifier, list(published))  # before anything is written
+            if made:
+                _write_key(self.root, signer)
+            write_public(self.root, signer)
             if new:
                 append_lines_durable(self.leaves_path, [record.line() for record in new])
             records += new
             head = self.head()
-            if new or head is None or Checkpoint.parse(head.split("\n\n")[0] + "\n", "head").size != len(records):
+            if new or head is None or Checkpoint.parse(split_note(head, "head")[0], "head").size != len(records):
                 self._sign(records, signer)
         return new
 
@@ -288,20 +318,33 @@ class TransparencyLog:
             append_lines_durable(self.leaves_path, [record.line() for record in new])
             self._sign(records + new, signer)
 
-    def _check_latest_head(self, records: list[LeafRecord], verifier: Verifier) -> None:
-        """The latest head and the largest one on file must commit to a prefix of the leaves: a
-        leaves file lost or rebuilt (new salts, new roots) is then refused, not signed anew."""
-        heads = self.heads()
-        notes = {str(self.checkpoint_path): self.head()}
-        if heads:
-            notes[str(self.directory / f"head-{max(heads)}.checkpoint")] = heads[max(heads)]
-        problem = next(filter(None, (_head_problem(note, records, verifier, source)
-                                     for source, note in notes.items() if note is not None)), None)
-        if problem:
-            raise LogRewritten(f"{problem}; nothing was signed. If the signing key was lost (a workspace restored "
-                               "without .secrets/), restore .secrets/transparency-log.json. If the ledger was "
-                               "repaired into a different history on purpose, `fedunlearn ledger repair --new-log` "
-                               "starts a new log under a new origin (old receipts then visibly no longer extend to it)")
+    def _check_heads(self, records: list[LeafRecord], verifier: Verifier, published: list[tuple[str, str]]) -> None:
+        """Every head on file and every published one of this log's origin must commit to a prefix
+        of the leaves: a leaves file lost or rebuilt (new salts, new roots), or a ledger entry
+        dropped and chained anew, is then refused, not signed anew. A published head of another
+        origin binds too, unless `ledger new-log` retired that origin."""
+        problems = _heads_problems(self.notes(published, verifier.name), records, verifier)
+        if problems:
+            raise LogRewritten(f"{problems[0]}; nothing was signed. Restore data/transparency/ and the ledger from the "
+                               "DVC remote (`fedunlearn restore`) and .secrets/transparency-log.json from your backup; "
+                               "if the history was changed on purpose, `fedunlearn ledger new-log` starts a new log "
+                               "under a new origin (old receipts then visibly no longer extend to it)")
+
+    def notes(self, published: list[tuple[str, str]], origin: str) -> list[tuple[str, str]]:
+        """(source, signed note) of every head that binds the log: those on file and the published
+        ones, but for those of origins retired by `ledger new-log`."""
+        found = [(f"{LOG_DIR}/head-{size}.checkpoint", note) for size, note in sorted(self.heads().items())]
+        found += [(f"{LOG_DIR}/checkpoint", self.head())] if self.head() is not None else []
+        retired = self.retired_origins() - {origin}
+        return found + [(source, note) for source, note in published if _origin(note, source) not in retired]
+
+    def retired_origins(self) -> set[str]:
+        """Origins `ledger new-log` (or `ledger repair --new-log`) gave up in this workspace."""
+        listed = self.directory / RETIRED_ORIGINS
+        names = set(listed.read_text().split()) if listed.is_file() else set()
+        for path in self.directory.glob("retired-*-log.pub"):  # logs retired before the list was kept
+            names.add(path.read_text().strip().split("+", 1)[0])
+        return names
 
     def _sign(self, records: list[LeafRecord], signer: Signer) -> str:
         checkpoint = Checkpoint(signer.name, len(records), merkle.root([r.hash for r in records]))
@@ -310,8 +353,9 @@ class TransparencyLog:
         write_text_atomic(self.checkpoint_path, note)
         return note
 
-    def check(self, entries: list[LedgerEntry]) -> LogCheck:
-        """The log against the ledger's hash chain and its own signed heads; changes nothing."""
+    def check(self, entries: list[LedgerEntry], published: Iterable[tuple[str, str]] = ()) -> LogCheck:
+        """The log against the ledger's hash chain, its own signed heads and the ``published``
+        ones (source, signed note); changes nothing."""
         found = LogCheck()
         try:
             records = self.records()
@@ -323,39 +367,74 @@ class TransparencyLog:
         found.problems += _ledger_problems(records, entries)
         logged = sum(1 for r in records if r.kind == "deletion")
         found.pending = max(0, len(entries) - logged) if not found.problems else 0
-        if records and verifier is None:
-            found.problems.append(f"{LOG_DIR / 'log.pub'} is missing: no head can be checked")
+        if verifier is None:
+            if records or published:
+                found.problems.append(f"{LOG_DIR / 'log.pub'} is missing: no head can be checked")
             return found
-        for size, note in sorted(self.heads().items()):
-            problem = _head_problem(note, records, verifier, f"{LOG_DIR}/head-{size}.checkpoint")
-            found.problems += [problem] if problem else []
+        found.problems += _heads_problems(self.notes(list(published), verifier.name), records, verifier)
         head = self.head()
-        if head is not None and verifier is not None:
-            problem = _head_problem(head, records, verifier, f"{LOG_DIR}/checkpoint")
-            found.problems += [problem] if problem else []
-            found.head_size = Checkpoint.parse(head.split("\n\n")[0] + "\n", "head").size if not problem else None
+        if head is not None and not found.problems:
+            found.head_size = Checkpoint.parse(split_note(head, "head")[0], "head").size
         return found
 
-    def start_new_log(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None
-                      ) -> tuple[str, str]:
-        """After a repair that changed logged history, on an operator's explicit request: the old
-        log's files are kept as ``retired-<n>-*``, and a new log under a new origin (so that no
-        old receipt can be shown to extend to it) is built and signed. Returns (old, new) origin."""
-        signer = ensure_key(self.root)
+    def start_new_log(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None,
+                      published: Iterable[tuple[str, str]] = ()) -> tuple[str, str]:
+        """On an operator's explicit request (`ledger new-log`, `ledger repair --new-log`): the old
+        log's files are kept as ``retired-<n>-*``, its origin and those of every published head are
+        listed as retired, and a new log under a new origin (so that no old receipt can be shown to
+        extend to it) is built and signed. A lost key is replaced here, and only here. Returns
+        (old, new) origin."""
+        published = list(published)
+        try:
+            old = load_signer(self.root)[0]
+        except LogRewritten:  # the key is lost: the new log gets a new one
+            old = None
         with self._lock():
             generation = 1 + sum(1 for _ in self.directory.glob("retired-*-log.pub"))
             for path in [self.leaves_path, self.checkpoint_path, self.directory / "log.pub",
                          *self.directory.glob("head-*.checkpoint")]:
                 if path.is_file():
                     os.replace(path, self.directory / f"retired-{generation}-{path.name}")
-            base = signer.name.split("/generation-")[0]
-            renamed = _write_key(self.root, Signer(f"{base}/generation-{generation + 1}", signer.private))
-        ensure_key(self.root)
-        self.sync(entries, receipts, model_hash)
-        return signer.name, renamed.name
+            retired = ({_origin(note, source) for source, note in published} | {old.name if old else None}) - {None}
+            with open(self.directory / RETIRED_ORIGINS, "a") as handle:
+                handle.write("".join(f"{name}\n" for name in sorted(retired)))
+            name = _next_origin(old.name if old else new_origin(), retired)
+            renamed = _write_key(self.root, Signer(name, old.private) if old else Signer.generate(name))
+        self.sync(entries, receipts, model_hash, published)
+        return (old.name if old else "(key lost)"), renamed.name
 
 
-def _head_problem(note: str, records: list[LeafRecord], verifier: Verifier | None, source: str) -> str | None:
+def _next_origin(name: str, taken: set[str]) -> str:
+    """``<base>/generation-<n+1>`` (the first log is generation 1), past every origin already used."""
+    base, _, number = name.partition("/generation-")
+    generation = int(number) + 1 if number.isdigit() else 2
+    while f"{base}/generation-{generation}" in taken:
+        generation += 1
+    return f"{base}/generation-{generation}"
+
+
+def _origin(note: str | None, source: str) -> str | None:
+    """The origin a signed head names (None: it does not read as one; checking it says why)."""
+    try:
+        return Checkpoint.parse(split_note(note, source)[0], source).origin
+    except ReceiptMalformed:
+        return None
+
+
+def _heads_problems(notes: list[tuple[str, str]], records: list[LeafRecord], verifier: Verifier) -> list[str]:
+    """Why each signed head does not commit to a prefix of ``records``, the roots computed once."""
+    sizes = []
+    for source, note in notes:
+        try:
+            sizes.append(Checkpoint.parse(split_note(note, source)[0], source).size)
+        except ReceiptMalformed:
+            pass  # _head_problem names it
+    roots = merkle.prefix_roots([r.hash for r in records], sizes)
+    return [problem for source, note in notes if (problem := _head_problem(note, records, verifier, source, roots))]
+
+
+def _head_problem(note: str, records: list[LeafRecord], verifier: Verifier | None, source: str,
+                  roots: dict[int, bytes] | None = None) -> str | None:
     """Why a signed head does not commit to a prefix of ``records`` (None: it does)."""
     try:
         checkpoint = open_checkpoint(note, verifier, source)
@@ -364,7 +443,8 @@ def _head_problem(note: str, records: list[LeafRecord], verifier: Verifier | Non
     if checkpoint.size > len(records):
         return (f"{source} was signed over {checkpoint.size} leaves and the log holds {len(records)}: leaves were "
                 "removed")
-    if merkle.root([r.hash for r in records[:checkpoint.size]]) != checkpoint.root:
+    root = (roots or {}).get(checkpoint.size) or merkle.root([r.hash for r in records[:checkpoint.size]])
+    if root != checkpoint.root:
         return (f"{source} (size {checkpoint.size}) does not match the log's first {checkpoint.size} leaves: "
                 "leaves were changed, removed or reordered after it was signed")
     return None
@@ -394,14 +474,25 @@ def _ledger_problems(records: list[LeafRecord], entries: list[LedgerEntry]) -> l
         elif entry is None or entry.request_id != record.key:
             problems.append(f"leaf {record.index} logs request {record.key} as ledger entry {position + 1}, and the "
                             f"ledger holds it as entry {where[record.key] + 1} (entries were reordered)")
-        elif statement.get("ledger_checksum") != entry_checksum(entry) or statement.get("request_id") != record.key:
+        elif not _same_entry(record, statement, entry):
             problems.append(f"leaf {record.index} commits to another version of request {record.key}'s ledger "
                             "entry (the entry was changed)")
         elif record.salt is None or statement.get("ids_commitment") != ids_commitment(
-                record.salt, set(entry.sample_ids) | set(entry.merged_ids)):
+                record.salt, set(entry.sample_ids) | set(entry.merged_ids), statement.get("type")):
             problems.append(f"leaf {record.index}: request {record.key}'s sample IDs no longer match their "
                             "commitment")
     return problems
+
+
+def _same_entry(record: LeafRecord, statement: dict[str, Any], entry: LedgerEntry) -> bool:
+    """Whether the leaf commits to this version of the entry: v1 leaves hold its checksum bare,
+    v2 leaves keyed by the request's salt."""
+    if statement.get("request_id") != record.key:
+        return False
+    if statement.get("type") == DELETION_V1:
+        return statement.get("ledger_checksum") == entry_checksum(entry)
+    return record.salt is not None and statement.get("ledger_commitment") == ledger_commitment(
+        record.salt, entry_checksum(entry))
 
 
 def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: list[Receipt],
@@ -437,10 +528,12 @@ def all_receipts(root: Path) -> list[Receipt]:
     return [Receipt.model_validate_json(p.read_text()) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
 
 
-def sync_workspace(root: Path, model_hash: ModelHash | None = None) -> TransparencyLog:
-    """The workspace's log brought up to date with its ledger and receipts, and signed."""
+def sync_workspace(root: Path, model_hash: ModelHash | None = None, published: Iterable[tuple[str, str]] = ()
+                   ) -> TransparencyLog:
+    """The workspace's log brought up to date with its ledger and receipts, and signed once it
+    extends every head signed here and every ``published`` one (``stores.transparency``)."""
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
     log = TransparencyLog(root)
-    log.sync(Ledger(Path(root) / LEDGER_PATH).entries(), all_receipts(root), model_hash)
+    log.sync(Ledger(Path(root) / LEDGER_PATH).entries(), all_receipts(root), model_hash, published)
     return log

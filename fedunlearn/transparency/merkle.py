@@ -131,3 +131,26 @@ def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: 
 
 def _hashes(*values: bytes) -> bool:
     return all(isinstance(v, bytes) and len(v) == HASH_SIZE for v in values)
+
+
+def prefix_roots(leaves: Sequence[bytes], sizes: Sequence[int]) -> dict[int, bytes]:
+    """MTH of each prefix ``leaves[:size]``, in one pass: every signed head is checked against
+    the leaves before a new one is signed, and recomputing each root from scratch would cost the
+    number of heads times the log's size. Keeps the perfect subtrees of the prefix read so far
+    (its binary decomposition, largest first) and folds them from the right (RFC 9162 §2.1.1)."""
+    found: dict[int, bytes] = {}
+    stack: list[tuple[int, bytes]] = []  # (height, hash) of the prefix's perfect subtrees, left to right
+    position = 0
+    for size in sorted({s for s in sizes if 0 <= s <= len(leaves)}):
+        while position < size:
+            height, node = 0, leaves[position]
+            while stack and stack[-1][0] == height:
+                node = node_hash(stack.pop()[1], node)
+                height += 1
+            stack.append((height, node))
+            position += 1
+        folded = stack[-1][1] if stack else hashlib.sha256(b"").digest()
+        for _, left in reversed(stack[:-1]):
+            folded = node_hash(left, folded)
+        found[size] = folded
+    return found

@@ -11,8 +11,8 @@ origin, so a key cannot be taken for another log's.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -21,9 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from fedunlearn.transparency.failures import ReceiptMalformed, SignatureInvalid
 from fedunlearn.transparency.merkle import HASH_SIZE
+from fedunlearn.transparency.untrusted import CONTROL, canonical_number, strict_b64
 
 ED25519 = b"\x01"  # the signed-note signature type of Ed25519
 EM_DASH = "\u2014"
+VALID_NAME = re.compile(r"[^\s+]{1,255}")  # signed-note: a key name is non-empty, without spaces or "+"
+KEY_HINT = re.compile(r"[0-9a-f]{8}")
+MAX_SIGNATURES = 100  # the log and a handful of witnesses; a note is no place to pile up lines
+MAX_SIGNATURE_CHARS = 8192  # base64; Ed25519 cosignatures take about a hundred
 
 
 def key_id(name: str, public: bytes) -> bytes:
@@ -58,18 +63,19 @@ class Verifier:
 
 
 def parse_vkey(line: str, source: str = "the public key") -> Verifier:
-    """A verifier key line; anything else is ``ReceiptMalformed`` naming ``source``."""
-    parts = line.strip().split("+", 2)  # the base64 key may hold "+" itself
+    """A verifier key line (one line, with or without its newline), every field canonical;
+    anything else is ``ReceiptMalformed`` naming ``source``."""
+    body = line[:-1] if line.endswith("\n") else line
+    name, hint, encoded = ((body.split("+", 2) + ["", ""])[:3])  # the base64 key may hold "+" itself
     try:
-        name, hint, encoded = parts
-        raw = base64.b64decode(encoded, validate=True)
-        hint_bytes = bytes.fromhex(hint)
-    except (ValueError, binascii.Error):
-        raise ReceiptMalformed(f"{source} is not a verifier key line (name+keyid+base64 key, as in "
-                               "data/transparency/log.pub); copy that file as it is") from None
-    if raw[:1] != ED25519 or len(raw) != 33 or hint_bytes != key_id(name, raw[1:]):
-        raise ReceiptMalformed(f"{source} is not an Ed25519 verifier key whose ID matches its name and key; copy "
-                               "data/transparency/log.pub as it is")
+        raw = strict_b64(encoded, source, "the key", 33)
+    except ReceiptMalformed:
+        raw = b""
+    if "\n" in body or not VALID_NAME.fullmatch(name) or not KEY_HINT.fullmatch(hint) or raw[:1] != ED25519 \
+            or bytes.fromhex(hint) != key_id(name, raw[1:]):
+        raise ReceiptMalformed(f"{source} is not an Ed25519 verifier key line (name+keyid+base64 key, one line, "
+                               "its key ID matching its name and key, as in data/transparency/log.pub); copy that "
+                               "file as it is")
     return Verifier(name, raw[1:])
 
 
@@ -118,36 +124,38 @@ class Checkpoint:
 
     @classmethod
     def parse(cls, text: str, source: str) -> "Checkpoint":
-        lines = text.split("\n")
-        try:
-            origin, size, encoded = lines[0], lines[1], lines[2]
-            root = base64.b64decode(encoded, validate=True)
-        except (IndexError, binascii.Error):
-            raise ReceiptMalformed(f"{source}: the tree head is not a checkpoint (origin, size, base64 root hash)") \
-                from None
-        if not origin or not size.isdigit() or (size != "0" and size.startswith("0")) or len(root) != HASH_SIZE:
-            raise ReceiptMalformed(f"{source}: the tree head is not a checkpoint (origin, size, base64 root hash)")
-        return cls(origin, int(size), root)
+        """The note text of a C2SP checkpoint: origin, size, root, then extension lines, each
+        non-empty and ending in a newline; the size canonical, the root canonical base64."""
+        lines = text[:-1].split("\n") if text.endswith("\n") else []
+        if len(lines) < 3 or not all(lines):
+            raise ReceiptMalformed(f"{source}: the tree head is not a checkpoint (origin, size, base64 root hash, "
+                                   "each on its own line)")
+        size = canonical_number(lines[1], source, "the tree size")
+        return cls(lines[0], size, strict_b64(lines[2], source, "the root hash", HASH_SIZE))
 
 
 def split_note(note: str, source: str) -> tuple[str, list[tuple[str, bytes]]]:
-    """A signed note's text (with its final newline) and its signature lines (name, bytes)."""
-    if "\n\n" not in note or any(ord(c) < 0x20 and c != "\n" for c in note):
-        raise ReceiptMalformed(f"{source}: not a signed note (a text, an empty line, signature lines)")
+    """A signed note's text (with its final newline) and its signature lines (name, bytes), read
+    as C2SP signed-note says: the text, an empty line, then lines ``— <name> <base64>``, the note
+    ending in a newline, no control character but the newline anywhere."""
+    if not isinstance(note, str) or "\n\n" not in note or not note.endswith("\n") or CONTROL.search(note):
+        raise ReceiptMalformed(f"{source}: not a signed note (a text, an empty line, signature lines, each ending in "
+                               "a newline, no control characters)")
     text, _, signed = note.rpartition("\n\n")
+    lines = signed[:-1].split("\n")
+    if len(lines) > MAX_SIGNATURES:
+        raise ReceiptMalformed(f"{source}: the signed note has {len(lines)} signature lines, more than "
+                               f"{MAX_SIGNATURES}")
     signatures = []
-    for line in filter(None, signed.split("\n")):
-        dash, _, rest = line.partition(" ")
-        name, _, encoded = rest.partition(" ")
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-        except binascii.Error:
-            raw = b""
-        if dash != EM_DASH or not name or len(raw) < 5:
-            raise ReceiptMalformed(f"{source}: the line {line[:40]!r} is not a note signature")
+    for line in lines:
+        dash, name, encoded = (line.split(" ") + ["", ""])[:3] if line.count(" ") == 2 else ("", "", "")
+        if dash != EM_DASH or not VALID_NAME.fullmatch(name) or len(encoded) > MAX_SIGNATURE_CHARS:
+            raise ReceiptMalformed(f"{source}: the line {line[:40]!r} is not a note signature (— name base64)")
+        raw = strict_b64(encoded, source, f"the signature of {name[:40]!r}")
+        if len(raw) < 5:
+            raise ReceiptMalformed(f"{source}: the signature of {name[:40]!r} is too short to hold a key ID and a "
+                                   "signature")
         signatures.append((name, raw))
-    if not signatures:
-        raise ReceiptMalformed(f"{source}: the signed note has no signature")
     return text + "\n", signatures
 
 
