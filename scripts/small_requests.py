@@ -47,7 +47,10 @@ def cli(root: Path, *args: str) -> None:
 
 
 def served_model(root: Path, scenario: str, federation):
-    return federation.model_from(Workspace.open(root).registry.load(scenario, alias="current").state)
+    """The version behind alias ``current`` (the original before any batch moved it)."""
+    registry = Workspace.open(root).registry
+    alias = "current" if registry.by_alias(scenario, "current") is not None else "original"
+    return federation.model_from(registry.load(scenario, alias=alias).state)
 
 
 def accuracies(model, data: Tensors, canaries: np.ndarray) -> dict[str, float]:
@@ -83,8 +86,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/small_requests"))
     args = parser.parse_args()
     root, scenario = args.root, args.scenario
-    cli(root.parent, "init", str(root))
-    cli(root, "train", "--scenario", scenario)
+    if not (root / "params.yaml").exists():
+        cli(root.parent, "init", str(root))
+    if Workspace.open(root).registry.by_alias(scenario, "original") is None:
+        cli(root, "train", "--scenario", scenario)
     federation = load_federation(scenario, load_params(root / "params.yaml"), root, torch.device("cpu"))
     canaries = np.asarray(canary_ids(read_manifest(scenario, root)))
     source = served_model(root, scenario, federation)
