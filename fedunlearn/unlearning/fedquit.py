@@ -32,8 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
+from fedunlearn.config import TrainConfig
 from fedunlearn.federation.cost import TRAINING_STEP_OVER_FORWARD, CostRecord, communication_bytes
 from fedunlearn.federation.fedavg import ClientUpdate, aggregate
 from fedunlearn.federation.local import State, Tensors, objective, predict_logits
@@ -173,13 +175,18 @@ class FedQUIT(UnlearningMethod):
         """One client's local epochs: mini-batch SGD on its retained data, plus, on a target
         client, λ times the distance to the virtual teacher on a cycling mini-batch of its forget
         samples at every step. A client with nothing retained steps through its forget data."""
-        config = fed_state.train_config
         teacher = self._teacher(fed_state, forget) if forget is not None and len(forget) else None
-        model = fed_state.model_from(state)
+        return self.local_update(fed_state.model_from(state), retained, forget, teacher, fed_state.train_config,
+                                 seed=fed_state.seed, round_idx=round_idx, client=client)
+
+    def local_update(self, model: nn.Module, retained: Tensors, forget: Tensors | None, teacher: torch.Tensor | None,
+                     config: TrainConfig, *, seed: int, round_idx: int, client: int) -> QuitUpdate:
+        """``_local_update``'s steps from ``model`` (the global one), wherever the client runs (here, or
+        a Flower ClientApp: ``fedunlearn_flower.fedquit``); ``teacher``: ``teacher_logits`` on ``forget``."""
         model.train()
         optimizer = torch.optim.SGD(model.parameters(), lr=self.lr or config.lr, momentum=config.momentum)
-        seed = int(np.random.SeedSequence([fed_state.seed, round_idx, client]).generate_state(1)[0])
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_idx, client])
+                                                      .generate_state(1)[0]))
         steps_over = retained if len(retained) else forget
         processed, step, total = 0, 0, 0.0
         for _ in range(self.local_epochs):
@@ -210,7 +217,11 @@ class FedQUIT(UnlearningMethod):
     def _teacher(self, fed_state: FederatedState, forget: Tensors) -> torch.Tensor:
         """The virtual teacher's logits on ``forget``, from the model at the request (fixed over
         the rounds, so the rounds converge toward one target)."""
-        logits = predict_logits(fed_state.model_from(fed_state.state), forget.x)
+        return self.teacher_logits(fed_state.model_from(fed_state.state), forget)
+
+    def teacher_logits(self, source: nn.Module, forget: Tensors) -> torch.Tensor:
+        """The virtual teacher's logits on ``forget`` from ``source``, the model at the request."""
+        logits = predict_logits(source, forget.x)
         return virtual_teacher(logits, forget.y.to(logits.device), self.suppress)
 
     def _distance(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:

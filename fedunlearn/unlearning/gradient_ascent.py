@@ -88,8 +88,7 @@ class GradientAscent(UnlearningMethod):
         trained = fed_state.state
         forget = fed_state.forget_by_client(batch)
         reference = self._reference(fed_state, forget)
-        radius = self.radius if self.radius is not None else \
-            self.radius_fraction * _distance(fed_state.engine().initial_state(), reference)
+        radius = self.projection_radius(fed_state.engine().initial_state(), reference)
         jobs = [{"fed_state": fed_state, "reference": reference, "radius": radius, "data": data, "client": c}
                 for c, data in forget.items()]
         updates: list[AscentUpdate] = fed_state.map_updates(self._ascend, jobs)
@@ -117,20 +116,29 @@ class GradientAscent(UnlearningMethod):
         jobs = [{"global_state": fed_state.state, "data": data, "client": c,
                  "round_idx": fed_state.train_config.rounds} for c, data in forget.items()]
         replayed = fed_state.map_updates(engine.local_update, jobs)
-        n = sum(len(c) for c in fed_state.clients)
-        n_forget = sum(len(d) for d in forget.values())
-        return aggregate(fed_state.state, replayed, server_lr=-n_forget / (n - n_forget))
+        return reference_model(fed_state.state, replayed, sum(len(c) for c in fed_state.clients))
+
+    def projection_radius(self, initial: State, reference: State) -> float:
+        """δ: ``radius``, else ``radius_fraction`` · ‖w_ref − w_random‖ (``initial``: the training's seeded start)."""
+        return self.radius if self.radius is not None else self.radius_fraction * _distance(initial, reference)
 
     def _ascend(self, fed_state: FederatedState, reference: State, radius: float, data: Tensors,
                 client: int) -> AscentUpdate:
         """One target client's projected gradient ascent on its forget data."""
-        model = fed_state.model_from(fed_state.state)
+        return self.ascend(fed_state.model_from(fed_state.state), data, reference, radius,
+                           lr=self.lr or fed_state.train_config.lr, seed=fed_state.seed,
+                           round_idx=fed_state.train_config.rounds, client=client)
+
+    def ascend(self, model: nn.Module, data: Tensors, reference: State, radius: float, *, lr: float, seed: int,
+               round_idx: int, client: int) -> AscentUpdate:
+        """The client's side of PGA, wherever the client runs (here, or a Flower ClientApp:
+        ``fedunlearn_flower.gradient_ascent``): ``model`` (the trained one) ascended on its forget
+        ``data`` within the ball of ``radius`` around ``reference``, ``lr`` the resolved step size."""
         _project(model, reference, radius)
-        optimizer = torch.optim.SGD(model.parameters(), lr=self.lr or fed_state.train_config.lr)
-        # Seeded like a FedAvg client in the first round after training: reproducible per client.
-        seed = int(np.random.SeedSequence([fed_state.seed, fed_state.train_config.rounds, client])
-                   .generate_state(1)[0])
-        generator = torch.Generator().manual_seed(seed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        # Seeded like a FedAvg client in the first round after training (``round_idx``): reproducible per client.
+        generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_idx, client])
+                                                      .generate_state(1)[0]))
         model.train()
         steps, processed, loss = 0, 0, float("nan")
         for _ in range(self.epochs):
@@ -157,6 +165,13 @@ class GradientAscent(UnlearningMethod):
         state = {k: v.detach() for k, v in model.state_dict().items()}
         return AscentUpdate(client, state, len(data), loss, steps=steps, samples_processed=processed,
                             early_stopped=early_stopped)
+
+
+def reference_model(trained: State, replayed: list[ClientUpdate], total_samples: int) -> State:
+    """w_ref = (n·w − Σ n_u·w_u)/(n − Σ n_u): the trained model ``trained`` (w, on ``total_samples``
+    samples) without the targets' updates ``replayed`` (w_u, each on its n_u forget samples)."""
+    n_forget = sum(update.num_samples for update in replayed)
+    return aggregate(trained, replayed, server_lr=-n_forget / (total_samples - n_forget))
 
 
 def _ascent_cost(fed_state: FederatedState, batch: DeletionBatch, updates: list[AscentUpdate]) -> CostRecord:
