@@ -18,9 +18,19 @@ Message types (the server side: ``federation.Federation``):
 * ``query.hvp`` → H_j·v, H_j the Hessian of the mean objective over the retained samples (or a
   seeded mini-batch of ``hessian-batch`` of them), by double backprop (HF-KCU, federation Hessian).
 * ``query.krylov`` → HF-KCU's whole step on the client's own curvature (the paper's line 5).
+* ``train.fedquit`` → one FedQUIT round's local update: SGD on the retained data plus, on the
+  samples of ``quit-ids``, the distance to the virtual teacher built from the ``teacher`` model.
+* ``train.ascent`` → gradient ascent's (PGA's) projected ascent on the forget samples, within
+  ``radius`` of the ``reference`` model.
+
+The two method rounds run the core method's own client code (``FedQUIT.local_update``,
+``GradientAscent.ascend``), built from the hyperparameters the message carries in
+``method-params`` (JSON: a configuration record cannot hold None, which several defaults are).
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import torch
@@ -32,8 +42,8 @@ from fedunlearn.federation.fedavg import FedAvg
 from fedunlearn.federation.local import Tensors
 from fedunlearn_flower.partition import CPU, Scenario, own_split
 from fedunlearn_flower.partition import subset as select
-from fedunlearn_flower.records import METRICS, STATE, VECTOR, config_of, record_state, record_vector, state_record, \
-    vector_record
+from fedunlearn_flower.records import METRICS, REFERENCE, STATE, TEACHER, VECTOR, config_of, record_state, \
+    record_vector, state_record, vector_record
 
 app = ClientApp()
 
@@ -47,8 +57,8 @@ class _Job:
         self.scenario = Scenario.load(root, str(self.config["scenario"]))
         self.client = int(context.node_config["partition-id"])
         which = subset or str(self.config.get("subset", "all"))
-        self.data = select(own_split(root, self.scenario.name, self.client), which,
-                           list(self.config.get("forget-ids", [])))
+        self.own = own_split(root, self.scenario.name, self.client)
+        self.data = select(self.own, which, list(self.config.get("forget-ids", [])))
         # One intra-op thread: the in-process engine's tests run with one, and the float results
         # match bit for bit only with the same reduction order; a SuperNode per core is the layout.
         torch.set_num_threads(int(self.scenario.config.threads or 1))
@@ -72,9 +82,7 @@ def partition(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     job, config = _Job(message, context), config_of(message)
-    hyper = TrainConfig(rounds=1, local_epochs=int(config["local-epochs"]), lr=float(config["lr"]),
-                        batch_size=int(config["batch-size"]), momentum=float(config["momentum"]))
-    engine = FedAvg(job.scenario.model_fn, hyper, job.scenario.seed, CPU)
+    engine = FedAvg(job.scenario.model_fn, _hyperparameters(config), job.scenario.seed, CPU)
     update = engine.local_update(record_state(message.content.array_records[STATE]), job.data, job.client,
                                  int(config["round"]))
     return _reply(message, job, {"train-loss": float(update.train_loss)}, **{STATE: state_record(update.state)})
@@ -126,6 +134,47 @@ def local_newton_step(message: Message, context: Context) -> Message:
         v_norm = v.norm()
         scale = torch.where(v_norm > 0, torch.clamp(float(config["beta"]) * theta.norm() / v_norm, max=1.0), scale)
     return _reply(message, job, {"gradient-norm": float(g.norm())}, **{VECTOR: vector_record(scale * v)})
+
+
+@app.train("fedquit")
+def fedquit_round(message: Message, context: Context) -> Message:
+    """FedQUIT's local update (``fedunlearn.unlearning.fedquit``): ``forget-ids`` are the client's
+    forget samples, left out of its retained data; ``quit-ids``, those the quitting term applies to
+    (the ones the source remembers), with the teacher's logits from the ``teacher`` model."""
+    from fedunlearn.unlearning.fedquit import FedQUIT  # see forget_gradient
+
+    config, job = config_of(message), _Job(message, context, subset="retained")
+    method = FedQUIT(**json.loads(str(config["method-params"])))
+    quit_ids = list(config.get("quit-ids", []))
+    quitting = select(job.own, "forget", quit_ids) if quit_ids else None
+    teacher = None if quitting is None else method.teacher_logits(
+        job.scenario.model_from(record_state(message.content.array_records[TEACHER])), quitting)
+    update = method.local_update(job.model(message), job.data, quitting, teacher, _hyperparameters(config),
+                                 seed=job.scenario.seed, round_idx=int(config["round"]), client=job.client)
+    return _reply(message, job, {"num-examples": update.num_samples, "train-loss": float(update.train_loss),
+                                 "samples-processed": update.samples_processed},
+                  **{STATE: state_record(update.state)})
+
+
+@app.train("ascent")
+def projected_ascent(message: Message, context: Context) -> Message:
+    """Gradient ascent's step at a target client (``fedunlearn.unlearning.gradient_ascent``): the
+    sent model ascended on the client's forget samples within ``radius`` of the ``reference`` model."""
+    from fedunlearn.unlearning.gradient_ascent import GradientAscent  # see forget_gradient
+
+    config, job = config_of(message), _Job(message, context, subset="forget")
+    method = GradientAscent(**json.loads(str(config["method-params"])))
+    update = method.ascend(job.model(message), job.data, record_state(message.content.array_records[REFERENCE]),
+                           float(config["radius"]), lr=float(config["lr"]), seed=job.scenario.seed,
+                           round_idx=int(config["round"]), client=job.client)
+    return _reply(message, job, {"train-loss": float(update.train_loss), "steps": update.steps,
+                                 "early-stopped": int(update.early_stopped)}, **{STATE: state_record(update.state)})
+
+
+def _hyperparameters(config) -> TrainConfig:
+    """The training's local step size, batch size and momentum, as a ``train`` message carries them."""
+    return TrainConfig(rounds=1, local_epochs=int(config["local-epochs"]), lr=float(config["lr"]),
+                       batch_size=int(config["batch-size"]), momentum=float(config["momentum"]))
 
 
 def _curvature_sample(job: _Job, batch: int, round_idx: int) -> Tensors:

@@ -64,19 +64,23 @@ class FedAvg:
         scenario = federation.scenario
         return InProcessFedAvg(scenario.model_fn, self.config, scenario.seed, CPU).initial_state()
 
+    def select(self, federation: Federation, round_idx: int, sizes: dict[int, int]) -> list[int]:
+        """The clients round ``round_idx`` samples, given each client's sample count: the in-process
+        engine's draw, seeded by (seed, round)."""
+        scenario = federation.scenario
+        engine = InProcessFedAvg(scenario.model_fn, self.config, scenario.seed, CPU)
+        # The in-process sampler reads only each client's length: ranges stand in for the data.
+        return engine.select_clients(round_idx, [range(sizes.get(c, 0)) for c in range(scenario.num_clients)])
+
     def run(self, federation: Federation, state: State, *, first_round: int = 0, rounds: int | None = None,
             sizes: dict[int, int] | None = None, forget_ids: dict[int, list[str]] | None = None,
             on_round: Callable[[RoundResult], None] | None = None) -> State:
         """``rounds`` rounds from ``state``, numbered from ``first_round`` (later phases keep their
         shuffling seeds apart from training's). With ``forget_ids``, clients train on their retained
         data only, and ``sizes`` are the retained counts (a client with none is never sampled)."""
-        scenario = federation.scenario
-        engine = InProcessFedAvg(scenario.model_fn, self.config, scenario.seed, CPU)
         sizes = sizes or federation.sizes
-        # The in-process sampler reads only each client's length: ranges stand in for the data.
-        stand_ins = [range(sizes.get(c, 0)) for c in range(scenario.num_clients)]
         for r in range(first_round, first_round + (self.config.rounds if rounds is None else rounds)):
-            chosen = engine.select_clients(r, stand_ins)
+            chosen = self.select(federation, r, sizes)
             updates = federation.train(state, r, chosen, subset="retained" if forget_ids else "all",
                                        forget_ids=forget_ids, **self.client_hyperparameters())
             state = aggregate(state, updates, self.config.server_lr)

@@ -75,11 +75,23 @@ class Federation:
         forget_ids = forget_ids or {}
         hyper = {"round": round_idx, "subset": subset, "local-epochs": local_epochs, "lr": lr, "batch-size": batch_size,
                  "momentum": momentum}
-        jobs = {c: self._content(state, **hyper, **{"forget-ids": forget_ids.get(c, [])}) for c in clients}
-        replies = self._send(jobs, "train", f"round-{round_idx}")
-        return [ClientUpdate(c, record_state(replies[c].content.array_records[STATE]),
-                             int(replies[c].content.metric_records[METRICS]["num-examples"]),
-                             float(replies[c].content.metric_records[METRICS]["train-loss"])) for c in sorted(replies)]
+        jobs = {c: {**hyper, "forget-ids": forget_ids.get(c, [])} for c in clients}
+        return [update for update, _ in self.updates("train", state, jobs, f"round-{round_idx}").values()]
+
+    def updates(self, message_type: str, state: State, jobs: dict[int, dict], group: str,
+                states: dict[int, dict[str, State]] | None = None) -> dict[int, tuple[ClientUpdate, dict]]:
+        """A ``train.*`` exchange: ``state`` and each client's configuration (``jobs``) and further
+        models (``states``, by record name); per client, in client order (the core's summation
+        order), its updated model as a ``ClientUpdate`` and the reply's metrics."""
+        states = states or {}
+        replies = self._send({c: self._content(state, states=states.get(c), **config) for c, config in jobs.items()},
+                             message_type, group)
+        updates = {}
+        for c in sorted(replies):
+            metrics = dict(replies[c].content.metric_records[METRICS])
+            updates[c] = (ClientUpdate(c, record_state(replies[c].content.array_records[STATE]),
+                                       int(metrics["num-examples"]), float(metrics["train-loss"])), metrics)
+        return updates
 
     def vectors(self, message_type: str, state: State, jobs: dict[int, dict], group: str,
                 vector: torch.Tensor | None = None) -> dict[int, tuple[torch.Tensor, dict]]:
@@ -90,8 +102,9 @@ class Federation:
         return {c: (record_vector(r.content.array_records[VECTOR]), dict(r.content.metric_records[METRICS]))
                 for c, r in sorted(replies.items())}
 
-    def _content(self, state: State | None = None, vector: torch.Tensor | None = None, **config) -> RecordDict:
-        return content(state, vector, root=self.root, scenario=self.scenario.name, **config)
+    def _content(self, state: State | None = None, vector: torch.Tensor | None = None,
+                 states: dict[str, State] | None = None, **config) -> RecordDict:
+        return content(state, vector, states, root=self.root, scenario=self.scenario.name, **config)
 
     def _send(self, jobs: dict[int, RecordDict], message_type: str, group: str,
               by_node: bool = False) -> dict[int, Message]:

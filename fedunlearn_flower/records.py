@@ -16,6 +16,8 @@ STATE = "arrays"      # the global model (server → client) or the updated mode
 VECTOR = "vector"     # a flat vector: a direction (server → client), a gradient or a product (client → server)
 CONFIG = "config"     # what to compute, on which subset of the client's data
 METRICS = "metrics"   # num-examples and train-loss of a reply
+TEACHER = "teacher"   # FedQUIT: the model at the request, the virtual teacher's source (server → target client)
+REFERENCE = "reference"  # gradient ascent: w_ref, the centre of the projection ball (server → target client)
 
 
 def state_record(state: State) -> ArrayRecord:
@@ -34,13 +36,16 @@ def record_vector(record: ArrayRecord) -> torch.Tensor:
     return record.to_torch_state_dict()[VECTOR]
 
 
-def content(state: State | None = None, vector: torch.Tensor | None = None, **config) -> RecordDict:
-    """A message's records: the model, a vector and the configuration, those given."""
+def content(state: State | None = None, vector: torch.Tensor | None = None, states: dict[str, State] | None = None,
+            **config) -> RecordDict:
+    """A message's records: the model, a vector, further models by record name (``TEACHER``,
+    ``REFERENCE``) and the configuration, those given."""
     records: dict = {CONFIG: ConfigRecord(config)}
     if state is not None:
         records[STATE] = state_record(state)
     if vector is not None:
         records[VECTOR] = vector_record(vector)
+    records.update({name: state_record(extra) for name, extra in (states or {}).items()})
     return RecordDict(records)
 
 

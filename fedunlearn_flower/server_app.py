@@ -24,11 +24,15 @@ from fedunlearn.federation.fedavg import RoundResult
 from fedunlearn.federation.local import State
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
+from fedunlearn_flower.fedquit import FedQUIT
+from fedunlearn_flower.finetune import FineTune
+from fedunlearn_flower.gradient_ascent import GradientAscent
 from fedunlearn_flower.hf_kcu import HFKCU
 from fedunlearn_flower.partition import Scenario
 from fedunlearn_flower.puf import PUFRegular, PUFSpecial
 
-ALGORITHMS = {"puf-special": PUFSpecial, "puf-regular": PUFRegular, "hf-kcu": HFKCU}
+ALGORITHMS = {"puf-special": PUFSpecial, "puf-regular": PUFRegular, "hf-kcu": HFKCU, "ga": GradientAscent,
+              "finetune": FineTune, "fedquit": FedQUIT}
 STATUS, TRAINED, UNLEARNED, STEP = "status.json", "trained.pt", "unlearned.pt", "step.pt"
 ROUND = "round-{}.pt"  # the global model after training round n (from 1), for the caller's per-round metrics
 

@@ -4,8 +4,9 @@ of seconds, so they run in ``make reliability`` only (``make test`` runs the 3-c
 equivalence of tests/test_flower.py).
 
 * Simulation: FedAvg and PUF-Regular's unlearning round equal the in-process engine's; HF-KCU with
-  the federation's Hessian, its products computed on the clients, equals the in-process step; every
-  socket Ray's processes listen on is on the loopback.
+  the federation's Hessian, its products computed on the clients, equals the in-process step; so do
+  gradient ascent, fine-tuning and FedQUIT (with ``remembered`` set); every socket Ray's processes
+  listen on is on the loopback.
 * A SuperNode killed mid-round ends the run with ``NodeLost`` naming it, and no process is left.
 * A SuperNode that never connects ends it with ``NodeNeverConnected`` naming its address.
 * An existing SuperLink given by address runs the job (the deployment's, here).
@@ -117,6 +118,28 @@ def test_simulation_hf_kcu_with_client_side_hessian_vector_products(workspace, t
     assert max_difference(unlearned, expected) <= 1e-5
     assert max_difference(unlearned, reference.state) > 1e-6  # the step moved the model
     assert notes["hvp_exchanges"] == (3 if hessian == "federation" else 0) and runtime == "flower-simulation"
+
+
+def test_simulation_runs_ga_finetune_and_fedquit_with_remembered_samples(workspace, tmp_path):
+    """Issue 45, item 6, on the engine itself: each of the three methods, unlearned through Flower's
+    simulation (ClientApps in Ray actors) from a model trained in-process, gives the in-process
+    method's model; FedQUIT with ``remembered`` naming 4 of the 10 forget samples is the in-process
+    FedQUIT with the same evidence (tests/test_flower_methods.py runs the same on a loopback grid)."""
+    from fedunlearn.unlearning import get_method
+    from fedunlearn_flower.engine import unlearn_with_flower
+
+    batch = sample_batch(workspace)
+    remembered = batch.with_remembered(batch.forget_ids[1][:4].tolist())
+    reference = in_process(workspace, rounds=2)
+    for method, params, deletion in (("ga", {"epochs": 2, "recovery_rounds": 1}, batch),
+                                     ("finetune", {"rounds": 1}, batch),
+                                     ("fedquit", {"rounds": 2, "recovery_rounds": 1}, remembered)):
+        unlearned, notes, runtime = unlearn_with_flower(workspace, SCENARIO, tmp_path / method, reference.state,
+                                                        method, params, deletion, runner="simulation")
+        expected = get_method(method, setting="hfl", **params).unlearn(reference, deletion).state
+        assert max_difference(unlearned, expected) <= 1e-5, method
+        assert runtime == "flower-simulation" and notes["target_clients"] == [1]
+    assert notes["quitting_samples"] == 4
 
 
 def _kill_when_training(deployment, partition: int) -> None:

@@ -1,0 +1,112 @@
+"""FedQUIT — federated unlearning by distillation from a quasi-competent virtual teacher, over Flower.
+
+Paper: Mora, Valerio, Bellavista and Passarella (2024), "FedQUIT: On-Device Federated Unlearning via
+a Quasi-Competent Virtual Teacher", arXiv:2408.07587. The in-process method is
+``fedunlearn.unlearning.fedquit`` (its docstring and docs/methods.md, "fedquit", give the departures
+from the paper: the squared logit distance, clipping, recovery rounds); this is the same protocol
+with its rounds as Flower messages, and the same client code (``FedQUIT.local_update``).
+
+Each of the ``rounds`` unlearning rounds is a ``train.fedquit`` message to the clients FedAvg samples
+on the retained data, plus every client holding a quitting target: each trains from the global
+model on its retained data and, on its quitting targets, towards the virtual teacher — the model
+at the request with each target's labelled logit lowered, computed by the client from the
+``teacher`` model the message carries (the targets' logits never leave it). The server averages the
+updates by sample count (FedAvg), then runs ``recovery_rounds`` FedAvg rounds on the retained data.
+
+The quitting targets are the forget samples the batch's ``remembered`` names (all of them where
+nothing was measured): ``quitting_targets``' rule, applied by the server to the IDs, as it holds no
+sample. A forget sample outside them is left out of the client's training altogether, as a retrain
+leaves it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.fedavg import aggregate
+from fedunlearn.federation.local import State
+from fedunlearn.unlearning.fedquit import FedQUIT as InProcessFedQUIT
+from fedunlearn_flower.fedavg import FedAvg
+from fedunlearn_flower.federation import Federation
+from fedunlearn_flower.puf import forget_lists
+from fedunlearn_flower.records import TEACHER
+
+
+class FedQUIT:
+    """FedQUIT strategy on a ``Federation``: sample and client requests.
+
+    Parameters
+    ----------
+    rounds : int (default: 5)
+        R, unlearning rounds, each a FedAvg round with the distillation term on the quitting targets.
+    local_epochs : int (default: 1)
+        Local epochs per round over each client's retained data.
+    forget_weight : float (default: 0.1)
+        λ, the weight of the distillation term (sized for the squared logit distance).
+    suppress : str (default: "min")
+        The labelled logit's value in the virtual teacher: "min" or "mean" of the other logits.
+    temperature : float | None (default: None)
+        None for the logit distance ``distance``; T > 0 for T²·KL at temperature T (T = 1: the paper's loss).
+    lr : float | None (default: None)
+        Local step size (None: the training's; momentum and batch size are always the training's).
+    recovery_rounds : int (default: 2)
+        FedAvg rounds on the retained data afterwards, without the distillation term.
+    distance : str (default: "squared")
+        "squared" or "huber", the logit distance when ``temperature`` is None.
+    clip_norm : float | None (default: 5.0)
+        The local steps' gradient norm is clipped to this (None: no clipping).
+    """
+
+    def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
+                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
+                 distance: str = "squared", clip_norm: float | None = 5.0):
+        # The in-process method validates them, and its clients' code runs them: one definition of both.
+        self.method = InProcessFedQUIT(rounds=rounds, local_epochs=local_epochs, forget_weight=forget_weight,
+                                       suppress=suppress, temperature=temperature, lr=lr,
+                                       recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm)
+
+    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+            training: FedAvg) -> tuple[State, dict]:
+        """The unlearning rounds, then recovery; the unlearned model and what was run."""
+        source, forget, quitting = state, forget_lists(batch), quitting_lists(batch)
+        retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
+        first = training.rounds  # the rounds after training: fresh shuffling seeds, as in-process
+        config = {**_message_config(training), "method-params": json.dumps(self.method.get_params())}
+        participants: list[int] = []
+        for r in range(self.method.rounds):
+            clients = self._participants(federation, training, retained, quitting, first + r)
+            jobs = {c: {**config, "round": first + r, "forget-ids": forget.get(c, []), "quit-ids": quitting.get(c, [])}
+                    for c in clients}
+            replies = federation.updates("train.fedquit", state, jobs, f"fedquit-{r + 1}",
+                                         states={c: {TEACHER: source} for c in clients if c in quitting})
+            state = aggregate(state, [update for update, _ in replies.values()])
+            participants.append(len(replies))
+        state = training.run(federation, state, first_round=first + self.method.rounds,
+                             rounds=self.method.recovery_rounds, sizes=retained, forget_ids=forget)
+        return state, {"target_clients": sorted(quitting), "participants_per_round": participants,
+                       "quitting_samples": sum(len(ids) for ids in quitting.values()),
+                       "recovery_rounds": self.method.recovery_rounds,
+                       "distance": "squared logits" if self.method.temperature is None else "T²·KL"}
+
+    @staticmethod
+    def _participants(federation: Federation, training: FedAvg, retained: dict[int, int],
+                      quitting: dict[int, list[str]], round_idx: int) -> list[int]:
+        """FedAvg's sample on the retained data, and every client holding a quitting target (its
+        distillation cannot be skipped); a client with nothing left to step through sits out."""
+        sampled = training.select(federation, round_idx, retained)
+        return [c for c in sorted(set(sampled) | set(quitting)) if retained.get(c, 0) or c in quitting]
+
+
+def quitting_lists(batch: DeletionBatch) -> dict[int, list[str]]:
+    """Per client, the forget IDs the quitting term applies to: ``quitting_targets``' rule
+    (``DeletionBatch.is_remembered``) on the IDs; clients left none are left out."""
+    chosen = {c: ids[batch.is_remembered(ids)] for c, ids in batch.forget_ids.items()}
+    return {c: [str(i) for i in ids.tolist()] for c, ids in chosen.items() if len(ids)}
+
+
+def _message_config(training: FedAvg) -> dict:
+    """The training's local hyperparameters as a message's configuration (``FedQUIT.lr`` overrides ``lr``)."""
+    hyper = training.client_hyperparameters()
+    return {"local-epochs": hyper["local_epochs"], "lr": hyper["lr"], "batch-size": hyper["batch_size"],
+            "momentum": hyper["momentum"]}

@@ -1,0 +1,41 @@
+"""Fine-tuning on the retained data only, over Flower.
+
+Paper: the "Natural" baseline of "Federated Unlearning via Negated Pseudo-Gradients"
+(puf-negated-pseudo-gradients.txt, §V: "fine tuning the global model without the participation of
+the unlearning client, no explicit unlearning is performed"). The in-process method is
+``fedunlearn.unlearning.finetune``; here its rounds are the training's FedAvg rounds through Flower
+(``train`` messages, subset ``retained``), numbered after the training's, so every client shuffles
+and the server samples as the in-process engine does.
+"""
+
+from __future__ import annotations
+
+from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.local import State
+from fedunlearn.unlearning.finetune import FineTune as InProcessFineTune
+from fedunlearn_flower.fedavg import FedAvg
+from fedunlearn_flower.federation import Federation
+from fedunlearn_flower.puf import forget_lists
+
+
+class FineTune:
+    """Fine-tuning strategy on a ``Federation``: sample, class and client requests.
+
+    Parameters
+    ----------
+    rounds : int (default: 5)
+        FedAvg rounds on the retained data (PUF lets "Natural" run as many rounds as the others' recovery).
+    """
+
+    def __init__(self, *, rounds: int = 5):
+        InProcessFineTune(rounds=rounds)  # its validation: one definition of what is accepted
+        self.rounds = rounds
+
+    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+            training: FedAvg) -> tuple[State, dict]:
+        """``rounds`` FedAvg rounds on the retained data; the model and what was run."""
+        forget = forget_lists(batch)
+        retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
+        state = training.run(federation, state, first_round=training.rounds, rounds=self.rounds, sizes=retained,
+                             forget_ids=forget)
+        return state, {"target_clients": sorted(forget), "rounds": self.rounds}
