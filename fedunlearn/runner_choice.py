@@ -75,15 +75,14 @@ def check_flower_training(runner: Runner, scenario: str, setting: str, *, backdo
 def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapping[str, set[str]],
                     chosen_by_user: bool) -> list[Attempt]:
     """The batch's attempts on a Flower runner. A method the user chose that Flower's app lacks, or
-    an option it does not take, is an error (before the ledger moves); methods the default
-    escalation adds as fallbacks are dropped where Flower lacks them, the exact retrain (in-process)
-    still ending the chain. ``supported``: method → the options its Flower version accepts."""
+    an option it does not take, is an error (before the ledger moves); a method the default
+    escalation adds as a fallback is kept where Flower lacks it, to run in-process
+    (``in_process_fallbacks`` says which, and the batch warns), as the exact retrain that ends the
+    chain does. ``supported``: method → the options its Flower version accepts."""
     if flower_engine(runner) is None:
         return list(attempts)
-    kept = []
     for number, attempt in enumerate(attempts):
         if attempt.exact:
-            kept.append(attempt)
             continue
         if attempt.method not in supported:
             if chosen_by_user or number == 0:
@@ -95,19 +94,19 @@ def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapp
         if unknown:
             raise InputError(f"method {attempt.method!r} on runner {Runner(runner).value} takes no option(s) "
                              f"{', '.join(unknown)}; its Flower version takes {', '.join(sorted(supported[attempt.method]))}")
-        kept.append(attempt)
-    return kept
+    return list(attempts)
 
 
-def dropped_fallbacks(runner: Runner, attempts: Sequence[Attempt], kept: Sequence[Attempt]) -> str | None:
-    """The warning a batch prints when ``flower_attempts`` left fallbacks out of ``attempts``: which
-    methods, on which runner, and what the batch escalates through instead; None when none was left out.
-    Said aloud because a weaker chain (no gradient ascent, no fine-tuning) reaches the exact retrain sooner."""
-    remaining = {id(attempt) for attempt in kept}
-    dropped = list(dict.fromkeys(a.method for a in attempts if id(a) not in remaining))
-    if not dropped:
+def in_process_fallbacks(runner: Runner, attempts: Sequence[Attempt], supported: Mapping[str, set[str]]) -> str | None:
+    """The warning a batch on a Flower runner logs and prints when fallbacks of its escalation have
+    no Flower version and run in-process instead: which methods, on which runner; None when every
+    attempt but the exact retrain runs on Flower. Said aloud because the user asked for Flower, and
+    these attempts read the clients' data in this process."""
+    if flower_engine(runner) is None:
         return None
-    chain = " -> ".join(a.method for a in kept)
-    return (f"runner {Runner(runner).value}: the escalation's fallback(s) {', '.join(dropped)} have no Flower "
-            f"version and were left out; this batch escalates {chain} (the exact retrain runs in-process); "
-            "use --runner in-process for the full escalation")
+    methods = list(dict.fromkeys(a.method for a in attempts if not a.exact and a.method not in supported))
+    if not methods:
+        return None
+    return (f"runner {Runner(runner).value}: the escalation's fallback(s) {', '.join(methods)} have no Flower "
+            "version and run in-process (our loop, on this machine's copy of the clients' data) if the batch "
+            "reaches them, as the exact retrain does")

@@ -47,7 +47,7 @@ from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError,
                                is_no_space, no_space_path)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel, utc_now
-from fedunlearn.runner_choice import check_flower_training, choose_runner, dropped_fallbacks, flower_attempts
+from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
@@ -230,17 +230,17 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
     attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
                 else default_escalation(setting, record.kind, first))
     # Strict only for attempts the user named (an escalation): a chosen --method is the first attempt,
-    # checked as such, and the default chain's fallbacks after it are still the chain's to drop.
+    # checked as such, and the default chain's fallbacks after it may run in-process where Flower lacks them.
     kept = flower_attempts(choice.runner, attempts, flower_methods(), bool(choice.escalation))
-    dropped = dropped_fallbacks(choice.runner, attempts, kept)
-    if dropped:
-        get_run_logger().warning("%s", dropped)
+    in_process = in_process_fallbacks(choice.runner, kept, flower_methods())
+    if in_process:
+        get_run_logger().warning("%s", in_process)
     with stage(record, "reading the source model"):
         registered = attempts_registered(ws, record.scenario, record.batch_id)
         source = load_source_model(ws, record.scenario, record.data_version_before, recorded_source(registered))
     return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
                  choice.gates, choice.retrain_reference, registered, source, tuple(backdoor_ids(ws, record.scenario)),
-                 runner=choice.runner, warnings=(dropped,) if dropped else ())
+                 runner=choice.runner, warnings=(in_process,) if in_process else ())
 
 
 def print_timings(timings: Timings) -> None:

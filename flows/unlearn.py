@@ -46,7 +46,7 @@ from tasks.forget_sets import log_forget_set
 from tasks.models import (batch_description, describe_version, find_reference,
                           register_version, remove_alias, retrained_model, tag_version)
 from tasks.receipts import write_receipt
-from tasks.unlearning import unlearn_in_gpu_slot, unlearn_through_flower
+from tasks.unlearning import flower_methods, unlearn_in_gpu_slot, unlearn_through_flower
 
 
 def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
@@ -206,12 +206,8 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
     ws, scenario, name = ctx.ws, ctx.scenario, f"{attempt.method}-{number}"
     if number in ctx.registered:
         ref, outcome, certificate = read_attempt(ws, scenario, ctx.registered[number])
-    elif ctx.engine is not None:
-        outcome, certificate = unlearn_through_flower(ws, ctx.record, ctx.setup, ctx.source.state, attempt.method,
-                                                      ctx.source_eval.test_acc, attempt.options, ctx.engine)
     else:
-        outcome, certificate = unlearn_in_gpu_slot(ctx.setup, ctx.source.state, attempt.method,
-                                                   ctx.source_eval.test_acc, attempt.options)
+        outcome, certificate = compute_attempt(ctx, attempt, number)
     model = ctx.federation.model_from(outcome.state)
     evaluation = evaluate(ctx.evaluator, name, model)
     verdict = ctx.audit(name, model)
@@ -228,6 +224,19 @@ def try_method(ctx: BatchContext, attempt: Attempt, number: int,
     record = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
                            certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
     return record, certificate, outcome.cost
+
+
+def compute_attempt(ctx: BatchContext, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
+    """The attempt's model, through Flower on a Flower runner where the method has a Flower version;
+    otherwise in-process, and on a Flower runner the batch says so (the user asked for Flower)."""
+    if ctx.engine is not None and attempt.method in flower_methods():
+        return unlearn_through_flower(ctx.ws, ctx.record, ctx.setup, ctx.source.state, attempt.method,
+                                      ctx.source_eval.test_acc, attempt.options, ctx.engine)
+    if ctx.engine is not None:
+        get_run_logger().warning("attempt %d (%s) runs in-process: %s has no Flower version (Flower engine %s)",
+                                 number + 1, attempt.method, attempt.method, ctx.engine)
+    return unlearn_in_gpu_slot(ctx.setup, ctx.source.state, attempt.method, ctx.source_eval.test_acc,
+                               attempt.options)
 
 
 def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: Certificate | None, cost: CostRecord,

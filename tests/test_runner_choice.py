@@ -10,8 +10,8 @@ import pytest
 
 from fedunlearn.config import Runner, ScenarioConfig
 from fedunlearn.errors import InputError
-from fedunlearn.runner_choice import (check_flower_training, choose_runner, dropped_fallbacks, flower_attempts,
-                                      flower_engine, runtime_tag, split_train_runner, training_runner)
+from fedunlearn.runner_choice import (check_flower_training, choose_runner, flower_attempts, flower_engine,
+                                      in_process_fallbacks, runtime_tag, split_train_runner, training_runner)
 from fedunlearn.unlearning.escalation import Attempt
 
 SUPPORTED = {"puf-special": {"eta_u", "max_recovery_rounds", "target_test_acc"}, "hf-kcu": {"beta"}}
@@ -59,37 +59,65 @@ def test_flower_refuses_other_settings_backdoor_and_local_epochs():
             check_flower_training(Runner.flower, "s", **kwargs)
 
 
-def test_flower_attempts_keep_supported_drop_default_fallbacks_and_end_exactly():
+def test_flower_attempts_keep_the_default_fallbacks_flower_lacks_to_run_in_process():
     chain = [Attempt(method="puf-special"), Attempt(method="puf-special", options={"eta_u": 4.0}),
              Attempt(method="ga"), Attempt(method="retrain")]
     assert flower_attempts(Runner.in_process, chain, SUPPORTED, False) == chain
-    kept = flower_attempts(Runner.flower, chain, SUPPORTED, False)
-    assert [a.method for a in kept] == ["puf-special", "puf-special", "retrain"]
+    assert flower_attempts(Runner.flower, chain, SUPPORTED, False) == chain
 
 
-def test_the_fallbacks_a_flower_runner_drops_are_named_in_a_warning():
+def test_a_fallback_without_a_flower_version_is_named_in_a_warning_saying_it_runs_in_process():
+    """No silent fallback: a batch on a Flower runner whose escalation holds methods Flower's app lacks
+    warns, naming each and that it runs in-process; nothing to say when all run on Flower."""
     chain = [Attempt(method="puf-special"), Attempt(method="puf-special", options={"eta_u": 4.0}),
              Attempt(method="ga"), Attempt(method="finetune"), Attempt(method="fedquit"), Attempt(method="retrain")]
-    kept = flower_attempts(Runner.flower_simulation, chain, SUPPORTED, False)
-    line = dropped_fallbacks(Runner.flower_simulation, chain, kept)
+    line = in_process_fallbacks(Runner.flower_simulation, chain, SUPPORTED)
     assert line.startswith("runner flower-simulation: the escalation's fallback(s) ga, finetune, fedquit have no "
-                           "Flower version")
-    assert "escalates puf-special -> puf-special -> retrain" in line
-    assert dropped_fallbacks(Runner.in_process, chain, flower_attempts(Runner.in_process, chain, SUPPORTED, False)) \
-        is None
-    assert dropped_fallbacks(Runner.flower, chain[:2] + chain[-1:], chain[:2] + chain[-1:]) is None
+                           "Flower version and run in-process")
+    assert in_process_fallbacks(Runner.in_process, chain, SUPPORTED) is None
+    assert in_process_fallbacks(Runner.flower, chain[:2] + chain[-1:], SUPPORTED) is None
 
 
-def test_a_chosen_method_keeps_the_default_chain_whose_fallbacks_flower_lacks_are_dropped():
-    """``process --method hf-kcu --runner flower``: the user chose the first attempt, not FedQuit, which
-    the default chain adds after it; the batch drops it (and says so) rather than refusing the batch."""
+def test_the_default_chain_runs_on_flower_from_first_attempt_to_last_resort():
+    """``process --method hf-kcu --runner flower``: every method of the default chain — the fallback,
+    FedQUIT the last resort — has a Flower version, so the batch has nothing to warn of."""
     from fedunlearn.unlearning.escalation import default_escalation
     from tasks.unlearning import flower_methods
 
+    for kind, first in (("sample", "hf-kcu"), ("sample", "puf-special"), ("client", "puf-special"),
+                        ("class", "puf-special")):
+        chain = default_escalation("hfl", kind, Attempt(method=first))
+        assert flower_attempts(Runner.flower, chain, flower_methods(), False) == chain
+        assert in_process_fallbacks(Runner.flower, chain, flower_methods()) is None, (kind, first)
     chain = default_escalation("hfl", "sample", Attempt(method="hf-kcu"))
-    kept = flower_attempts(Runner.flower, chain, flower_methods(), False)
-    assert [a.method for a in kept] == ["hf-kcu", "hf-kcu", "puf-regular", "retrain"]
-    assert "fallback(s) fedquit have no Flower version" in dropped_fallbacks(Runner.flower, chain, kept)
+    assert [a.method for a in chain] == ["hf-kcu", "hf-kcu", "puf-regular", "fedquit", "retrain"]
+
+
+def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns(monkeypatch):
+    """The attempt itself (``flows.unlearn.compute_attempt``) on a Flower runner: a method the app has
+    goes through Flower; one it lacks runs in-process, and the batch logs a warning naming it."""
+    import flows.unlearn as unlearn
+
+    calls: list[str] = []
+    monkeypatch.setattr(unlearn, "flower_methods", lambda: SUPPORTED)
+    monkeypatch.setattr(unlearn, "unlearn_through_flower", lambda *args: calls.append(f"flower {args[4]}"))
+    monkeypatch.setattr(unlearn, "unlearn_in_gpu_slot", lambda *args: calls.append(f"in-process {args[2]}"))
+    messages: list[str] = []
+
+    class Logger:
+        def warning(self, message, *args):
+            messages.append(message % args)
+
+    monkeypatch.setattr(unlearn, "get_run_logger", lambda: Logger())
+    ctx = argparse.Namespace(engine="deployment", ws=None, record=None, setup=None,
+                             source=argparse.Namespace(state={}), source_eval=argparse.Namespace(test_acc=0.9))
+    unlearn.compute_attempt(ctx, Attempt(method="puf-special"), 0)
+    unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
+    assert calls == ["flower puf-special", "in-process ga"]
+    assert messages == ["attempt 3 (ga) runs in-process: ga has no Flower version (Flower engine deployment)"]
+    ctx.engine = None
+    unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
+    assert calls[-1] == "in-process ga" and len(messages) == 1  # the in-process runner: nothing to warn of
 
 
 def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
@@ -132,6 +160,6 @@ def test_flower_methods_are_the_apps_with_their_options():
     from tasks.unlearning import flower_methods
 
     methods = flower_methods()
-    assert set(methods) == {"puf-special", "puf-regular", "hf-kcu"}
+    assert set(methods) == {"puf-special", "puf-regular", "hf-kcu", "ga", "finetune", "fedquit"}
     assert {"eta_u", "max_recovery_rounds", "target_test_acc"} <= methods["puf-special"]
     assert "max_doublings" not in methods["puf-special"]
