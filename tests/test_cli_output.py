@@ -193,3 +193,21 @@ def test_the_batch_description_prints_the_serve_line_as_plain_text(tmp_path):
                         "failed (mia_auc_excess, forget_audit inconclusive); exact forgetting due by 2026-12-27 07:42Z")
     assert lines[2] == "exact retrain: not scheduled" and "**" not in "\n".join(lines)
     assert json.loads(result.model_dump_json())["forgetting"] == "interim"  # the flow result's keys are unchanged
+
+
+def test_an_interim_version_shows_the_reading_that_decided_never_a_strict_fail_beside_no_check_failed():
+    """The strict one-sided audit said `fail`; the interim tier read it as equivalence (pass) and per
+    sample (pass) and served: the verdict line, the serve line and the gate table all show the interim
+    reading; a strict batch keeps showing its own."""
+    checks = [gate("test_acc_drop_vs_source", "pass"), gate("forget_audit", "fail")]
+    interim_reading = {"audit_equivalence": gate("forget_audit_equivalence", "pass"),
+                       "per_sample": gate("forget_audit_per_sample", "pass"), "interim": True}
+    outcome = GateOutcome.of("without reference", checks).model_copy(update=interim_reading)
+    served = receipt(promoted=True, forgetting="interim").model_copy(update={"gates": outcome, "policy": "interim"})
+    text = served.markdown()
+    assert "interim reading: **may serve**" in text and "**fail**" not in text and "FAIL" not in text
+    assert served.serve_line().startswith("alias `current` → v2: serves on the **interim** tier — every check passed")
+    table = [line for line in text.splitlines() if line.startswith("| forget_audit")]
+    assert len(table) == 2 and all("| pass |" in line for line in table), table  # equivalence, then per sample
+    strict = served.model_copy(update={"forgetting": "exact", "policy": "strict"})
+    assert "gates (without reference) **fail**" in strict.markdown()
