@@ -75,15 +75,19 @@ def test_without_calibration_rows_the_chosen_strength_is_used_as_in_the_paper(ca
         calibration_reached(plain, federation.state, federation.forget_data(batch))
 
 
-def test_the_audit_reads_no_calibration_row(canaries):
-    federation, _, references, batch = canaries
-    forget, model = federation.forget_data(batch), federation.model_from(federation.state)
-    before = audit_forgetting(model, forget, references)
-    federation.calibration = federation.calibration.select(np.arange(len(federation.calibration)) % 2 == 0)
-    try:
-        assert audit_forgetting(model, forget, references).auc == before.auc
-    finally:
-        federation.calibration = canaries[0].calibration
+def test_the_audit_cannot_read_a_calibration_row(canaries):
+    """What the audit reads is its arguments and the reference set: no federation reaches it, and
+    the reference set's non-members (pool B) hold no calibration row — also after a request retired
+    held-out rows (``ReferenceSet.without``), when pool A and pool B both shrink."""
+    import inspect
+
+    federation, _, references, _ = canaries
+    assert not {"federation", "fed_state", "calibration"} & set(inspect.signature(audit_forgetting).parameters)
+    retired = references.without(references.pool.sample_ids[:5])
+    for kept in (references, retired):
+        calibration = kept.calibration_rows(federation.test).sample_ids
+        assert len(calibration) and not np.isin(kept.pool.sample_ids, calibration).any()
+        assert np.isin(calibration, kept.pool_a_ids).all()
 
 
 def hf_kcu_rung(federation, batch, rung: int, **options):
