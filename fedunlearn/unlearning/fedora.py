@@ -73,7 +73,7 @@ def as_label_rate(logits: torch.Tensor, labels: torch.Tensor, margin: float) -> 
         return 0.0
     own = logits.gather(1, labels[:, None]).squeeze(1)
     others = logits.scatter(1, labels[:, None], float("-inf")).amax(1)
-    return float((own + margin >= others).float().mean())
+    return int((own + margin >= others).sum()) / len(labels)  # counted exactly: compared with 1/C
 
 
 def suppression_shift(logits: torch.Tensor, labels: torch.Tensor, forgotten: list[int], margin: float,
@@ -96,6 +96,16 @@ def suppression_shift(logits: torch.Tensor, labels: torch.Tensor, forgotten: lis
     # Just above the boundary: float rounding of the re-measured logits (far below 1e-4 nats at
     # the logits' scale) must not put a row back among the counted ones.
     return max(0.0, boundary + 1e-4)
+
+
+def lowered(logits: torch.Tensor, classes: list[int] | None, shift: float) -> torch.Tensor:
+    """``logits`` with the columns of ``classes`` lowered by ``shift``: what lowering those classes'
+    output biases does to them."""
+    if not classes or shift == 0:
+        return logits
+    out = logits.clone()
+    out[:, classes] -= shift
+    return out
 
 
 def output_bias(top: torch.nn.Module, num_classes: int) -> torch.Tensor:
@@ -302,8 +312,12 @@ class FedORA(UnlearningMethod):
             l_u = federation.backprop(forget, mean_uncertainty)
             if satisfied_at is None and l_u >= gamma:
                 satisfied_at = k
-            # Stop before updating: the model returned is the one just measured.
-            stopped = l_u >= gamma and satisfied_at is not None and k - satisfied_at >= self.patience
+            # Stop before updating, at a model that meets the constraint once a class request's
+            # forgotten classes are settled (``_shift``): the model returned is the one just measured.
+            seen["shift"] = self._shift(seen, batch.labels, fed_state.num_classes)
+            settled = float(uncertainty_loss(lowered(seen["logits"], batch.labels, seen["shift"]), self.omega))
+            stopped = (settled >= gamma * len(forget) and satisfied_at is not None
+                       and k - satisfied_at >= self.patience)
             if stopped or k > self.iterations:
                 break
             dual.step(federation, steps[1], gamma, l_u)
@@ -326,24 +340,26 @@ class FedORA(UnlearningMethod):
                               "remaining_steps_per_iteration": substeps, "forget_samples": len(forget),
                               "retained_samples": len(retained)})
 
+    def _shift(self, seen: dict, labels: list[int] | None, num_classes: int) -> float:
+        """How far a class request's last step lowers the forgotten classes' logits (0 for a sample
+        request, or with ``class_margin=None``): the smallest shift that leaves at most a chance share
+        of the forget samples with their own label's logit within ``class_margin`` of the top one."""
+        if not labels or self.class_margin is None:
+            return 0.0
+        return suppression_shift(seen["logits"], seen["labels"], labels, self.class_margin, 1 / num_classes)
+
     def _settle_classes(self, federation, forget: torch.Tensor, labels: list[int], seen: dict) -> dict:
         """A class request's last step (docs/methods.md, "Class requests"): the active party lowers the
-        forgotten classes' output biases by the smallest shift that leaves at most a chance share of
-        the forget samples with their own label's logit within ``class_margin`` of the top one, then
-        measures the forget set again (``seen`` gets the new logits). Returns the figures the
-        certificate states."""
-        chance = 1 / federation.num_classes
-        shift = 0.0
-        if self.class_margin is not None:
-            shift = suppression_shift(seen["logits"], seen["labels"], labels, self.class_margin, chance)
-            if shift > 0:
-                with torch.no_grad():
-                    output_bias(federation.active.model["top"], federation.num_classes)[labels] -= shift
-                seen["logits"] = federation.logits(forget)
+        forgotten classes' output biases by ``seen["shift"]`` and measures the forget set again
+        (``seen`` gets the new logits). Returns the figures the certificate states."""
+        if seen["shift"] > 0:
+            with torch.no_grad():
+                output_bias(federation.active.model["top"], federation.num_classes)[labels] -= seen["shift"]
+            seen["logits"] = federation.logits(forget)
         margin = self.class_margin or 0.0
         return {"forgotten_as_label_rate": as_label_rate(seen["logits"], seen["labels"], margin),
                 "forgotten_accuracy": as_label_rate(seen["logits"], seen["labels"], 0.0), "class_margin": margin,
-                "chance": chance, "forgotten_logit_shift": shift}
+                "chance": 1 / federation.num_classes, "forgotten_logit_shift": seen["shift"]}
 
     def _adapt(self, federation, parties: list[_PartyDual], change: float, steps: tuple[float, float],
                caps: tuple[float, float]) -> tuple[float, float, float]:
