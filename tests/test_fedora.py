@@ -11,7 +11,8 @@ from fedunlearn.certify.certificate import CONSTRAINT_SATISFIED, certificate_for
 from fedunlearn.config import TrainConfig
 from fedunlearn.federation.vertical import VerticalState, load_vertical
 from fedunlearn.unlearning import FedORA, get_method, resolve_request
-from fedunlearn.unlearning.fedora import dual_update, entropy, kl_to_uniform, uncertainty_loss
+from fedunlearn.unlearning.fedora import (FORGOTTEN_AT_MOST_CHANCE, as_label_rate, dual_update, entropy, kl_to_uniform,
+                                          output_bias, suppression_shift, uncertainty_loss)
 from fedunlearn.unlearning.registry import get_method_class
 
 CPU = torch.device("cpu")
@@ -95,7 +96,8 @@ def test_full_forget_batch_then_ceil_delta_retained_mini_batches_per_iteration(f
     substeps = math.ceil(0.25 * len(retained) / CONFIG.batch_size)
     iterations = outcome.certificate_inputs["iterations"]
     assert outcome.certificate_inputs["remaining_steps_per_iteration"] == substeps
-    assert len(calls) == iterations * (1 + substeps)
+    # One more full forget batch at the end: it measures the model the run returns.
+    assert len(calls) == iterations * (1 + substeps) + 1
     for k in range(iterations):
         first, *rest = calls[k * (1 + substeps):(k + 1) * (1 + substeps)]
         assert torch.equal(first, forget)  # the full forget set, once per iteration
@@ -159,3 +161,86 @@ def test_a_constraint_left_unmet_is_not_certified(fed_state):
     assert not outcome.certificate_inputs["satisfied"]
     assert certificate.guarantee == "not certified" and "final L_u >= gamma" in certificate.notes[0]
     assert np.isfinite(outcome.certificate_inputs["L_u"])
+
+
+# --- class requests: the forgotten classes settled below the remaining ones -----------------------------
+
+def test_the_suppression_shift_is_the_smallest_that_leaves_a_chance_share_near_the_top():
+    generator = torch.Generator().manual_seed(0)
+    logits = 0.05 * torch.randn(200, 5, generator=generator)  # near-uniform: a knife's edge
+    labels = torch.tensor([0, 1] * 100)
+    assert as_label_rate(logits, labels, 0.5) == 1.0  # every label within the margin of the top
+    shift = suppression_shift(logits, labels, [0, 1], margin=0.5, chance=0.2)
+    lowered = logits.clone()
+    lowered[:, [0, 1]] -= shift
+    assert shift > 0.5 and as_label_rate(lowered, labels, 0.5) <= 0.2
+    lowered[:, [0, 1]] += 2e-4  # any smaller shift leaves more than the chance share
+    assert as_label_rate(lowered, labels, 0.5) > 0.2
+    # Already well below the remaining classes: nothing to lower.
+    settled = logits.clone()
+    settled[:, [0, 1]] -= 3.0
+    assert suppression_shift(settled, labels, [0, 1], margin=0.5, chance=0.2) == 0.0
+    # A row whose other forgotten class is far above its own label is not counted, whatever the shift.
+    other = torch.tensor([[0.0, 5.0, 0.0]])
+    assert suppression_shift(other.repeat(10, 1), torch.zeros(10, dtype=torch.long), [0, 1], 0.5, 0.0) == 0.0
+
+
+def test_the_output_bias_is_the_last_linear_layer_over_the_classes():
+    top = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3))
+    assert output_bias(top, 3) is top[2].bias
+    with pytest.raises(ValueError, match="no output bias over the 3 classes"):
+        output_bias(torch.nn.Sequential(torch.nn.Linear(4, 3, bias=False)), 3)
+
+
+def forget_logits(fed_state, outcome, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    forget = fed_state.forget_data(batch)
+    with torch.no_grad():
+        return fed_state.model_from(outcome.state)(forget.x), forget.y
+
+
+def test_a_run_whose_logits_are_perturbed_by_1e_6_ends_on_the_same_side_of_chance(fed_state):
+    """Class 0 of wine (chance 1/3): the run as it is and the run with every logit of the top model
+    perturbed by 1e-6 (another machine's float arithmetic) both end with the forgotten class
+    predicted below chance — by a margin, so a perturbation of the final logits cannot flip it."""
+    batch = resolve_request("class", [0], fed_state.clients, num_classes=3)
+    top = fed_state.federation.active.model["top"]
+    generator = torch.Generator().manual_seed(1)
+    noise = top.register_forward_hook(lambda _m, _i, out: out + 1e-6 * torch.randn(out.shape, generator=generator))
+    try:
+        perturbed = get_method("fedora").unlearn(fed_state, batch)
+    finally:
+        noise.remove()
+    plain = get_method("fedora").unlearn(fed_state, batch)
+    for outcome in (plain, perturbed):
+        numbers = outcome.certificate_inputs
+        assert numbers["forgotten_as_label_rate"] <= numbers["chance"] == pytest.approx(1 / 3)
+        assert numbers["assumptions"][FORGOTTEN_AT_MOST_CHANCE] and numbers["satisfied"]
+        logits, labels = forget_logits(fed_state, outcome, batch)
+        for draw in range(20):  # the evaluation's own float noise on top
+            shaken = logits + 1e-6 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(draw))
+            assert as_label_rate(shaken, labels, 0.0) <= numbers["forgotten_as_label_rate"] <= 1 / 3
+    # The paper's iteration alone ends near uniform: most forget samples within the margin of the top,
+    # where the float arithmetic decides the argmax.
+    paper = FedORA(class_margin=None).unlearn(fed_state, batch)
+    assert as_label_rate(*forget_logits(fed_state, paper, batch), 0.5) > 1 / 3
+
+
+def test_a_class_request_still_recognised_is_not_certified_whatever_l_u_says(fed_state):
+    batch = resolve_request("class", [0], fed_state.clients, num_classes=3)
+    early = FedORA(iterations=1, class_margin=None, gamma=-0.99).unlearn(fed_state, batch)  # γ met at once
+    certificate = certificate_for(get_method_class("fedora"), early)
+    assert early.certificate_inputs["satisfied"] and early.certificate_inputs["forgotten_as_label_rate"] > 1 / 3
+    assert certificate.guarantee == "not certified" and FORGOTTEN_AT_MOST_CHANCE in certificate.notes[0]
+    # A sample request states no class figures and makes no such assumption.
+    samples = resolve_request("sample", list(fed_state.forget_data(batch).sample_ids[:5]), fed_state.clients)
+    numbers = FedORA(iterations=2).unlearn(fed_state, samples).certificate_inputs
+    assert "forgotten_as_label_rate" not in numbers and FORGOTTEN_AT_MOST_CHANCE not in numbers["assumptions"]
+
+
+def test_the_run_stops_at_the_first_model_after_patience_that_meets_the_constraint(fed_state):
+    batch = resolve_request("class", [0], fed_state.clients, num_classes=3)
+    numbers = FedORA(patience=3).unlearn(fed_state, batch).certificate_inputs
+    assert numbers["stopped_by_rule"] and numbers["satisfied"]
+    assert numbers["iterations"] >= numbers["first_satisfied_iteration"] - 1 + 3
+    capped = FedORA(iterations=2, gamma=0.99).unlearn(fed_state, batch).certificate_inputs
+    assert not capped["stopped_by_rule"] and capped["iterations"] == 2

@@ -3,6 +3,8 @@ a handful of forgotten samples is inconclusive, never a fail on noise; clear evi
 fails either way. Both policies (against a retrained reference; against the source and chance),
 class requests, the backdoor, the certificate, and a metric nobody measured."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,39 @@ def test_a_class_request_is_judged_on_the_remaining_and_the_removed_classes():
                              forgotten_classes_test=hits(100, 80))
     assert judge(still_there, "constraint satisfied", source=source, reference=None,
                  gates=PromotionGates(max_mia_auc_excess=None)).verdict == "fail"
+
+
+def test_a_class_request_whose_forgotten_classes_are_predicted_above_chance_is_refused():
+    """Chance is 1/C = 0.1: 13 % on 3000 forget samples is shown above it, though within the 0.15
+    limit on forgetting — refused in both policies and on the interim tier, whatever L_u says."""
+    def class_removal(forget: np.ndarray, forgotten_test: np.ndarray, num_classes: int | None = 10) -> Evaluation:
+        removal = evaluation(hits(1000, 880), forget, remaining_classes_test=hits(900, 880),
+                             forgotten_classes_test=forgotten_test)
+        return dataclasses.replace(removal, evidence=dataclasses.replace(removal.evidence, num_classes=num_classes))
+
+    source = class_removal(hits(3000, 3000), hits(100, 95))
+    gates = PromotionGates(max_mia_auc_excess=None)
+    above = class_removal(hits(3000, 390), hits(1000, 125))
+    unknown_chance = judge(class_removal(hits(3000, 390), hits(1000, 125), None), "constraint satisfied",
+                           source=source, reference=None, gates=gates)
+    assert unknown_chance.passed  # the 0.15 limits alone let it through
+    refused = judge(above, "constraint satisfied", source=source, reference=None, gates=gates)
+    assert verdicts(refused)["forget_acc"] == verdicts(refused)["forgotten_classes_test_acc"] == "pass"
+    assert verdicts(refused)["forget_acc_above_chance"] == "fail"
+    assert verdicts(refused)["forgotten_classes_test_acc_above_chance"] == "fail"
+    assert refused.verdict == "fail" and not refused.interim
+    assert "forget_acc_above_chance fails" in refused.held_back
+    retrained = class_removal(hits(3000, 0), hits(1000, 0))
+    against_retrain = judge(above, "constraint satisfied", source=source, reference=retrained,
+                            gates=PromotionGates(max_forget_acc_gap=0.2))
+    assert against_retrain.policy == WITH_REFERENCE and verdicts(against_retrain)["forget_acc_above_chance"] == "fail"
+    # At chance (not shown above it) and below it, the check passes and the version serves.
+    for forget, forgotten_test in ((hits(3000, 300), hits(1000, 100)), (hits(3000, 0), hits(1000, 0))):
+        served = judge(class_removal(forget, forgotten_test), "constraint satisfied", source=source, reference=None,
+                       gates=gates)
+        assert verdicts(served)["forget_acc_above_chance"] == "pass" and served.passed and served.interim
+    # A certificate that proves the forgetting does not outweigh the evidence.
+    assert judge(above, "formal (ε,δ)", source=source, reference=None, gates=gates).verdict == "fail"
 
 
 def test_the_backdoor_the_certificate_and_an_unmeasured_metric():

@@ -224,6 +224,27 @@ def without_reference(candidate: Evaluation, source: Evaluation, gates: Promotio
     return checks
 
 
+def above_chance(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
+    """Class requests, in both policies and whatever the certificate claims: a forgotten-classes
+    split (its test samples, the forget set) predicted as its labels at a rate shown above chance
+    1/C — the lower end of its interval above it — fails: the request is not served as forgotten.
+    Otherwise the check passes and leaves the judgement to the limits on forgetting itself. It
+    refuses on evidence only: a model that no longer recognises the classes scores near chance, so
+    ``inconclusive`` there would hold back exactly what the request asks for."""
+    mine, classes = candidate.evidence.correct, candidate.evidence.num_classes
+    if "forgotten_classes_test" not in mine or not classes:
+        return []
+    checks = []
+    for key in ("forgotten_classes_test", "forget"):
+        hits = mine.get(key, [])
+        if len(hits):
+            check = check_proportion(f"{key}_acc_above_chance", int(np.sum(hits)), len(hits), 1 / classes,
+                                     alpha=gates.alpha / 2)
+            verdict = FAIL if check.verdict == FAIL else PASS
+            checks.append(GateCheck.of(check).model_copy(update={"verdict": verdict, "passed": verdict == PASS}))
+    return checks
+
+
 def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
     hits = candidate.evidence.backdoor_hits
     if hits is None or gates.max_backdoor_asr is None:
@@ -374,7 +395,7 @@ def _judged(candidate: Evaluation, certificate: str, source: Evaluation, referen
     else:
         policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates, canaries)
     audited = [GateCheck.of(audit).model_copy(update={"name": AUDIT_CHECK})] if audit is not None else []
-    return GateOutcome.of(policy, checks + backdoor_check(candidate, gates) + audited,
+    return GateOutcome.of(policy, checks + above_chance(candidate, gates) + backdoor_check(candidate, gates) + audited,
                           proven=_proven(certificate, gates))
 
 

@@ -140,4 +140,4 @@ class Evaluator:
         return Evaluation(test_acc=_mean(correct["test"]), retain_acc=_mean(correct["retain"]),
                           forget_acc=_mean(correct["forget"]), mia_auc=mia_auc,
                           bd_asr=_mean(hits) if hits is not None else None, extra=extra,
-                          evidence=Evidence(correct, attacks, hits))
+                          evidence=Evidence(correct, attacks, hits, self.federation.num_classes))

@@ -38,6 +38,7 @@ class Evidence:
     correct: dict[str, np.ndarray] = field(default_factory=dict)
     attacks: dict[str, AttackResult] = field(default_factory=dict)
     backdoor_hits: np.ndarray | None = None
+    num_classes: int | None = None  # C, for a class request's chance level 1/C (None: not known)
 
 
 @dataclass

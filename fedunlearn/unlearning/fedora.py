@@ -43,6 +43,8 @@ from fedunlearn.unlearning.base import DeletionBatch, Monitor, Outcome, Unlearni
 from fedunlearn.unlearning.registry import register
 
 DUAL_FORMS = ("elementwise", "scalar")
+# The certificate's assumption for a class request (docs/methods.md, "Stopping").
+FORGOTTEN_AT_MOST_CHANCE = "forgotten classes predicted at most at chance (margin class_margin)"
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -60,6 +62,58 @@ def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
 def uncertainty_loss(logits: torch.Tensor, omega: float) -> torch.Tensor:
     """L_u = Σ_j ω·(H(P_j) − KL(P_j‖U)) over the rows (Eq. 24, 28); equals Σ_j ω·(2H(P_j) − log C)."""
     return omega * (entropy(logits) - kl_to_uniform(logits)).sum()
+
+
+def as_label_rate(logits: torch.Tensor, labels: torch.Tensor, margin: float) -> float:
+    """The share of rows predicted as their own label, a near-tie counted as predicted: the label's
+    logit at least the largest other logit minus ``margin``. ``margin=0`` is the plain accuracy up to
+    exact ties; a positive margin makes the count hold for any perturbation of the logits smaller
+    than ``margin / 2``."""
+    if not len(labels):
+        return 0.0
+    own = logits.gather(1, labels[:, None]).squeeze(1)
+    others = logits.scatter(1, labels[:, None], float("-inf")).amax(1)
+    return int((own + margin >= others).sum()) / len(labels)  # counted exactly: compared with 1/C
+
+
+def suppression_shift(logits: torch.Tensor, labels: torch.Tensor, forgotten: list[int], margin: float,
+                      chance: float) -> float:
+    """The smallest b ≥ 0 such that, with the ``forgotten`` classes' logits lowered by b, at most
+    ⌊chance·n⌋ of the n rows are predicted as their own label with ``margin`` (``as_label_rate``).
+    A row's own label is one of ``forgotten``: the shift lowers it against the remaining classes
+    and leaves it where it was against the other forgotten ones."""
+    allowed = math.floor(chance * len(labels))
+    if allowed >= len(labels):
+        return 0.0
+    own = logits.gather(1, labels[:, None]).squeeze(1) + margin
+    is_forgotten = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+    is_forgotten[forgotten] = True
+    remaining_top = logits[:, ~is_forgotten].amax(1)
+    forgotten_top = logits.masked_fill(~is_forgotten, -math.inf).scatter(1, labels[:, None], -math.inf).amax(1)
+    # A row stays counted after a shift b iff own − b ≥ remaining_top (and own ≥ forgotten_top).
+    need = torch.where(own >= forgotten_top, own - remaining_top, torch.full_like(own, -math.inf))
+    boundary = float(need.sort(descending=True).values[allowed])
+    # Just above the boundary: float rounding of the re-measured logits (far below 1e-4 nats at
+    # the logits' scale) must not put a row back among the counted ones.
+    return max(0.0, boundary + 1e-4)
+
+
+def lowered(logits: torch.Tensor, classes: list[int] | None, shift: float) -> torch.Tensor:
+    """``logits`` with the columns of ``classes`` lowered by ``shift``: what lowering those classes'
+    output biases does to them."""
+    if not classes or shift == 0:
+        return logits
+    out = logits.clone()
+    out[:, classes] -= shift
+    return out
+
+
+def output_bias(top: torch.nn.Module, num_classes: int) -> torch.Tensor:
+    """The bias of the top model's output layer (its last linear layer over the classes)."""
+    layers = [m for m in top.modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_classes]
+    if not layers or layers[-1].bias is None:
+        raise ValueError(f"fedora: the top model has no output bias over the {num_classes} classes to lower")
+    return layers[-1].bias
 
 
 def dual_update(omega: torch.Tensor, sigma: float, gamma: float, value: torch.Tensor) -> torch.Tensor:
@@ -174,7 +228,13 @@ class FedORA(UnlearningMethod):
         increase and decay factors of the step sizes, κ_i > 1 > κ_d (not given).
     patience : int, default=15
         iterations run after the constraint first holds, to let the remaining phase repair utility
-        (not given).
+        (not given); the run stops at the first model after them that meets the constraint.
+    class_margin : float or None, default=0.5
+        class requests only (not in the paper): the logit margin m, in nats, of the last step that
+        settles the forgotten classes below the remaining ones — the active party lowers their
+        output biases until at most a chance share (1/C) of the forget samples has its own label's
+        logit within m of the top one (docs/methods.md, "Class requests"). None: the paper's
+        iteration alone, whose near-uniform end leaves the forget accuracy to float noise.
     """
 
     name = "fedora"
@@ -186,7 +246,7 @@ class FedORA(UnlearningMethod):
                  delta: float = 0.05, batch_size: int | None = None, rho: float = 0.01, tau: float | None = None,
                  sigma: float = 0.02, tau_max: float | None = None, sigma_max: float | None = None,
                  alpha: float = 2.0, beta: float = 0.5, kappa_i: float = 1.25, kappa_d: float = 0.5,
-                 patience: int = 15):
+                 patience: int = 15, class_margin: float | None = 0.5):
         self.iterations = iterations
         self.omega = omega
         self.gamma = gamma
@@ -203,6 +263,7 @@ class FedORA(UnlearningMethod):
         self.kappa_i = kappa_i
         self.kappa_d = kappa_d
         self.patience = patience
+        self.class_margin = class_margin
         self._require(isinstance(iterations, int) and iterations >= 1, "iterations", "an integer >= 1")
         self._require(omega > 0, "omega", "> 0")
         self._require(-1 < gamma <= 1, "gamma", "in (-1, 1] (a share of the maximum uncertainty ω·log C)")
@@ -219,6 +280,7 @@ class FedORA(UnlearningMethod):
         self._require(kappa_i > 1, "kappa_i", "> 1")
         self._require(0 < kappa_d < 1, "kappa_d", "in (0, 1)")
         self._require(isinstance(patience, int) and patience >= 0, "patience", "an integer >= 0")
+        self._require(class_margin is None or class_margin >= 0, "class_margin", ">= 0 or None")
 
     def _unlearn(self, fed_state: VerticalState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
@@ -231,53 +293,73 @@ class FedORA(UnlearningMethod):
         # Per forget sample (see "Units of γ"): the paper's iteration on L_u with σ/|D_u|².
         gamma = self.gamma * self.omega * math.log(fed_state.num_classes)
         tau = self.tau if self.tau is not None else config.lr
-        sigma = self.sigma
-        tau_max = self.tau_max if self.tau_max is not None else 4 * tau
-        sigma_max = self.sigma_max if self.sigma_max is not None else 4 * sigma
-        elementwise = self.dual == "elementwise"
-        parties = [_PartyDual(p, elementwise) for p in federation.parties]
-        scalar_omega = torch.zeros((), device=federation.device)
+        steps = (tau, self.sigma)
+        caps = (self.tau_max if self.tau_max is not None else 4 * tau,
+                self.sigma_max if self.sigma_max is not None else 4 * self.sigma)
+        parties = [_PartyDual(p, self.dual == "elementwise") for p in federation.parties]
+        dual = _Dual(parties, self.dual == "elementwise", federation.device)
         draws = _RetainedBatches(retained, batch_size, federation.seed, first_pass=config.rounds)
+        seen = {}  # the active party's view of the forget set, from the unlearning phase's own forward pass
 
-        def mean_uncertainty(logits: torch.Tensor, _labels: torch.Tensor) -> torch.Tensor:
+        def mean_uncertainty(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            seen["logits"], seen["labels"] = logits.detach(), labels
             return uncertainty_loss(logits, self.omega) / len(forget)
 
-        trajectory, change, satisfied_at, k = [], 0.0, None, 0
-        for k in range(1, self.iterations + 1):
-            # Unlearning phase: full batch on D_u; every party keeps ∂L_u/∂θ_i; dual update.
+        trajectory, change, satisfied_at, stopped = [], 0.0, None, False
+        for k in range(1, self.iterations + 2):
+            # Unlearning phase: full batch on D_u, which also shows the model the last iteration left.
             federation.zero_grad()
             l_u = federation.backprop(forget, mean_uncertainty)
-            for party in parties:
-                party.start_iteration()
-            if elementwise:
-                for party in parties:
-                    party.dual_step(sigma, gamma)
-                received = [None] * len(parties)
-            else:  # the active party holds L_u, so it updates Ω and sends it to every party
-                scalar_omega = dual_update(scalar_omega, sigma, gamma, torch.tensor(l_u, device=federation.device))
-                received = [o.reshape(()) for o in federation.broadcast_scalars(scalar_omega.reshape(1))]
             if satisfied_at is None and l_u >= gamma:
                 satisfied_at = k
+            # Stop before updating, at a model that meets the constraint once a class request's
+            # forgotten classes are settled (``_shift``): the model returned is the one just measured.
+            seen["shift"] = self._shift(seen, batch.labels, fed_state.num_classes)
+            settled = float(uncertainty_loss(lowered(seen["logits"], batch.labels, seen["shift"]), self.omega))
+            stopped = (settled >= gamma * len(forget) and satisfied_at is not None
+                       and k - satisfied_at >= self.patience)
+            if stopped or k > self.iterations:
+                break
+            dual.step(federation, steps[1], gamma, l_u)
             # Remaining phase: R mini-batch primal steps on retained data (Algorithm 2).
             for _ in range(substeps):
                 federation.zero_grad()
                 federation.backprop(draws.next())
-                for party, omega in zip(parties, received):
-                    party.primal_step(tau, self.rho, omega)
-            tau, sigma, change = self._adapt(federation, parties, change, (tau, sigma), (tau_max, sigma_max))
-            trajectory.append({"iteration": k, "L_u": l_u * len(forget), "delta_theta": change, "tau": tau,
-                               "sigma": sigma})
-            monitor.record("unlearn", k, federation.state, L_u=l_u * len(forget), tau=tau, sigma=sigma)
-            if satisfied_at is not None and k >= satisfied_at + self.patience:
-                break
-        final = float(uncertainty_loss(federation.logits(forget), self.omega))
-        cost = fed_state.cost_since(before)
-        numbers = self._numbers(final, gamma, len(forget), fed_state.num_classes, (k, satisfied_at, substeps),
-                                _dual_statistics(parties, scalar_omega, elementwise), trajectory)
-        return Outcome(federation.state, cost, certificate_inputs=numbers,
-                       notes={"dual_form": self.dual, "iterations": k, "remaining_steps_per_iteration": substeps,
-                              "forget_samples": len(forget), "retained_samples": len(retained)})
+                dual.primal_step(steps[0], self.rho)
+            *steps, change = self._adapt(federation, parties, change, steps, caps)
+            trajectory.append({"iteration": k, "L_u": l_u * len(forget), "delta_theta": change, "tau": steps[0],
+                               "sigma": steps[1]})
+            monitor.record("unlearn", k, federation.state, L_u=l_u * len(forget), tau=steps[0], sigma=steps[1])
+        forgotten = self._settle_classes(federation, forget, batch.labels, seen) if batch.labels else None
+        final = float(uncertainty_loss(seen["logits"], self.omega))
+        numbers = self._numbers(final, gamma, len(forget), fed_state.num_classes,
+                                (len(trajectory), satisfied_at, substeps, stopped), forgotten, dual.statistics(),
+                                trajectory)
+        return Outcome(federation.state, fed_state.cost_since(before), certificate_inputs=numbers,
+                       notes={"dual_form": self.dual, "iterations": len(trajectory),
+                              "remaining_steps_per_iteration": substeps, "forget_samples": len(forget),
+                              "retained_samples": len(retained)})
 
+    def _shift(self, seen: dict, labels: list[int] | None, num_classes: int) -> float:
+        """How far a class request's last step lowers the forgotten classes' logits (0 for a sample
+        request, or with ``class_margin=None``): the smallest shift that leaves at most a chance share
+        of the forget samples with their own label's logit within ``class_margin`` of the top one."""
+        if not labels or self.class_margin is None:
+            return 0.0
+        return suppression_shift(seen["logits"], seen["labels"], labels, self.class_margin, 1 / num_classes)
+
+    def _settle_classes(self, federation, forget: torch.Tensor, labels: list[int], seen: dict) -> dict:
+        """A class request's last step (docs/methods.md, "Class requests"): the active party lowers the
+        forgotten classes' output biases by ``seen["shift"]`` and measures the forget set again
+        (``seen`` gets the new logits). Returns the figures the certificate states."""
+        if seen["shift"] > 0:
+            with torch.no_grad():
+                output_bias(federation.active.model["top"], federation.num_classes)[labels] -= seen["shift"]
+            seen["logits"] = federation.logits(forget)
+        margin = self.class_margin or 0.0
+        return {"forgotten_as_label_rate": as_label_rate(seen["logits"], seen["labels"], margin),
+                "forgotten_accuracy": as_label_rate(seen["logits"], seen["labels"], 0.0), "class_margin": margin,
+                "chance": 1 / federation.num_classes, "forgotten_logit_shift": seen["shift"]}
 
     def _adapt(self, federation, parties: list[_PartyDual], change: float, steps: tuple[float, float],
                caps: tuple[float, float]) -> tuple[float, float, float]:
@@ -293,21 +375,51 @@ class FedORA(UnlearningMethod):
         return tau, sigma, new_change
 
     def _numbers(self, final: float, gamma: float, forget: int, num_classes: int, progress: tuple,
-                 duals: dict, trajectory: list[dict]) -> dict:
-        """The certificate's inputs: final L_u against γ (totals and per sample), the iterations, the
-        dual variables and the step sizes along the way."""
-        k, satisfied_at, substeps = progress
+                 forgotten: dict | None, duals: dict, trajectory: list[dict]) -> dict:
+        """The certificate's inputs: final L_u against γ (totals and per sample), for a class request
+        the forgotten classes' as-label rate against chance, the iterations, the dual variables and
+        the step sizes along the way."""
+        k, satisfied_at, substeps, stopped = progress
         threshold = gamma * forget
-        return {"dual_form": self.dual, "L_u": final, "gamma": threshold, "satisfied": final >= threshold,
-                "L_u_per_sample": final / forget, "gamma_per_sample": gamma,
-                "L_u_max": self.omega * math.log(num_classes) * forget,
-                "iterations": k, "first_satisfied_iteration": satisfied_at, "remaining_steps_per_iteration": substeps,
-                "dual_variables": duals, "step_sizes": trajectory,
-                "assumptions": {"final L_u >= gamma": final >= threshold}}
+        assumptions = {"final L_u >= gamma": final >= threshold}
+        numbers = {"dual_form": self.dual, "L_u": final, "gamma": threshold, "satisfied": final >= threshold,
+                   "L_u_per_sample": final / forget, "gamma_per_sample": gamma,
+                   "L_u_max": self.omega * math.log(num_classes) * forget,
+                   "iterations": k, "first_satisfied_iteration": satisfied_at, "stopped_by_rule": stopped,
+                   "remaining_steps_per_iteration": substeps, "dual_variables": duals, "step_sizes": trajectory}
+        if forgotten is not None:  # a class request: what it asks, not only the uncertainty
+            numbers.update(forgotten)
+            assumptions[FORGOTTEN_AT_MOST_CHANCE] = forgotten["forgotten_as_label_rate"] <= forgotten["chance"]
+        return {**numbers, "assumptions": assumptions}
 
 
-def _dual_statistics(parties: list[_PartyDual], scalar_omega: torch.Tensor, elementwise: bool) -> dict:
-    """Per party (element-wise Ω_i) or the one scalar Ω."""
-    if not elementwise:
-        return {"omega": float(scalar_omega)}
-    return {f"party_{p.party.index:03d}": p.omega_statistics() for p in parties}
+class _Dual:
+    """The dual variables in either form and the primal step that uses them. Element-wise, each
+    party updates its own Ω_i from its own ∂L_u/∂θ_i; scalar, the active party (it holds L_u)
+    updates the one Ω and sends it to every party."""
+
+    def __init__(self, parties: list[_PartyDual], elementwise: bool, device: torch.device):
+        self.parties, self.elementwise = parties, elementwise
+        self.scalar = torch.zeros((), device=device)
+        self.received: list[torch.Tensor | None] = [None] * len(parties)
+
+    def step(self, federation, sigma: float, gamma: float, l_u: float) -> None:
+        """Keep every party's ∂L_u/∂θ_i (just back-propagated), then update Ω."""
+        for party in self.parties:
+            party.start_iteration()
+        if self.elementwise:
+            for party in self.parties:
+                party.dual_step(sigma, gamma)
+            return
+        self.scalar = dual_update(self.scalar, sigma, gamma, torch.tensor(l_u, device=self.scalar.device))
+        self.received = [o.reshape(()) for o in federation.broadcast_scalars(self.scalar.reshape(1))]
+
+    def primal_step(self, tau: float, rho: float) -> None:
+        for party, omega in zip(self.parties, self.received):
+            party.primal_step(tau, rho, omega)
+
+    def statistics(self) -> dict:
+        """Per party (element-wise Ω_i) or the one scalar Ω."""
+        if not self.elementwise:
+            return {"omega": float(self.scalar)}
+        return {f"party_{p.party.index:03d}": p.omega_statistics() for p in self.parties}
