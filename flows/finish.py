@@ -42,6 +42,7 @@ class Finished:
 
     debt: Debt
     exact_run: str | None
+    siblings_owed: tuple[str, ...] = ()  # the dataset's other scenarios still serving the deleted samples
 
 
 def finish_batch(scope: ScenarioScope, receipt: Receipt, device: torch.device) -> Finished:
@@ -60,24 +61,28 @@ def finish_batch(scope: ScenarioScope, receipt: Receipt, device: torch.device) -
     failpoint("after-tree-head")
     announce_processed(receipt.request_ids, scenario, "forgotten", batch_id)
     debt, exact_run = settle_debt(scope, device)
-    tell_siblings(scope, receipt)
+    owed = tell_siblings(scope, receipt)
     publish_status(scope)
     mark_finished(ws, batch_id)
-    return Finished(debt, exact_run)
+    return Finished(debt, exact_run, tuple(owed))
 
 
-def tell_siblings(scope: ScenarioScope, receipt: Receipt) -> None:
-    """The dataset's other scenarios that still serve samples this batch deleted: said, with the
-    command that forgets them, and announced, so that their served deletion batches start."""
-    ws = scope.ws
-    owed = {r.batch_id: r for r in open_siblings(ws, scope.config.dataset) if receipt.batch_id in r.applied_by}
-    for record in owed.values():
+def tell_siblings(scope: ScenarioScope, receipt: Receipt) -> list[str]:
+    """The dataset's other scenarios that still serve samples this batch deleted: said (returned, and
+    in the run's log), with the command that forgets them, and announced, so that their served
+    deletion batches start."""
+    ws, lines = scope.ws, []
+    for record in open_siblings(ws, scope.config.dataset):
+        if receipt.batch_id not in record.applied_by:
+            continue
         due = min(record.deadlines(ws.params.requests.deadline_days).values())
-        print(f"{record.scenario} still serves the samples of {len(record.requests)} request(s) deleted here: its "
-              f"model learnt them, so it owes their forgetting ({record.batch_id}, due by {due:%Y-%m-%d %H:%M}Z); "
-              f"run `fedunlearn process --scenario {record.scenario}`")
+        lines.append(f"{record.scenario} still serves the samples of {len(record.requests)} request(s) deleted here: "
+                     f"its model learnt them, so it owes their forgetting ({record.batch_id}, due by "
+                     f"{due:%Y-%m-%d %H:%M}Z); run `fedunlearn process --scenario {record.scenario}`")
+        get_run_logger().warning("%s", lines[-1])
         announce_owed([e.request_id for e in record.requests], record.scenario, record.batch_id, due,
                       ws.params.requests.urgent_hours)
+    return lines
 
 
 def settle_debt(scope: ScenarioScope, device: torch.device) -> tuple[Debt, str | None]:

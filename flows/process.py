@@ -190,7 +190,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
     return ProcessResult(**dict(summarize(scope, batch.record, taken)), **batch_result(ws, receipted),
                          retrain_debt=finished.debt.line(ws.params.requests.max_retrain_debt),
-                         exact_run=finished.exact_run,
+                         exact_run=finished.exact_run, siblings_owed=list(finished.siblings_owed),
                          timings=timings, warnings=list(batch.warnings))
 
 
@@ -286,7 +286,8 @@ def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None,
         exact_run = close_owed(scope, device)
     else:
         exact_run = (ended.exact_run if ended else None) or repay_if_late(scope, device)
-    return ProcessResult(**dict(summarize(scope, None, taken)), exact_run=exact_run)
+    return ProcessResult(**dict(summarize(scope, None, taken)), exact_run=exact_run,
+                         siblings_owed=list(ended.siblings_owed) if ended else [])
 
 
 def close_owed(scope: ScenarioScope, device: str | None) -> str:

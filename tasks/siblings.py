@@ -18,7 +18,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.receipts import Receipt, read_receipt, write_receipt
+from fedunlearn.receipts import ModelRef, Receipt, read_receipt, write_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange, load_records
 from fedunlearn.requests.catalog import Catalog, source_catalog
 from fedunlearn.requests.ledger import LedgerEntry
@@ -111,6 +111,12 @@ def owe(ws: Workspace, record: BatchRecord, scenario: str, change: VersionChange
                        completed_at=utc_now()).save(ws.folders)
 
 
+def serving_model(ws: Workspace, scenario: str) -> ModelRef | None:
+    """The scenario's model a deletion batch would unlearn from: the first of ``current``,
+    ``retrained``, ``original`` registered (a model just trained has only ``original``)."""
+    return next((ref for alias in SOURCE_ALIASES if (ref := ws.registry.alias_ref(scenario, alias)) is not None), None)
+
+
 def serving_siblings(ws: Workspace, batch_id: str) -> dict[str, dict]:
     """For a batch's receipt: each sibling scenario it owes forgetting, the record that owes it, the
     version that serves (or served, once that record is receipted) on the deleted samples, and the
@@ -120,7 +126,7 @@ def serving_siblings(ws: Workspace, batch_id: str) -> dict[str, dict]:
         if batch_id not in record.applied_by:
             continue
         closed = read_receipt(ws.root, record.batch_id)
-        serving = closed.models.get("source") if closed else ws.registry.alias_ref(record.scenario, "current")
+        serving = closed.models.get("source") if closed else serving_model(ws, record.scenario)
         forgotten = closed.models.get("current") if closed else None
         owed[record.scenario] = {"owed_by": record.batch_id, "serving": serving.model_dump() if serving else None,
                                  "forgotten_by": forgotten.model_dump() if forgotten else None}

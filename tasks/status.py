@@ -39,7 +39,7 @@ from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
 from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
                                 quarantine_lines, runs_for)
 from tasks.requests import read_inbox
-from tasks.siblings import open_siblings
+from tasks.siblings import open_siblings, serving_model
 from stores.workspace import ScenarioScope, Workspace
 
 
@@ -240,11 +240,11 @@ def sibling_lines(ws: Workspace, scenario: str, now: datetime) -> list[str]:
         due = min(record.deadlines(days).values())
         when = f"{'OVERDUE since' if due < now else 'due by'} {due:%Y-%m-%d %H:%M}Z"
         if record.scenario == scenario:
-            current = ws.registry.alias_ref(scenario, "current")
+            serving = serving_model(ws, scenario)
             lines.append(f"**forgetting owed** for {len(record.requests)} request(s) applied by "
                          f"{', '.join(record.applied_by)} under another scenario of the dataset ({record.batch_id}, "
-                         f"{when}): `current`" + (f" v{current.version}" if current else "") + " was trained on "
-                         f"their samples; `fedunlearn process --scenario {scenario}` forgets them")
+                         f"{when}): " + (f"v{serving.version} ({serving.role}) was" if serving else "its model was")
+                         + f" trained on their samples; `fedunlearn process --scenario {scenario}` forgets them")
         elif set(record.applied_by) & ours:
             lines.append(f"**{record.scenario} still serves** samples that {len(record.requests)} request(s) deleted "
                          f"here ({record.batch_id}, {when}): `fedunlearn process --scenario {record.scenario}` "
