@@ -54,7 +54,7 @@ class Ended:
     receipt: Receipt
     logged: set[tuple[str, str]]
     head_size: int                            # the signed head's size after it
-    published: list[str]                      # the serving version's run's artifacts under transparency/
+    published: list[str]                      # `current`'s run's artifacts under transparency/
     current: object                           # alias `current` after it (an MLflow ModelVersion)
     again: Printed                            # `process` once more
 
@@ -85,10 +85,10 @@ def ended(trained_workspaces, prefect_server, tmp_path_factory) -> Ended:
     receipt = read_receipt(workspace, record.batch_id)
     head = TransparencyLog(workspace).head()
     client = MlflowClient(tracking_uri=tracking_uri(workspace), registry_uri=tracking_uri(workspace))
-    published = [a.path for a in client.list_artifacts(receipt.models["current"].run_id, "transparency")]
+    current = Registry(workspace).by_alias(SCENARIO, "current")  # the retrain that repaid the debt
+    published = [a.path for a in client.list_artifacts(current.run_id, "transparency")]
     return Ended(workspace, record.batch_id, **killed, resumed=resumed, record=record, receipt=receipt,
-                 logged=leaves(workspace), head_size=int(head.split("\n")[1]), published=published,
-                 current=Registry(workspace).by_alias(SCENARIO, "current"),
+                 logged=leaves(workspace), head_size=int(head.split("\n")[1]), published=published, current=current,
                  again=call_cli(workspace, "process", "--scenario", SCENARIO))
 
 
