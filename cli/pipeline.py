@@ -107,9 +107,17 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
     if result.receipt is None:
         if result.exact_run:  # nothing pending, but the retrain debt could not wait
             print(f"exact retrain {result.exact_run}")
+        print_siblings(result)
         return 0
     print(describe_batch(result, root))
+    print_siblings(result)
     return erasure_status(result.erasure)
+
+
+def print_siblings(result) -> None:
+    """Other scenarios of the dataset whose models still serve the deleted samples, and what forgets them."""
+    for line in result.siblings_owed:
+        print(f"owed: {line}")
 
 
 def run_retrain(args: argparse.Namespace, root: Path) -> int:

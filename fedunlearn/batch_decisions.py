@@ -1,8 +1,9 @@
 """The decisions of a deletion batch, apart from the flow that carries them out: which model the
 batch unlearns from, which route it takes (unlearn and escalate, keep the source, retrain for new
 features, close without a model) and which attempts that leaves, when the escalation stops, what
-it does about the retrain debt (repay, schedule or nothing), and one receipt builder per outcome
-(served, no model left, closed by an exact retrain). Plain functions of plain values: the flows
+it does about the retrain debt (repay, schedule or nothing), which version repays earlier batches
+once its receipt is written, and one receipt builder per outcome (served, no model left, closed by
+an exact retrain). Plain functions of plain values: the flows
 and tasks call them, ``tests/test_batch_decisions.py`` checks every branch without Prefect or a
 workspace.
 """
@@ -153,6 +154,19 @@ def debt_action(owed_requests: int, max_requests: int, start_by: datetime | None
     if owed_requests > max_requests or repay_now(start_by, now):
         return DebtAction.repay
     return DebtAction.nothing if start_by is None else DebtAction.schedule
+
+
+def repaying_version(receipt: Receipt, current: str | None) -> str | None:
+    """The version whose exact forgetting repays the earlier batches' retrain debt once ``receipt``'s
+    batch serves it: the batch's own exact retrain, or one on its data version registered meanwhile
+    that serves instead (``exactly_forgotten`` by it) — while it is still ``current``. None otherwise
+    (an interim or formal version, no model, or ``current`` moved on since)."""
+    serving = receipt.models.get("current")
+    if serving is None or serving.version != current:
+        return None
+    done = receipt.exactly_forgotten
+    exact = is_exact_retrain(receipt.method) or (done is not None and done.version == serving.version)
+    return serving.version if exact and receipt.outcome != NO_MODEL else None
 
 
 def tier_fields(deadlines: dict[str, datetime], certificate: str | None, forgetting: ForgettingPolicy,

@@ -25,7 +25,8 @@ FAILPOINTS = [
     "during-unlearning",    # the method has run; its weights exist only in memory, nothing certified or stored
     "after-registration",   # unlearned version registered; gates not applied, alias 'current' not moved
     "after-alias-move",     # gates applied, 'current' moved to the unlearned version if it passed; no receipt
-    "after-receipt",        # receipt written; the flow has not returned
+    "after-receipt",        # receipt written; receipts it repays not marked, log not signed, debt not settled
+    "after-tree-head",      # receipts marked, log signed and published; debt not settled, batch not finished
 ]
 
 

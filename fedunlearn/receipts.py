@@ -118,6 +118,13 @@ class Receipt(BaseModel):
     source_gates: GateOutcome | None = Field(None, description="the source model (no unlearning) judged by the same "
                                              "checks, its audit included: what the batch's checks could measure")
     batch_record: str = Field(description="the ingest journal of this batch, relative to the workspace")
+    siblings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="the other scenarios of the dataset whose models learnt the deleted "
+        "samples: per scenario, the batch that owes their forgetting there (owed_by), the version serving on them "
+        "(serving: it stops serving the data once that batch is receipted) and, once it is, the version that "
+        "forgot them (forgotten_by)")
+    applied_by: list[str] = Field(default_factory=list, description="a sibling scenario's batch: the batches that "
+                                  "applied these deletions under another scenario of the same dataset")
 
     @property
     def guarantee(self) -> str | None:

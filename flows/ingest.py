@@ -54,7 +54,9 @@ def summarize(scope: ScenarioScope, record: BatchRecord | None, taken: Intake) -
     """What the CLI prints and the flow returns (``process-deletions`` adds its batch's fields):
     ``record``, the batch worked on (None: none), and what intake found."""
     inbox, folders = taken.inbox, scope.ws.folders
-    summary = {"scenario": scope.scenario, "resumed": [r.batch_id for r in taken.resumed],
+    # A batch an earlier run receipted and this run finished (its end steps) is reported as resumed too.
+    finished = [taken.unfinished.record.batch_id] if taken.unfinished is not None else []
+    summary = {"scenario": scope.scenario, "resumed": [r.batch_id for r in taken.resumed] + finished,
                "quarantined": list(taken.quarantined), "already_applied": taken.already_applied,
                "left_pending": [item.name for item in inbox.elsewhere],
                "waiting": {item.name: item.waiting for item in inbox.waiting}}

@@ -9,8 +9,9 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          + per-example audit ─▶ register ─▶ gates; until an attempt passes (the last
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
-    debt-and-status      the retrain debt repaid, scheduled or left (``batch_decisions.debt_action``)
-                         ─▶ status
+    finish-batch         repaid receipts marked ─▶ log leaves + signed head published ─▶ the retrain
+                         debt repaid, scheduled or left (``batch_decisions.debt_action``) ─▶ status
+                         ─▶ the batch recorded finished
 
 The flow opens the workspace and names the scenario once (``ScenarioScope``); the batch is one value
 (``flows.batch.Batch``) built from it — its record, the device chosen once for the command, the
@@ -25,7 +26,8 @@ the Prefect server, a task run's are events. The stages live in ``flows.intake``
 Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
 quarantined — VFL parties hold features of every sample, not samples), DFL (certified DFU, its
 residual budget carried from version to version in the registry). One resume point
-(``tasks.progress``): a run killed anywhere is finished by the next from what the stores record.
+(``tasks.progress``): a run killed anywhere is finished by the next from what the stores record —
+after the receipt too: a batch is finished only once ``finish-batch`` is done (``flows.finish``).
 """
 
 from __future__ import annotations
@@ -35,24 +37,24 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterator
 
-import torch
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from fedunlearn.batch_decisions import DebtAction, debt_action, recorded_source
+from fedunlearn.batch_decisions import recorded_source
 from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
-from fedunlearn.requests.model import DeletionRequestModel, utc_now
+from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
 from flows.batch import Batch, Receipted
 from flows.debt import repay
+from flows.finish import Finished, finish_batch, resume_end
 from flows.heartbeat import parent_heartbeat
 from flows.ingest import summarize
 from flows.intake import Intake, apply_deletions, intake_requests
@@ -62,13 +64,11 @@ from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
 from stores.workspace import ScenarioScope, Workspace
 from tasks.data import command_device
-from tasks.debt import (REPAY_DEPLOYMENT, Debt, late_repayment, repayment_time, retrain_debt,
-                        schedule_repayment)
+from tasks.debt import late_repayment
 from tasks.models import backdoor_ids, load_source_model
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
-from tasks.status import publish_status
 from tasks.unlearning import flower_methods, gpu_slot
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
@@ -88,10 +88,11 @@ def choose_method(method: MethodChoice | str, setting: str, kind: str | None = N
 
 
 @contextmanager
-def stage(record: BatchRecord, step: str) -> Iterator[None]:
+def stage(record: BatchRecord, step: str, receipted: bool = False) -> Iterator[None]:
     """A failure once the batch is journaled names the batch and the step. One that a re-run can get
     past says to re-run (``BatchFailed``); one that it cannot (damaged state, a batch that can never
-    succeed) keeps its meaning and its remedy; a full disk says so."""
+    succeed) keeps its meaning and its remedy; a full disk says so. ``receipted``: the batch's receipt
+    is written, only its end steps are left."""
     rerun = f"`fedunlearn process --scenario {record.scenario}`"
     where = f"{record.batch_id} ({record.scenario}) failed at {step}"
     try:
@@ -103,21 +104,27 @@ def stage(record: BatchRecord, step: str) -> Iterator[None]:
                        if isinstance(err, c))
         # A store's own full-disk error says "the same command": this one names it
         again = f"; once space is freed, run {rerun} again" if meaning is NoSpace and rerun not in str(err) else ""
-        raise meaning(f"{where}: {err}{again}{batch_state(record)}") from err
+        raise meaning(f"{where}: {err}{again}{batch_state(record, receipted)}") from err
     except Exception as err:
         if is_no_space(err):
             path = no_space_path(err) or record.scenario
             raise NoSpace(f"{where}: no space left on device ({path}); free space on that filesystem and run {rerun} "
                           "again: the batch resumes where it stopped") from err
-        raise BatchFailed(f"{where}: {err}; re-run {rerun} to resume — the ledger is exactly-once and the batch "
-                          "continues from the data version before it") from err
+        raise BatchFailed(f"{where}: {err}; re-run {rerun} to resume — " + (
+            "the batch's receipt is written, and the re-run completes its end steps" if receipted else
+            "the ledger is exactly-once and the batch continues from the data version before it")) from err
 
 
-def batch_state(record: BatchRecord) -> str:
+def batch_state(record: BatchRecord, receipted: bool = False) -> str:
     """What a failure after the ingest steps leaves behind, said plainly: the deletion is applied to
-    the data (an error's "nothing was changed" would be untrue), the model step is not done."""
+    the data (an error's "nothing was changed" would be untrue), the model step is not done — or,
+    once the receipt is written, only the end steps are left."""
     if record.status is not BatchStatus.COMPLETE:
         return ""
+    if receipted:
+        return (f". State of {record.batch_id}: its receipt is written and `current` serves its version; its end steps "
+                "(the log's signed head, receipts it repays, the retrain debt, the status) are not all done, so "
+                f"`fedunlearn process --scenario {record.scenario}` completes them first")
     return (f". State of {record.batch_id}: its {len(record.requests)} request(s) ARE applied to the data "
             f"(ledger entries written, data version {record.data_version_before} -> {record.data_version_after}, "
             "request files in processed/); the model step did not finish and no receipt is written, so the batch "
@@ -161,8 +168,9 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scope.scenario, "quarantined",
                            taken.batch.batch_id if taken.batch else "none")
+        ended = finish_earlier(scope, taken, device)
         if taken.batch is None:
-            return nothing_to_process(scope, taken, device)
+            return nothing_to_process(scope, taken, device, ended)
         batch = start_batch(scope, taken, choice, device)
         with stage(batch.record, "ingest (ledger, new data version, erasure check)"):
             batch = batch.applied(apply_deletions(ws, batch.record))
@@ -174,15 +182,15 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             receipted = promote_and_receipt(unlearned)
             publish_receipt(receipted.receipt)
         clock.stage("promote-and-receipt")
-        announce_processed(receipted.receipt.request_ids, scope.scenario, "forgotten", batch.record.batch_id)
-        debt, exact_run = settle_debt(scope, batch.device)
-        publish_status(scope)
+        with stage(batch.record, "end steps (log, debt, status)", receipted=True):
+            finished = finish_batch(scope, receipted.receipt, batch.device)
         clock.stage("debt-and-status")
     print(receipted.receipt.markdown())
     timings = Timings(**clock.split())
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
     return ProcessResult(**dict(summarize(scope, batch.record, taken)), **batch_result(ws, receipted),
-                         retrain_debt=debt.line(ws.params.requests.max_retrain_debt), exact_run=exact_run,
+                         retrain_debt=finished.debt.line(ws.params.requests.max_retrain_debt),
+                         exact_run=finished.exact_run, siblings_owed=list(finished.siblings_owed),
                          timings=timings, warnings=list(batch.warnings))
 
 
@@ -261,10 +269,36 @@ def batch_result(ws: Workspace, receipted: Receipted) -> dict[str, Any]:
             "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
 
 
-def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None) -> ProcessResult:
-    """No batch to run: what intake did, and the retrain debt repaid if it could not wait."""
-    exact_run = repay_if_late(scope, device)
-    return ProcessResult(**dict(summarize(scope, None, taken)), exact_run=exact_run)
+def finish_earlier(scope: ScenarioScope, taken: Intake, device: str | None) -> Finished | None:
+    """The end steps of a batch an earlier run receipted and stopped before finishing, first: they come
+    before any new batch, as they would have in a run never killed."""
+    if taken.unfinished is None:
+        return None
+    with stage(taken.unfinished.record, "end steps (log, debt, status)", receipted=True):
+        return resume_end(scope, taken.unfinished.receipt, command_device(scope.ws, device))
+
+
+def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None,
+                       ended: Finished | None = None) -> ProcessResult:
+    """No batch to run: what intake did, the end steps of a batch an earlier run left (``ended``: what
+    they did about the debt), and the retrain debt repaid if it could not wait."""
+    if taken.retrain_open:
+        exact_run = close_owed(scope, device)
+    else:
+        exact_run = (ended.exact_run if ended else None) or repay_if_late(scope, device)
+    return ProcessResult(**dict(summarize(scope, None, taken)), exact_run=exact_run,
+                         siblings_owed=list(ended.siblings_owed) if ended else [])
+
+
+def close_owed(scope: ScenarioScope, device: str | None) -> str:
+    """Several batches are owed, a sibling scenario's deletions among them, and no registered model is
+    on the data before the first: an exact retrain on the current data version forgets them all, and
+    closes each with its receipt (``repay``)."""
+    get_run_logger().warning("%s owes forgetting for several batches (deletions applied under another scenario of "
+                             "its dataset among them) and no model can be unlearned to its current data: retraining "
+                             "exactly", scope.scenario)
+    repaid = repay(scope, command_device(scope.ws, device))
+    return f"repaid in this run: it closes {', '.join(repaid.repaid)}"
 
 
 def repay_if_late(scope: ScenarioScope, device: str | None) -> str | None:
@@ -286,27 +320,3 @@ def repay_if_late(scope: ScenarioScope, device: str | None) -> str | None:
                       f"and repaying it failed: {err}. Once the cause is fixed, run `fedunlearn repay-debt --scenario "
                       f"{scenario}` (or `fedunlearn process --scenario {scenario}` again)") from err
     return f"repaid in this run: its latest safe start ({start_by:%Y-%m-%d %H:%M}Z) had passed"
-
-
-def settle_debt(scope: ScenarioScope, device: torch.device) -> tuple[Debt, str | None]:
-    """After a batch: repay the retrain debt now when it passed ``requests.max_retrain_debt`` or its
-    latest safe time has come; otherwise have Prefect start the repaying run at that time (a
-    scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left
-    and what was done about it."""
-    ws, scenario = scope.ws, scope.scenario
-    debt = retrain_debt(ws, scenario)
-    start_by = repayment_time(ws, scenario, debt)
-    action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
-    if action is DebtAction.repay:
-        repay(scope, device)
-        return retrain_debt(ws, scenario), "repaid in this run"
-    if action is DebtAction.nothing:
-        return debt, None
-    scheduled = schedule_repayment(ws, scenario, start_by)
-    if scheduled is None:
-        print(f"exact forgetting due by {debt.due:%Y-%m-%d %H:%M}Z: no repay-retrain-debt deployment is served, so "
-              f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z (make serve "
-              "schedules it)")
-        return debt, (f"not scheduled (no repay-retrain-debt deployment is served): run `fedunlearn repay-debt "
-                      f"--scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z")
-    return debt, f"scheduled: flow run {scheduled} of {REPAY_DEPLOYMENT} at {start_by:%Y-%m-%d %H:%M}Z"

@@ -1,5 +1,7 @@
 """Stage ``promote-and-receipt`` of ``process-deletions``: alias ``current`` to the attempt chosen,
-the erasure scan of every store, the receipt (assembled by ``fedunlearn.batch_decisions.receipt_for``)."""
+the erasure scan of every store, the receipt (assembled by ``fedunlearn.batch_decisions.receipt_for``).
+What the batch owes after its receipt — repaid receipts marked, the log's signed head, the debt —
+is stage ``finish-batch`` (``flows.finish``)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,15 @@ from fedunlearn.faults import failpoint
 from fedunlearn.receipts import ExactForgetting, ModelRef
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.model import utc_now
-from fedunlearn.unlearning.escalation import is_exact_retrain
 from flows.batch import Receipted, Unlearned
 from stores.registry import version_ref
 from stores.workspace import Workspace
 from tasks.backup import sync_state
-from tasks.debt import FORGETTING_TAG, mark_repaid, safe_start
+from tasks.debt import FORGETTING_TAG, safe_start
 from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.models import move_alias, tag_version
 from tasks.receipts import write_receipt
-from tasks.transparency import publish_tree_head_task
+from tasks.siblings import serving_siblings
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
@@ -39,7 +40,7 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     """Alias ``current`` to the attempt chosen (its version tagged with its tier, ``forgetting``), the
     erasure scan of every store (now that the batch registered its versions and logged its runs),
     the receipt. With a default DVC remote the data versions and the state are on it before the
-    alias moves, and again with the receipt."""
+    alias moves (and again once the receipt is logged: ``flows.finish``)."""
     batch, unlearning = unlearned.batch, unlearned.unlearning
     ws, record, forgetting = batch.ws, batch.record, batch.forgetting
     scenario, batch_id = record.scenario, record.batch_id
@@ -67,11 +68,10 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
                           ws.relative(record_path(ws.folders, batch_id)))
     if exact is not None:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=exact.version, by="retrain-reference")
+    # Every model version that stops serving the data: the sibling scenarios' too (tasks.siblings).
+    receipt.siblings, receipt.applied_by = serving_siblings(ws, batch_id), list(record.applied_by)
     path = write_receipt(ws, receipt)
-    if is_exact_retrain(chosen.method) or exact is not None:  # an exact retrain serves: it repays earlier batches' debt
-        mark_repaid(ws, scenario, (exact or chosen.version).version, f"batch {batch_id}")
-    # Signed before the state is pushed, so the snapshot on the remote carries the head that logs this batch.
-    publish_tree_head_task(ws.root, (exact or chosen.version).run_id)
-    sync_state(ws.root, f"{batch_id}: receipt")
+    # From here the batch is receipted; what it still owes (repaid receipts, log, debt, status) is the
+    # next stage's, which a re-run after a crash here completes (flows.finish).
     failpoint("after-receipt")
     return Receipted(batch, receipt, path)

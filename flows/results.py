@@ -149,7 +149,7 @@ class ProcessResult(IngestResult):
     only_with: ClassVar = {**IngestResult.only_with,
                            "receipt": ("method", "certificate", "promoted", "attempts", "models", "receipt",
                                        "forgetting", "exact_due", "retrain_debt", "exact_run", "timings",
-                                       "warnings")}
+                                       "warnings", "siblings_owed")}
 
     method: str | None = None
     certificate: str | None = None
@@ -163,6 +163,9 @@ class ProcessResult(IngestResult):
     exact_run: str | None = None
     timings: Timings | None = None
     warnings: list[str] = []  # what the batch warned of, e.g. fallbacks its runner lacks
+    # Other scenarios of the dataset whose models still serve the samples the batch deleted, each with
+    # the command that forgets them there (``tasks.siblings``).
+    siblings_owed: list[str] = []
 
     @property
     def reference(self) -> ModelRef | None:

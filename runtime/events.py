@@ -3,7 +3,9 @@
     fedunlearn.request.submitted  a request file arrived in the inbox (``fedunlearn request``, the
                                   ``submit-deletion-requests`` form, or a file put there by
                                   anything else: the inbox watcher of ``fedunlearn serve`` sees
-                                  every one, so each arrival is announced once, whoever wrote it)
+                                  every one, so each arrival is announced once, whoever wrote it),
+                                  or a request applied under another scenario of the dataset is
+                                  owed forgetting by this one (``announce_owed``)
     fedunlearn.request.processed  a batch finished with it: forgotten (receipt written) or
                                   quarantined
 
@@ -72,6 +74,16 @@ def announce_file(path: Path, default_scenario: str, deadline_days: float, urgen
                payload={"scenario": scenario, "file": path.name, "deadline": deadline.isoformat(),
                         "urgent": urgent})
     return True
+
+
+def announce_owed(request_ids: list[str], scenario: str, batch_id: str, due: datetime, urgent_hours: float) -> None:
+    """``fedunlearn.request.submitted`` per request a sibling scenario owes forgetting (applied under
+    another scenario of its dataset, ``tasks.siblings``): the sibling's served deletion batches are
+    triggered by it as by a new request, and its batch's ``processed`` event answers it."""
+    urgent = due - utc_now() <= timedelta(hours=urgent_hours)
+    for request_id in request_ids:
+        emit_event(SUBMITTED, resource=resource(request_id, scenario, urgent),
+                   payload={"scenario": scenario, "owed_by": batch_id, "deadline": due.isoformat(), "urgent": urgent})
 
 
 def announce_processed(request_ids: list[str], scenario: str, outcome: str, batch_id: str) -> None:

@@ -23,6 +23,8 @@ from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrai
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
 from stores.transparency import publish_tree_head
+from tasks.progress import mark_finished
+from tasks.siblings import note_forgotten
 from stores.workspace import Workspace
 from tasks.erasure import capture_fingerprints, scan_stores
 
@@ -140,11 +142,16 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
     ws.registry.set_alias(scenario, "current", version.version)
     for record in open_batches(ws, scenario):
         erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
-        write_receipt(ws.root, receipt_closed_by_retrain(
+        receipt = receipt_closed_by_retrain(
             record, version, ws.registry.alias_ref(scenario, "original"), erasure.model_dump(mode="json"), by,
             utc_now(), record.deadlines(ws.params.requests.deadline_days),
-            ws.relative(record_path(ws.folders, record.batch_id))))
+            ws.relative(record_path(ws.folders, record.batch_id)))
+        receipt.applied_by = list(record.applied_by)
+        write_receipt(ws.root, receipt)
+        note_forgotten(ws, receipt)
         closed.append(record.batch_id)
     if closed:
         publish_tree_head(ws.root, version.run_id)
+    for batch_id in closed:  # their end steps are done (the caller settles the debt that is left)
+        mark_finished(ws, batch_id)
     return closed

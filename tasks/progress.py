@@ -1,11 +1,14 @@
 """The one resume point of ``process-deletions``: which batch a run owes, and how far it got.
 
-A batch is owed until its receipt is written. How far it got is read from the stores, never
-from a run's memory: the journal (``BatchRecord.status``) says whether its ingest steps are done;
-the registry says which of its attempts are registered (versions tagged ``batch_id`` and
-``attempt``); the receipt says it is done. A run killed anywhere is picked up by the next one
-from exactly there: unfinished ingest steps run, registered attempts are read back (their
-weights, not a new draw), the next attempt runs, the receipt is written.
+A batch is owed until its receipt is written, and finished only once its end steps are done too
+(``BatchRecord.finished_at``: log leaves and signed head published, repaid receipts marked, the
+debt settled or scheduled, the status published; ``flows.finish``). How far it got is read from
+the stores, never from a run's memory: the journal (``BatchRecord.status``) says whether its
+ingest steps are done; the registry says which of its attempts are registered (versions tagged
+``batch_id`` and ``attempt``); the receipt says its model steps are done; ``finished_at`` that
+the end steps are. A run killed anywhere is picked up by the next one from exactly there:
+unfinished ingest steps run, registered attempts are read back (their weights, not a new draw),
+the next attempt runs, the receipt is written, the end steps run (``unfinished_end``).
 
 A batch applied without unlearning (``fedunlearn ingest``) is owed too — unless a model was
 registered on its data version since by something else than the batch (``fedunlearn retrain``):
@@ -16,14 +19,16 @@ holds that data.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.errors import BatchCannotSucceed
-from fedunlearn.receipts import read_receipt
-from fedunlearn.requests.batch import BatchRecord, BatchStatus, in_journal_order, load_records
+from fedunlearn.receipts import Receipt, read_receipt
+from fedunlearn.requests.batch import BatchRecord, BatchStatus, in_journal_order, load_records, record_path
+from fedunlearn.requests.model import utc_now
 from tasks.models import SOURCE_ALIASES
 from stores.workspace import Workspace, cached
 
@@ -42,10 +47,14 @@ def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int
 class Owed:
     """What a run owes ``scenario`` before it takes new requests: a ``batch`` to finish, or the alias
     whose model, registered on the current data version since the batches applied without unlearning,
-    ``closes_open`` them (the caller closes them: ``close_by_retrain``), or nothing."""
+    ``closes_open`` them (the caller closes them: ``close_by_retrain``), or an exact retrain that closes
+    them (``retrain_open``: no model can be unlearned to the current data, and a sibling scenario's
+    deletions are among them — forgetting this scenario owes without anyone having asked for a
+    retrain), or nothing."""
 
     batch: BatchRecord | None = None
     closes_open: str | None = None
+    retrain_open: bool = False  # several batches owed, a sibling's among them, and no model fits the first
 
 
 @task(name="find-owed-batch", cache_policy=NO_CACHE)
@@ -69,6 +78,8 @@ def owed_batch(ws: Workspace, scenario: str) -> Owed:
         return Owed(closes_open=next(a for a, d in on.items() if d == current))
     if last.data_version_before in on.values() and cached(ws.root, last.data_version_before):
         return Owed(last)
+    if any(r.sibling and read_receipt(ws.root, r.batch_id) is None for r in records):
+        return Owed(retrain_open=True)
     listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
     raise BatchCannotSucceed(
         f"the data of {scenario} moved on to data version {current} (by {last.batch_id}, applied without "
@@ -77,3 +88,32 @@ def owed_batch(ws: Workspace, scenario: str) -> Owed:
          else f"no version is on the data before it ({listing or 'none registered'})") +
         f". Register a model on the current data version with `fedunlearn retrain --scenario {scenario}`, then run "
         f"`fedunlearn process --scenario {scenario}` again")
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A batch an earlier run receipted and did not finish: its record and its receipt."""
+
+    record: BatchRecord
+    receipt: Receipt
+
+
+@task(name="find-unfinished-end", cache_policy=NO_CACHE)
+def unfinished_end(ws: Workspace, scenario: str) -> Unfinished | None:
+    """The scenario's last receipted batch (in the ledger's order) when its end steps are not recorded
+    as done: a run killed after the receipt left them. Only the last one can be: every run finishes
+    it before it starts another batch. Reads the stores, changes nothing."""
+    records = [r for r in in_journal_order(load_records(ws.folders), ws.ledger.entries()) if r.scenario == scenario]
+    for record in reversed(records):
+        receipt = read_receipt(ws.root, record.batch_id)
+        if receipt is not None:
+            return None if record.finished_at is not None else Unfinished(record, receipt)
+    return None
+
+
+def mark_finished(ws: Workspace, batch_id: str) -> BatchRecord:
+    """The batch's end steps are all done: recorded in its journal (read back from disk, so nothing
+    another step wrote to it is lost), durably, last."""
+    path = record_path(ws.folders, batch_id)
+    record = BatchRecord.model_validate(json.loads(path.read_bytes()))  # as ``read_records`` reads it
+    return record.model_copy(update={"finished_at": utc_now()}).save(ws.folders)

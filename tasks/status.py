@@ -39,6 +39,7 @@ from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
 from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
                                 quarantine_lines, runs_for)
 from tasks.requests import read_inbox
+from tasks.siblings import open_siblings, serving_model
 from stores.workspace import ScenarioScope, Workspace
 
 
@@ -86,6 +87,7 @@ class DeletionStatus:
     quarantined_count: int = 0  # every file in quarantine/
     next_retrain: ScheduledRetrain | None = None  # what Prefect has scheduled; None: the debt is nothing
     start_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed
+    siblings: list[str] = field(default_factory=list)  # forgetting owed across the dataset's scenarios (sibling_lines)
 
     def repayment_warning(self) -> str | None:
         """Said before the deadline, while a repayment started now may still meet it: the latest safe
@@ -120,6 +122,7 @@ class DeletionStatus:
         else:
             lines.append("no pending requests")
         lines += self._forgotten_lines()
+        lines += ["", *self.siblings] if self.siblings else []
         if self.unreadable:
             lines += ["", f"{len(self.unreadable)} inbox file(s) the next batch quarantines: "
                           f"{', '.join(self.unreadable)}"]
@@ -181,6 +184,8 @@ def unfinished_requests(record: BatchRecord, days: int) -> list[PendingRequest]:
     (an earlier run stopped before the ledger), or applied to the data but not yet unlearned."""
     state = ("data deleted, model not yet unlearned" if record.status is BatchStatus.COMPLETE
              else "in a batch, data not yet deleted")
+    if record.sibling:
+        state = f"data deleted by {', '.join(record.applied_by)} under another scenario, model not yet unlearned"
     return [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
                            e.due(days, record.created_at), f"{record.batch_id} ({state})") for e in record.requests]
 
@@ -220,7 +225,31 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
                           start_by if repay_now(start_by, now) else None, debt.due,
                           [quarantine_line(q, quarantined_sample_ids(ws.folders, q.name))
                            for q in quarantined[:SHOWN_QUARANTINED]], len(quarantined),
-                          scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by)
+                          scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by,
+                          sibling_lines(ws, scenario, now))
+
+
+def sibling_lines(ws: Workspace, scenario: str, now: datetime) -> list[str]:
+    """The forgetting owed across the scenarios of the dataset (``tasks.siblings``): what this
+    scenario owes for deletions applied under another, and what the others still owe for deletions
+    applied here — so that the status of each says the same about a request."""
+    days, lines = ws.params.requests.deadline_days, []
+    owed = open_siblings(ws, ws.scenario(scenario).dataset)
+    ours = {r.batch_id for r in load_records(ws.folders) if r.scenario == scenario} if owed else set()
+    for record in owed:
+        due = min(record.deadlines(days).values())
+        when = f"{'OVERDUE since' if due < now else 'due by'} {due:%Y-%m-%d %H:%M}Z"
+        if record.scenario == scenario:
+            serving = serving_model(ws, scenario)
+            lines.append(f"**forgetting owed** for {len(record.requests)} request(s) applied by "
+                         f"{', '.join(record.applied_by)} under another scenario of the dataset ({record.batch_id}, "
+                         f"{when}): " + (f"v{serving.version} ({serving.role}) was" if serving else "its model was")
+                         + f" trained on their samples; `fedunlearn process --scenario {scenario}` forgets them")
+        elif set(record.applied_by) & ours:
+            lines.append(f"**{record.scenario} still serves** samples that {len(record.requests)} request(s) deleted "
+                         f"here ({record.batch_id}, {when}): `fedunlearn process --scenario {record.scenario}` "
+                         "forgets them")
+    return lines
 
 
 def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingRequest]:

@@ -204,3 +204,31 @@ def test_a_batch_applied_without_unlearning_is_closed_by_the_retrain_that_serves
                                    "notes": ["applied without unlearning; retrained from scratch on data version v1 "
                                              "(repay-retrain-debt)"]}
     assert receipt.exactly_forgotten.version == "4" and receipt.request_ids == ["r0", "r1"]
+
+
+# --- which version repays earlier batches once a batch's receipt is written (flows.finish) -------------
+
+def served(method: str, current: str = "5", exactly_by: str | None = None, outcome: str = "unlearned"):
+    from fedunlearn.receipts import ExactForgetting, Receipt
+
+    ref = ModelRef(version=current, role="retrained" if method == "retrain" else "unlearned", data_version="d1")
+    done = ExactForgetting(at=datetime(2026, 1, 1, tzinfo=timezone.utc), version=exactly_by, by="retrain-reference") \
+        if exactly_by else None
+    return Receipt(batch_id="b", scenario="s", request_ids=["r"], deleted_samples=1, forgotten_per_client={},
+                   data_version_before="d0", data_version_after="d1", method=method, outcome=outcome,
+                   models={"current": ref if outcome != NO_MODEL else None}, promoted=True, metrics={}, costs={},
+                   exactly_forgotten=done, batch_record="x")
+
+
+@pytest.mark.parametrize("receipt, current, repays", [
+    (served("retrain"), "5", "5"),                                # the batch's own exact retrain serves
+    (served("puf-special", exactly_by="5"), "5", "5"),            # an exact retrain registered meanwhile serves
+    (served("puf-special"), "5", None),                           # interim: it repays nothing
+    (served("puf-special", exactly_by="7"), "5", None),           # repaid later by another version: not this batch's
+    (served("retrain"), "6", None),                               # `current` moved on since
+    (served("retrain", outcome=NO_MODEL), None, None),            # nothing serves
+], ids=["own-retrain", "retrain-meanwhile", "interim", "repaid-later", "moved-on", "no-model"])
+def test_the_version_a_receipted_batch_repays_earlier_batches_with(receipt, current, repays):
+    from fedunlearn.batch_decisions import repaying_version
+
+    assert repaying_version(receipt, current) == repays

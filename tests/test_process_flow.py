@@ -109,8 +109,8 @@ def resumed(trained_workspaces, prefect_server, tmp_path_factory) -> Resumed:
     return Resumed(workspace, ids, request_id, before, crashed, resumed=printed, stages=stages, **left)
 
 
-# The stages of process-deletions as its module docstring draws them, the debt settled last.
-STAGES = ["intake_requests", "apply_deletions", "unlearn_and_register", "promote_and_receipt", "settle_debt"]
+# The stages of process-deletions as its module docstring draws them, the end steps (debt, status) last.
+STAGES = ["intake_requests", "apply_deletions", "unlearn_and_register", "promote_and_receipt", "finish_batch"]
 
 
 def recording(stage, name: str, called: list[str]):

@@ -6,6 +6,9 @@ A batch moves through its statuses in order, and the record is saved (durably) a
     formed ─▶ ledger_appended ─▶ versioned ─▶ verified ─▶ complete
     (journal   (ledger fsynced)   (new data    (erasure    (inbox files moved
      written)                      version)     checked)    to processed/)
+
+After the model steps and the receipt, ``finished_at`` records that the batch's end steps are done
+(``flows.finish``): until it is set, a re-run completes them.
 """
 
 from __future__ import annotations
@@ -177,6 +180,15 @@ class BatchRecord(BaseModel):
     processed_files: list[str] = Field(default_factory=list)
     recovered_from: str | None = Field(None, description="rebuilt by `fedunlearn ledger repair` from the ledger; "
                                                          "the damaged file was set aside under this name")
+    applied_by: list[str] = Field(default_factory=list, description="a sibling's owed forgetting: the batches that "
+                                  "applied these deletions under another scenario of the same dataset. This "
+                                  "scenario's models learnt the samples too, so it owes their forgetting; its "
+                                  "entries are those batches' ledger entries resolved against this scenario's "
+                                  "partition, not a journal of ledger appends (``ledger_appended`` stays empty)")
+    finished_at: datetime | None = Field(None, description="when the batch's end steps were all done, after its "
+                                         "receipt: log leaves and signed head published, repaid receipts marked, the "
+                                         "retrain debt settled or scheduled, the status published. Until then a "
+                                         "re-run completes them (``tasks.progress.unfinished_end``)")
 
     @computed_field
     @property
@@ -187,6 +199,11 @@ class BatchRecord(BaseModel):
     @property
     def data_version_after(self) -> str | None:
         return self.data_versions[self.scenario].after if self.scenario in self.data_versions else None
+
+    @property
+    def sibling(self) -> bool:
+        """The forgetting this scenario owes for deletions another scenario's batch applied (``applied_by``)."""
+        return bool(self.applied_by)
 
     def deleted_ids(self) -> set[str]:
         return {i for entry in self.requests for i in entry.sample_ids}

@@ -279,7 +279,8 @@ def _rebuild_from_evidence(folders: RequestFolders, check: LedgerCheck, chain: l
     formed them: an ID another entry deletes is listed as merged, not deleted twice."""
     placed = {e.request_id for e in chain}
     wanted = {e.request_id: e for e in check.elsewhere if e.request_id and e.request_id not in placed}
-    copies = {e.request_id: (r, e) for r in check.records for e in r.requests if e.request_id in wanted}
+    # A sibling's record holds the entries resolved against another scenario's partition: no copy of the ledger's.
+    copies = {e.request_id: (r, e) for r in check.records if not r.sibling for e in r.requests if e.request_id in wanted}
     files = {p.request_id: p for p in processed_requests(folders, placed) if p.request_id in wanted}
     requests, rebuilt = [], []
     for request_id, evidence in wanted.items():

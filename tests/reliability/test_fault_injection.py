@@ -8,7 +8,7 @@ Each test has a copy of the trained workspace of its own (one Prefect server for
 no case depends on which ran before it. The killed run starts its own Prefect server
 (`runtime.local_server`), as a user's does: nothing it started may outlive it. The same holds for runs
 killed from outside at random moments. `make test` runs one stage, `make reliability`
-(RELIABILITY_FULL=1) all six stages and eight outside kills.
+(RELIABILITY_FULL=1) all seven stages and eight outside kills.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ KILL_LEAVES = {
     "after-registration": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": False},
     "after-alias-move": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": False},
     "after-receipt": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": True},
+    "after-tree-head": {"journal": "complete", "ledger": True, "unlearned version": True, "receipt": True},
 }
 
 
