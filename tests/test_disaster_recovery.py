@@ -128,10 +128,15 @@ def test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_con
     assert list((server_store / "artifacts").rglob("weights.pt"))
     applied_request = (workspace / "data/deletion_requests/processed" / f"{first}.json").read_bytes()
 
-    # 3. The disaster: the workspace is gone. Restored from the remote and the server into a new directory.
+    # 3. The disaster: the workspace is gone. Restored from the remote and the server into a new directory;
+    # the log's signing key is a secret no store holds, so the operator restores it from their own backup
+    # (without it the next batch refuses to sign: tests/test_transparency_hardening.py).
+    secrets_backup = tmp_path / "secrets-backup"
+    shutil.copytree(workspace / ".secrets", secrets_backup)
     shutil.rmtree(workspace)
     restored = tmp_path / "restored"
     out = cli(restored, "restore", "--dvc-remote", str(remote), "--mlflow-tracking-uri", uri)
+    shutil.copytree(secrets_backup, restored / ".secrets", dirs_exist_ok=True)
     assert "intact" in out and f"alias current -> v{current.version}" in out, out
     assert f"the data before unfinished batches: {SCENARIO}@{before[:10]}" in out, out  # the batch without receipt
     assert "intact" in cli(restored, "ledger", "verify")
