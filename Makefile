@@ -34,8 +34,10 @@ test: $(STAMP)
 
 # The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input
 # generation, concurrent batches; prints the figures at the end. `make test` runs a fast subset of it.
+# Then the slow end-to-end tests marked `reliability` elsewhere (served path, UIs, restore, Flower, Dask).
 reliability: $(STAMP)
 	RELIABILITY_FULL=1 $(BIN)/python -m pytest -q tests/reliability
+	RELIABILITY_FULL=1 $(BIN)/python -m pytest -q -m reliability tests --ignore=tests/reliability
 
 clean-data:
 	-test ! -x $(BIN)/fedunlearn || $(BIN)/fedunlearn db stop >/dev/null  # the cluster stops before its files go

@@ -44,7 +44,8 @@ def main() -> None:
     margin = equivalence_margin(stratified_null_sd(member_strata, np.repeat(np.arange(args.strata), args.nonmembers)))
     print(f"margin {margin:.3f} ({args.strata} strata × {args.members} forget samples, {args.nonmembers} non-members "
           f"each; {args.draws} draws per row)\n\n| true AUC | passes |\n|---|---|")
-    for true_auc in (0.2, 0.3, 0.35, 0.4, 0.5, 0.6, 0.65, 0.7, 0.8):
+    edges = (round(0.5 - margin, 3), round(0.5 + margin, 3))    # where either side may pass at most α
+    for true_auc in sorted({0.2, 0.3, 0.35, 0.4, 0.5, 0.6, 0.65, 0.7, 0.8, *[e for e in edges if 0 < e < 1]}):
         print(f"| {true_auc:.2f} | {pass_rate(true_auc, args.draws, rng, args.strata, args.members, args.nonmembers):.3f} |",
               flush=True)
 

@@ -25,6 +25,17 @@ from workspaces import (TrainedWorkspaces, cli_training, copy_workspace, tempora
                         throwaway_postgres)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``reliability`` outside tests/reliability are the slow end-to-end ones (whole
+    servers, subprocess pipelines): ``make reliability`` runs them, ``make test`` names them skipped."""
+    if os.environ.get("RELIABILITY_FULL") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow end to end: runs under `make reliability` (RELIABILITY_FULL=1)")
+    for item in items:
+        if item.get_closest_marker("reliability"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def fresh_workspace_template(tmp_path_factory) -> Path:
     from stores.workspace import init_workspace

@@ -67,6 +67,7 @@ def mlflow_server(tmp_path: Path):
         yield running
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_a_lost_workspace_restored_from_the_dvc_remote_and_the_mlflow_server_continues_exactly_once(
         mlflow_server, workspace, prefect_server, tmp_path, capsys, monkeypatch):
     uri, server_store, wait_for_mlflow = mlflow_server

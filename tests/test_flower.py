@@ -41,6 +41,7 @@ def test_the_flower_package_keeps_the_code_shape():
     assert [f for path in files for f in long_functions(path)] == []
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_local_deployment_gives_the_in_process_fedavg_model_and_puf_step(workspace, tmp_path):
     """One FedAvg round, then PUF-Special's unlearning round, on a SuperLink and three SuperNode
     processes: the same model as the in-process engine (one intra-op thread on both sides, the same

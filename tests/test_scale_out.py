@@ -1,11 +1,13 @@
 """Scale-out: client updates on a Dask cluster (prefect-dask, a LocalCluster here) give the same
 model as the default thread runner for a fixed seed."""
 
+import pytest
 import torch
 
 from stores.registry import Registry
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefect_server):
     from prefect_dask import DaskTaskRunner
 

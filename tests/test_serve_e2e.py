@@ -30,6 +30,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCENARIO = "digits-hfl"
 START_TIMEOUT_S = 120
+pytestmark = pytest.mark.reliability  # several servers and a whole served batch: `make reliability`
 
 
 def free_port() -> int:

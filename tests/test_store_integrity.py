@@ -40,6 +40,7 @@ def files_holding(root: Path, rows: set[bytes]) -> list[str]:
             and any(row in p.read_bytes() for row in rows)]
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_erasure_and_integrity_sequences_through_the_cli(trained_digits_hfl, prefect_server, capsys):
     workspace = trained_digits_hfl  # `fedunlearn train --scenario digits-hfl --inline` ran in it
 

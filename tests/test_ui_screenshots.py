@@ -20,8 +20,9 @@ import test_serve_e2e
 from test_serve_e2e import BIN, SCENARIO, free_port, serve_deployments, start_prefect, wait_for_deployment
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-headless-shell")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed; on Debian: "
-                                                         "`apt-get install -y chromium`")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed; on Debian: "
+                                                          "`apt-get install -y chromium`"),
+              pytest.mark.reliability]  # both UIs served and rendered: `make reliability`
 
 services = test_serve_e2e.services  # the fixture that stops every subprocess it started
 

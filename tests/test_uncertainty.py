@@ -294,6 +294,34 @@ def test_a_margin_sized_to_the_counts_passes_exchangeable_samples_and_stops_sepa
     assert _within_rate(-1.8, 200, 3) <= 0.05                  # true AUC ≈ 0.1: over-forgotten
 
 
+def _edge_passes(side: int, draws: int, seed: int, strata: int, members: int) -> int:
+    """How many of ``draws`` forget sets whose true AUC is 0.5 + side · margin pass (side −1 or +1:
+    the band's edge; 0: exchangeable with never-seen samples)."""
+    member_strata, nonmember_strata = np.repeat(np.arange(strata), members), np.repeat(np.arange(strata), 27)
+    margin = equivalence_margin(stratified_null_sd(member_strata, nonmember_strata))
+    shift = np.sqrt(2) * stats.norm.ppf(0.5 + side * margin)
+    rng, passed = np.random.default_rng(seed), 0
+    for _ in range(draws):
+        draw = (rng.normal(shift, 1, member_strata.size), member_strata, rng.normal(0, 1, nonmember_strata.size),
+                nonmember_strata)
+        check = judge_within("eq", stratified_auc(*draw), lambda level: stratified_auc_interval(*draw, confidence=level),
+                             margin, n=draw[0].size + draw[2].size, method=STRATIFIED_AUC_METHOD)
+        passed += check.verdict == PASS
+    return passed
+
+
+@pytest.mark.parametrize("strata, members", [(10, 1), (10, 4)])
+def test_on_the_margins_edge_either_side_passes_at_most_alpha_even_with_one_sample_a_stratum(strata, members):
+    """Ten deleted samples of ten classes leave one member a stratum: each stratum's DeLong member
+    component was zero there and the lower edge passed about three times α. The edge's pass rate
+    must be compatible with α (its Clopper–Pearson 95 % lower bound at most α) on both sides."""
+    draws = 160
+    for side in (-1, +1):
+        passed = _edge_passes(side, draws, 11 + side, strata, members)
+        assert passed == 0 or stats.beta.ppf(0.025, passed, draws - passed + 1) <= ALPHA, (side, passed)
+    assert _edge_passes(0, 60, 5, strata, members) >= 56      # exchangeable: passes at about 1 − β
+
+
 def test_judge_within_fails_wholly_outside_passes_wholly_inside_else_inconclusive():
     def at(interval):
         return judge_within("eq", sum(interval) / 2, lambda level: interval, 0.2, n=10, method="m")

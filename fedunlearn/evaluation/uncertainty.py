@@ -348,14 +348,17 @@ def stratified_auc_interval(member_scores: np.ndarray, member_strata: np.ndarray
                             nonmember_strata: np.ndarray, *, confidence: float = 0.95) -> Bounds:
     """Two-sided interval for ``stratified_auc``: the hull of the stratified DeLong-logit interval
     and the score interval of the strata's Hanley–McNeil variances (why the hull: docs/methods.md).
+    The DeLong member component is the larger of the strata's and the members' pooled one: a
+    stratum of one member has no spread of its own, and a small request leaves many such strata.
     ``confidence`` (default 0.95)."""
     strata = _strata(member_scores, member_strata, nonmember_scores, nonmember_strata)
     weights = np.array([weight for weight, _, _ in strata])
     m = np.array([len(members) for _, members, _ in strata])
     n = np.array([len(nonmembers) for _, _, nonmembers in strata])
     estimate = float(sum(weight * members.mean() for weight, members, _ in strata))
-    delong = sum(weight ** 2 * (_component_variance(members) + _component_variance(nonmembers))
-                 for weight, members, nonmembers in strata)
+    delong = sum(weight ** 2 * _component_variance(nonmembers) for weight, _, nonmembers in strata) + max(
+        sum(weight ** 2 * _component_variance(members) for weight, members, _ in strata),
+        _component_variance(np.concatenate([members for _, members, _ in strata])))
 
     def hanley_mcneil(theta: np.ndarray) -> np.ndarray:
         theta = np.asarray(theta)[..., None]
