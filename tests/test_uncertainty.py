@@ -267,10 +267,10 @@ def _stratified_draw(rng, shift: float, strata: int = 10, members: int = 4, nonm
 
 def test_the_stratified_null_sd_is_the_spread_of_the_stratified_auc_of_exchangeable_samples():
     rng = np.random.default_rng(7)
-    draws = [_stratified_draw(rng, 0.0) for _ in range(3000)]
+    draws = [_stratified_draw(rng, 0.0) for _ in range(1200)]
     spread = np.std([stratified_auc(*draw) for draw in draws])
     predicted = stratified_null_sd(draws[0][1], draws[0][3])
-    assert abs(spread - predicted) / predicted < 0.08
+    assert abs(spread - predicted) / predicted < 0.08   # the spread's own standard error: about 0.02
     with pytest.raises(ValueError, match="at least one member and one non-member"):
         stratified_null_sd(np.array([1]), np.array([2]))
 
