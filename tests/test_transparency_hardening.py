@@ -259,10 +259,14 @@ def test_keys_ids_and_devices_are_read_strictly(logged, tmp_path, monkeypatch):
         status, out = run_verify(tmp_path, monkeypatch, receipt, bad)
         assert status == 10 and out.count("\n") == 1, (bad, out)
     assert run_verify(tmp_path, monkeypatch, receipt, key)[0] == 0
-    for argument in (["--public-key", "/dev/zero"], ["--since", "/dev/zero"]):
+    for argument in (["--public-key", "/dev/zero"], ["--since", "/dev/zero"], ["--ids", "/dev/zero"]):
         printed = call_cli(tmp_path, "verify-receipt", str(tmp_path / "subject" / "receipt.tlog-proof"),
                            "--public-key", str(tmp_path / "subject" / "log.pub"), *argument)
         assert printed.status == 10 and "larger than" in printed.err, printed
+    printed = call_cli(tmp_path, "verify-receipt", "/dev/zero", "--public-key", str(tmp_path / "subject" / "log.pub"))
+    assert printed.status == 10 and "larger than 1 MiB" in printed.err, printed
+    printed = call_cli(workspace, "ledger", "prove-consistency", "--since", "/dev/zero", "--out", str(tmp_path / "p"))
+    assert printed.status == 10 and "larger than 1 MiB" in printed.err and not (tmp_path / "p").exists(), printed
     (tmp_path / "ids.txt").write_bytes(b"a\xff")
     status, out = run_verify(tmp_path, monkeypatch, receipt, key, "--ids", str(tmp_path / "ids.txt"))
     assert status == 10 and "not UTF-8" in out
