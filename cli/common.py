@@ -9,7 +9,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the flows are imported when a command runs, not when the CLI starts
     from fedunlearn.requests.erasure import ErasureReport
@@ -19,6 +19,8 @@ DEFAULT_SCENARIO = "mnist5k-hfl"
 # What prepare_flow_run started for the command (its Prefect server): closed as the command ends.
 _COMMAND_SCOPE = contextlib.ExitStack()
 atexit.register(_COMMAND_SCOPE.close)
+# What the command does the moment its own Prefect server exits by itself (``leave_when_own_server_exits``).
+_ON_OWN_SERVER_EXIT: list[Callable[[], None]] = []
 
 
 # Where the libraries' own deprecations are raised from: nothing a user of the command can act on.
@@ -44,10 +46,25 @@ def prepare_flow_run(verbose: bool = False) -> None:
     if not verbose:
         silence_library_deprecations()
     quiet_connection_tracebacks()
-    own_server = _COMMAND_SCOPE.enter_context(local_prefect_api())
+    own_server = _COMMAND_SCOPE.enter_context(local_prefect_api(on_exit=next(iter(_ON_OWN_SERVER_EXIT), None)))
     if verbose and own_server is not None:
         print(f"(this command's own Prefect server, {own_server}, stops when the command ends: its \"View at\" "
               "links last as long; `make serve` keeps one running)", file=sys.stderr)
+
+
+def leave_when_own_server_exits(command: str, root: Path) -> None:
+    """For the real command line (cli.main; a test calling main() in-process is not ended): once the
+    command's own Prefect server exits by itself, end the command at once with ``lost_service``'s one
+    ``error:`` line and its exit status. Every later call to the server would be retried for minutes
+    (139 s and 30 warning lines, issue 51), and a batch resumes from any point it stops at."""
+    def leave() -> None:
+        from cli import leave_now
+
+        lost = lost_service(ConnectionError("the server's process exited"), command, root)
+        print(f"error: {lost}", file=sys.stderr)
+        leave_now(lost.exit_code if lost is not None else 1)
+
+    _ON_OWN_SERVER_EXIT[:] = [leave]
 
 
 class ConnectionTracebacks(logging.Filter):
