@@ -192,7 +192,7 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     import httpx
 
     from cli import report_error
-    from cli.common import ConnectionTracebacks
+    from cli.common import KnownErrorTracebacks
     from runtime.local_server import stop
 
     server = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
@@ -216,7 +216,7 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     # What Prefect logs on the way (task run, flow run, workers) keeps its line but not its traceback.
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.addFilter(ConnectionTracebacks())
+    handler.addFilter(KnownErrorTracebacks())
     logger = logging.getLogger("test-lost-server")
     logger.addHandler(handler)
     try:
@@ -224,3 +224,18 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     finally:
         logger.removeHandler(handler)
     assert stream.getvalue() == ("Task run failed (ConnectError: All connection attempts failed)\n")
+
+
+def test_the_run_that_loses_the_batch_lock_prints_no_traceback(workspace, prefect_server, monkeypatch, capfd):
+    """Prefect logs the flow's exception with its traceback; the lock's loser (status 3) says it in its
+    one error line, and the log line it keeps names it, with no traceback above (issue 51)."""
+    import flows.ingest
+    from fedunlearn.requests.folders import batch_lock
+
+    monkeypatch.setattr(flows.ingest, "LOCK_TIMEOUT_S", 0.2)
+    with batch_lock(RequestFolders.create(workspace)):  # the other batch
+        status = main(["--root", str(workspace), "ingest", "--scenario", "digits-hfl"])
+    out, err = capfd.readouterr()
+    assert status == 3, out + err
+    assert "Traceback" not in out + err, out + err
+    assert err.strip().splitlines()[-1].startswith("error: another deletion batch is running"), err
