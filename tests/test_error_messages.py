@@ -239,3 +239,11 @@ def test_the_run_that_loses_the_batch_lock_prints_no_traceback(workspace, prefec
     assert status == 3, out + err
     assert "Traceback" not in out + err, out + err
     assert err.strip().splitlines()[-1].startswith("error: another deletion batch is running"), err
+
+
+def test_benchmark_out_naming_a_file_is_refused_before_any_work(workspace, tmp_path, capsys):
+    (tmp_path / "results").write_text("")
+    status = main(["--root", str(workspace), "benchmark", "--scenario", "digits-hfl", "--request", "class:0",
+                   "--out", str(tmp_path / "results")])
+    err = one_error_line(capsys.readouterr().err)
+    assert status == 2 and "is a file: give a directory" in err and (tmp_path / "results").read_text() == ""
