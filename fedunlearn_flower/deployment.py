@@ -87,12 +87,17 @@ class FlowerProcess:
         return f"{self.role} (pid {self.process.pid}, {self.address})"
 
     def command_pid(self) -> int | None:
-        """The PID of the Flower program itself (the guard's child), None once it is gone."""
+        """The PID of the Flower program itself, None once it is gone: below the lifeline's guard,
+        the guard's child that runs the program, the earliest created (an orphan the guard adopted
+        was started by the program, so later)."""
+        program = Path(self.command[0]).name
         try:
             guard = psutil.Process(self.process.pid)
-            if guard.cmdline() == self.command:
-                return guard.pid  # started without the guard (not Linux)
-            return next((child.pid for child in guard.children() if child.cmdline() == self.command), None)
+            if not sys.platform.startswith("linux"):
+                return guard.pid  # started without the guard
+            # A console script runs as `python <script> ...`: its name is among the first arguments.
+            runs = [c for c in guard.children() if any(Path(a).name == program for a in c.cmdline()[:2])]
+            return min(runs, key=lambda c: (c.create_time(), c.pid)).pid if runs else None
         except psutil.Error:
             return None
 
