@@ -113,16 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     # A full disk that does not say so (torch's writer, SQLite, the Prefect server's HTTP 500) is
     # confirmed against the filesystems this command writes to.
     watch_filesystems(root, os.environ.get("PREFECT_HOME"), tempfile.gettempdir())
-    from cli.common import end_command
+    from cli.common import end_command, leave_when_own_server_exits
 
+    command = "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`"
+    if argv is None:
+        leave_when_own_server_exits(command, root)
     try:
         try:
             return int(args.handler(args, root) or 0)
         finally:
             end_command()
     except Exception as err:
-        return report_error(err, "`fedunlearn " + shlex.join(sys.argv[1:] if argv is None else argv) + "`", root,
-                            leave_at_once=argv is None)
+        return report_error(err, command, root, leave_at_once=argv is None)
 
 
 def leave_now(code: int) -> NoReturn:

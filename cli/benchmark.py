@@ -56,6 +56,11 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)
     require_methods(root, args.scenario, methods=args.methods)
     spec = parse_request(args.request)
+    out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
+    if out.exists() and not out.is_dir():  # found now, not after the minutes of training that write there
+        from fedunlearn.errors import InputError
+
+        raise InputError(f"--out {args.out} is a file: give a directory for the results (made if it does not exist)")
     from fedunlearn.benchmark.regression import compare, load_baseline, require_same_run
     from fedunlearn.benchmark.report import SUMMARY_KEYS, markdown_table
     from flows.benchmark import benchmark
@@ -66,7 +71,6 @@ def run_benchmark(args: argparse.Namespace, root: Path) -> int:
         require_same_run(baseline, args.scenario, spec.text)
     init_workspace(root)
     prepare_flow_run(args.verbose)
-    out = Path(args.out) if Path(args.out).is_absolute() else Path.cwd() / args.out
     # Minutes of training with nothing on the console otherwise (the flow's progress is on --verbose).
     print(f"benchmark of {args.scenario}, request {args.request}: the original model (trained unless reused), the "
           f"exact retrain and the methods {args.methods}, each evaluated and attacked"

@@ -9,7 +9,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the flows are imported when a command runs, not when the CLI starts
     from fedunlearn.requests.erasure import ErasureReport
@@ -19,6 +19,8 @@ DEFAULT_SCENARIO = "mnist5k-hfl"
 # What prepare_flow_run started for the command (its Prefect server): closed as the command ends.
 _COMMAND_SCOPE = contextlib.ExitStack()
 atexit.register(_COMMAND_SCOPE.close)
+# What the command does the moment its own Prefect server exits by itself (``leave_when_own_server_exits``).
+_ON_OWN_SERVER_EXIT: list[Callable[[], None]] = []
 
 
 # Where the libraries' own deprecations are raised from: nothing a user of the command can act on.
@@ -43,38 +45,60 @@ def prepare_flow_run(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     if not verbose:
         silence_library_deprecations()
-    quiet_connection_tracebacks()
-    own_server = _COMMAND_SCOPE.enter_context(local_prefect_api())
+    quiet_known_tracebacks()
+    own_server = _COMMAND_SCOPE.enter_context(local_prefect_api(on_exit=next(iter(_ON_OWN_SERVER_EXIT), None)))
     if verbose and own_server is not None:
         print(f"(this command's own Prefect server, {own_server}, stops when the command ends: its \"View at\" "
               "links last as long; `make serve` keeps one running)", file=sys.stderr)
 
 
-class ConnectionTracebacks(logging.Filter):
+def leave_when_own_server_exits(command: str, root: Path) -> None:
+    """For the real command line (cli.main; a test calling main() in-process is not ended): once the
+    command's own Prefect server exits by itself, end the command at once with ``lost_service``'s one
+    ``error:`` line and its exit status. Every later call to the server would be retried for minutes
+    (139 s and 30 warning lines, issue 51), and a batch resumes from any point it stops at."""
+    def leave() -> None:
+        from cli import leave_now
+
+        lost = lost_service(ConnectionError("the server's process exited"), command, root)
+        print(f"error: {lost}", file=sys.stderr)
+        leave_now(lost.exit_code if lost is not None else 1)
+
+    _ON_OWN_SERVER_EXIT[:] = [leave]
+
+
+class KnownErrorTracebacks(logging.Filter):
     """A server that stops answering makes Prefect log the same connection error, with its traceback, at
-    every layer (task run, flow run, the log and event workers). The command ends with one ``error:`` line
-    that says what stopped and what to run (``lost_service``), so these keep their line and lose the
-    traceback, which would bury it."""
+    every layer (task run, flow run, the log and event workers); an error whose class says what was
+    wrong and what to do (``FedunlearnError``: the batch lock held by another run, bad input) is logged
+    by the flow run with its traceback too. The command ends with one ``error:`` line that says it
+    (``lost_service``, ``report_error``), so these keep their line and lose the traceback, which would
+    bury it. ``BatchFailed`` keeps its traceback: its cause may be a defect."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from fedunlearn.errors import BatchFailed, FedunlearnError, causes
         from runtime.local_server import connection_lost
 
         error = record.exc_info[1] if record.exc_info else None
-        cut = connection_lost(error) if error is not None else None
+        if error is None:
+            return True
+        known = next((e for e in causes(error) if isinstance(e, FedunlearnError) and not isinstance(e, BatchFailed)),
+                     None)
+        cut = connection_lost(error) or known
         if cut is not None:
             record.msg, record.args = f"{record.getMessage()} ({type(cut).__name__}: {cut})", ()
             record.exc_info, record.exc_text = None, None
         return True
 
 
-def quiet_connection_tracebacks() -> None:
-    """``ConnectionTracebacks`` on every handler this process logs through (Prefect's console and its
+def quiet_known_tracebacks() -> None:
+    """``KnownErrorTracebacks`` on every handler this process logs through (Prefect's console and its
     internal workers' handler included)."""
     loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
                                        if isinstance(logger, logging.Logger)]
     for handler in {handler for logger in loggers for handler in logger.handlers}:
-        if not any(isinstance(f, ConnectionTracebacks) for f in handler.filters):
-            handler.addFilter(ConnectionTracebacks())
+        if not any(isinstance(f, KnownErrorTracebacks) for f in handler.filters):
+            handler.addFilter(KnownErrorTracebacks())
 
 
 class ServiceLost(Exception):

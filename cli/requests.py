@@ -73,15 +73,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_sample_ids(args: argparse.Namespace) -> list[str]:
+    from fedunlearn.requests.model import MAX_REQUEST_BYTES
+    from fedunlearn.user_files import read_capped, read_stream
+
     if args.ids is not None:
-        text = " ".join(args.ids)
-    elif args.ids_file == "-":
-        text = sys.stdin.read()
+        return [i for i in re.split(r"[\s,]+", " ".join(args.ids)) if i]
+    # No ID list larger than a whole request file may be (its JSON holds the IDs) can make one request.
+    advice = "split the IDs into several requests"
+    if args.ids_file == "-":
+        data = read_stream(sys.stdin.buffer, "standard input", "the IDs of one request", MAX_REQUEST_BYTES, advice)
     else:
-        path = Path(args.ids_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"IDs file not found: {path}")
-        text = path.read_text()
+        if not Path(args.ids_file).is_file():
+            raise FileNotFoundError(f"IDs file not found: {args.ids_file} (--ids-file takes a regular file, or - for "
+                                    "standard input)")
+        data = read_capped(args.ids_file, "the IDs of one request", MAX_REQUEST_BYTES, advice)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--ids-file {args.ids_file} is not UTF-8 text (byte {err.start}): give a text file of "
+                         "sample IDs") from None
     return [i for i in re.split(r"[\s,]+", text) if i]
 
 

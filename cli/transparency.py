@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 VERIFY_EPILOG = ("exit status: 0 verified; 10 the file (or OLD, or the key, or IDS) is not a receipt, tree head, key "
                  "or ID list this command reads (too large, not UTF-8, CRLF or NUL, a number or base64 field not in "
@@ -94,20 +95,44 @@ def _write_out(path: Path, text: str, force: bool) -> None:
     from fedunlearn.errors import InputError
 
     _check_out(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
     target = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp") if force else path
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(target, flags, 0o644)
     except FileExistsError:
-        raise InputError(f"--out {path} appeared while the file was made and was left as it is: give a new path, "
-                         "or pass --force") from None
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if force:
-        os.replace(target, path)
+        if path.parent.is_dir():
+            raise InputError(f"--out {path} appeared while the file was made and was left as it is: give a new "
+                             "path, or pass --force") from None
+        _out_failed(path, NotADirectoryError(20, "a part of its directory is not a directory"))
+    except OSError as err:
+        _out_failed(path, err)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if force:
+            os.replace(target, path)
+    except OSError as err:
+        target.unlink(missing_ok=True)  # not half a receipt
+        _out_failed(path, err)
+
+
+def _out_failed(path: Path, err: OSError) -> NoReturn:
+    """Raise the one-line error for an --out FILE that could not be written: its own filesystem full
+    (NoSpace, naming FILE, not the workspace), or another reason (InputError)."""
+    import errno
+
+    from fedunlearn.errors import InputError, NoSpace
+
+    why = err.strerror or err.__class__.__name__
+    if err.errno == errno.ENOSPC:  # caused by an error naming FILE, so that the report names FILE, not the workspace
+        raise NoSpace(f"--out {path}: no space left on the filesystem of {path.parent}; nothing was written there. "
+                      "Free space on it or give a path on another filesystem, then run the command again") \
+            from OSError(errno.ENOSPC, why, str(path))
+    raise InputError(f"--out {path} cannot be written ({why}): give the path of a new file in a writable "
+                     "directory") from None
 
 
 def _published(root: Path):
@@ -116,14 +141,33 @@ def _published(root: Path):
     return published_heads(root)
 
 
+def refuse_quarantined(root: Path, request_id: str) -> None:
+    """A request with no receipt because a batch quarantined it: say so, and why."""
+    from fedunlearn.errors import InputError
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import REASON_SUFFIX, read_quarantined
+
+    folders = RequestFolders(root)
+    found = next((q for q in read_quarantined(folders) if q.request_id == request_id), None)
+    if found is not None:
+        reason = folders.quarantine / f"{found.name}{REASON_SUFFIX}"
+        raise InputError(f"request {request_id} was quarantined, never applied, so it has no receipt: {found.reason} "
+                         f"({reason}); fix it and submit it again (`fedunlearn status` lists quarantined requests)")
+
+
 def run_receipt(args: argparse.Namespace, root: Path) -> int:
+    from fedunlearn.errors import InputError
     from fedunlearn.transparency.log import read_verifier, sync_workspace
     from fedunlearn.transparency.proofs import build_receipt, verify_receipt
     from stores.transparency import weights_sha256
 
     _check_out(args.out, args.force)
     log = sync_workspace(root, weights_sha256(root), _published(root))
-    text = build_receipt(log, args.request_id)
+    try:
+        text = build_receipt(log, args.request_id)
+    except InputError:
+        refuse_quarantined(root, args.request_id)
+        raise
     _write_out(args.out, text, args.force)
     print("\n".join(verify_receipt(text, read_verifier(root), str(args.out))))
     print(f"wrote {args.out}; hand it to the data subject with {log.directory / 'log.pub'}. It holds the salt of "

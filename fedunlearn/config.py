@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedunlearn.errors import InputError
+from fedunlearn.user_files import read_capped
 
 Setting = Literal["hfl", "vfl", "dfl"]
 
@@ -193,13 +194,15 @@ class Params(_Strict):
 # params.yaml as parsed, by content: a deletion batch reads it some twenty times (every sub-flow opens
 # the workspace), and YAML's pure-Python parser is slow.
 _PARSED: dict[bytes, Any] = {}
+# params.yaml is a few kilobytes; the cap only stops a wrong or hostile file being read whole.
+MAX_PARAMS_BYTES = 4 << 20
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"params file not found: {path} (run from the project root or pass --root)")
-    text = path.read_bytes()
+    text = read_capped(path, "a params file", MAX_PARAMS_BYTES, f"restore {path} from the project's params.yaml")
     if text not in _PARSED:
         if len(_PARSED) >= 16:  # many workspaces or edits (tests): start over
             _PARSED.clear()

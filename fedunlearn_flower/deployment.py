@@ -6,7 +6,10 @@ the local deployment watches its SuperNodes: one that exits mid-run ends the job
 ``NodeLost`` naming it (Flower itself would wait for the node's missed heartbeats). ``stop``
 always runs — on success, on error, on KeyboardInterrupt — and ends every process the deployment
 started and every process those started (the SuperExec, the ServerApp, the ClientApps), so no
-Flower process outlives a job.
+Flower process outlives a job. ``stop`` cannot run in a process killed with SIGKILL: the SuperLink
+and each SuperNode are therefore started under a ``fedunlearn.lifeline`` guard, which ends the
+process and all it started once the process that started the deployment is gone, and ``flwr run``
+under the lifeline.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Callable
 
 import psutil
 
+from fedunlearn import lifeline
 from fedunlearn_flower.errors import FlowerRunFailed, NodeLost, NodeNeverConnected
 from fedunlearn_flower.partition import Scenario
 from fedunlearn_flower.results import FlowerResult, read_result
@@ -73,13 +77,29 @@ class FlowerProcess:
 
     role: str
     address: str
-    process: subprocess.Popen
+    process: subprocess.Popen  # the lifeline's guard, whose one child runs ``command``
     log: Path
+    command: list[str] = field(default_factory=list)
     clientappio: str = ""  # a SuperNode's ClientAppIo address (its ClientApps dial it)
     seen: set[int] = field(default_factory=set)  # PIDs of its descendants, collected while it runs
 
     def describe(self) -> str:
         return f"{self.role} (pid {self.process.pid}, {self.address})"
+
+    def command_pid(self) -> int | None:
+        """The PID of the Flower program itself, None once it is gone: below the lifeline's guard,
+        the guard's child that runs the program, the earliest created (an orphan the guard adopted
+        was started by the program, so later)."""
+        program = Path(self.command[0]).name
+        try:
+            guard = psutil.Process(self.process.pid)
+            if not sys.platform.startswith("linux"):
+                return guard.pid  # started without the guard
+            # A console script runs as `python <script> ...`: its name is among the first arguments.
+            runs = [c for c in guard.children() if any(Path(a).name == program for a in c.cmdline()[:2])]
+            return min(runs, key=lambda c: (c.create_time(), c.pid)).pid if runs else None
+        except psutil.Error:
+            return None
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log.read_text(errors="replace") if self.log.is_file() else ""
@@ -137,9 +157,10 @@ class NodeKiller:
                     self.clientapps.add(pid)
             except psutil.Error:
                 continue
-        if len(self.clientapps) >= 2:
-            os.kill(node.process.pid, signal.SIGKILL)
-            self.killed = node.process.pid
+        supernode = node.command_pid()
+        if len(self.clientapps) >= 2 and supernode is not None:
+            os.kill(supernode, signal.SIGKILL)  # the SuperNode itself: its guard then ends its ClientApps
+            self.killed = supernode
 
 
 class LocalDeployment:
@@ -196,9 +217,9 @@ class LocalDeployment:
         log = self.folder / "logs" / (role.lower().replace(" ", "-") + ".log")
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=self.home.env(), cwd=self.folder)
-        return FlowerProcess(role, address, process, log)
+            process = subprocess.Popen(lifeline.guarded(command), stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=self.home.env(), cwd=self.folder)
+        return FlowerProcess(role, address, process, log, command)
 
     def processes(self) -> list[FlowerProcess]:
         return [p for p in [self.superlink, *self.nodes.values()] if p is not None]
@@ -310,9 +331,9 @@ def submit(job: Job, home: FlowerHome, *, timeout: float = 600.0, watch=lambda: 
     status = Path(job.out_dir) / "status.json"
     log = Path(job.out_dir) / "flwr-run.log"
     with log.open("ab") as out:
-        run = subprocess.Popen([_bin("flwr"), "run", str(home.app_dir), CONNECTION, "--run-config", f'job="{path}"',
-                                "--stream"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=home.env(), cwd=home.folder)
+        command = [_bin("flwr"), "run", str(home.app_dir), CONNECTION, "--run-config", f'job="{path}"', "--stream"]
+        run = subprocess.Popen(lifeline.command(command), stdout=out, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, env=home.env(), cwd=home.folder)
     try:
         deadline = time.monotonic() + timeout
         while not status.is_file():

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +37,7 @@ from fedunlearn.errors import FedunlearnError, causes
 
 START_TIMEOUT_S = 120  # a new Prefect home migrates its database on the first start: slow on a cold, small machine
 STOP_GRACE_S = 10
+EXIT_POLL_S = 0.5  # how soon a command hears that its own server is gone
 LOG_NAME = "server.log"
 PORT_LOCK_NAME = "fedunlearn-prefect-port"
 # The loops of a full server that act on served deployments' runs; the temporary server does not run them either.
@@ -110,7 +112,7 @@ def wait_until_healthy(process: subprocess.Popen, api_url: str, log: Path, timeo
 def stop(process: subprocess.Popen, log: Path | None = None) -> None:
     """Stop the server; one that already exited on its own is recorded (``exited_early``)."""
     if process.poll() is not None:
-        if log is not None:
+        if log is not None and (process.returncode, log) not in _EXITED:  # once, if ``watch_exit`` saw it first
             _EXITED.append((process.returncode, log))
         return
     process.send_signal(signal.SIGTERM)
@@ -161,10 +163,12 @@ def start_listening(start: Callable[[int], subprocess.Popen], ready: Callable[[s
 
 
 @contextlib.contextmanager
-def local_prefect_api(timeout_s: float = START_TIMEOUT_S) -> Iterator[str | None]:
+def local_prefect_api(timeout_s: float = START_TIMEOUT_S,
+                      on_exit: Callable[[], None] | None = None) -> Iterator[str | None]:
     """A Prefect server for this command, its API URL the current setting, while the block runs: the
     served workspace's server when ``make serve`` runs (its marker, ``runtime.served``), else one of
-    the command's own; nothing (None) when ``PREFECT_API_URL`` already names a server."""
+    the command's own (``on_exit`` called the moment it exits by itself); nothing (None) when
+    ``PREFECT_API_URL`` already names a server."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from runtime.served import answers, runs_page, served_api
@@ -185,7 +189,7 @@ def local_prefect_api(timeout_s: float = START_TIMEOUT_S) -> Iterator[str | None
                     flush_clients()
         return
     _EXITED.clear()
-    with prefect_server(home, timeout_s, own=True) as api_url:
+    with prefect_server(home, timeout_s, own=True, on_exit=on_exit) as api_url:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             yield api_url
 
@@ -207,14 +211,35 @@ def served_prefect_api() -> Iterator[str | None]:
         yield served
 
 
+def watch_exit(process: subprocess.Popen, log: Path, on_exit: Callable[[], None]) -> threading.Event:
+    """A daemon thread that records the server's exit (``exited_early``) and calls ``on_exit`` as soon
+    as the server exits by itself: every call to a server that is gone is retried for minutes by
+    Prefect's client before the command hears of it. Set the event returned before stopping the
+    server: an exit asked for is no news."""
+    stopping = threading.Event()
+
+    def watch() -> None:
+        while not stopping.wait(EXIT_POLL_S):
+            if process.poll() is not None:
+                if not stopping.is_set():
+                    _EXITED.append((process.returncode, log))
+                    on_exit()
+                return
+
+    threading.Thread(target=watch, name="prefect-server-watch", daemon=True).start()
+    return stopping
+
+
 @contextlib.contextmanager
 def prefect_server(home: Path, timeout_s: float = START_TIMEOUT_S, database_url: str | None = None,
-                   services: bool = True, own: bool = False, log_name: str = LOG_NAME) -> Iterator[str]:
+                   services: bool = True, own: bool = False, log_name: str = LOG_NAME,
+                   on_exit: Callable[[], None] | None = None) -> Iterator[str]:
     """`prefect server start` on a free loopback port with ``home`` as its Prefect home (its log
     ``log_name`` there) and its database ``database_url`` (default: the one this process's settings name,
     the home's ``prefect.db`` unless set), its API URL while the block runs; stopped after, the clients'
     pending logs and events sent to it first. ``own``: the command's own server, whose early exit
-    ``exited_early`` reports; ``services=False``: none of its services (a server only read from)."""
+    ``exited_early`` reports, and ``on_exit`` is called at once (``watch_exit``); ``services=False``:
+    none of its services (a server only read from)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home.mkdir(parents=True, exist_ok=True)
@@ -234,6 +259,7 @@ def prefect_server(home: Path, timeout_s: float = START_TIMEOUT_S, database_url:
 
     port, process = start_listening(
         start, lambda process, port: wait_until_healthy(process, api_url_of(port), log, timeout_s), timeout_s)
+    stopping = watch_exit(process, log, on_exit) if own and on_exit is not None else threading.Event()
     try:
         try:
             yield api_url_of(port)
@@ -242,6 +268,7 @@ def prefect_server(home: Path, timeout_s: float = START_TIMEOUT_S, database_url:
                 with temporary_settings(updates={PREFECT_API_URL: api_url_of(port)}):
                     flush_clients()
     finally:
+        stopping.set()
         stop(process, log if own else None)
 
 

@@ -192,7 +192,7 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     import httpx
 
     from cli import report_error
-    from cli.common import ConnectionTracebacks
+    from cli.common import KnownErrorTracebacks
     from runtime.local_server import stop
 
     server = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
@@ -216,7 +216,7 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     # What Prefect logs on the way (task run, flow run, workers) keeps its line but not its traceback.
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.addFilter(ConnectionTracebacks())
+    handler.addFilter(KnownErrorTracebacks())
     logger = logging.getLogger("test-lost-server")
     logger.addHandler(handler)
     try:
@@ -224,3 +224,37 @@ def test_a_lost_prefect_server_ends_in_one_error_line_naming_the_rerun(tmp_path,
     finally:
         logger.removeHandler(handler)
     assert stream.getvalue() == ("Task run failed (ConnectError: All connection attempts failed)\n")
+
+
+def test_the_run_that_loses_the_batch_lock_prints_no_traceback(workspace, prefect_server, monkeypatch, capfd):
+    """Prefect logs the flow's exception with its traceback; the lock's loser (status 3) says it in its
+    one error line, and the log line it keeps names it, with no traceback (issue 51). The log is read
+    through a handler of the test's own: the filter goes on every handler, and Prefect's console
+    handler may still write to a stream an earlier test closed."""
+    import io
+    import logging
+
+    import flows.ingest
+    from fedunlearn.requests.folders import batch_lock
+
+    monkeypatch.setattr(flows.ingest, "LOCK_TIMEOUT_S", 0.2)
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+    try:
+        with batch_lock(RequestFolders.create(workspace)):  # the other batch
+            status = main(["--root", str(workspace), "ingest", "--scenario", "digits-hfl"])
+    finally:
+        logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    errors = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert status == 3 and len(errors) == 1 and errors[0].startswith("error: another deletion batch is running")
+    assert "BatchInProgress: another deletion batch is running" in logged.getvalue(), logged.getvalue()
+    assert "Traceback" not in logged.getvalue(), logged.getvalue()
+
+
+def test_benchmark_out_naming_a_file_is_refused_before_any_work(workspace, tmp_path, capsys):
+    (tmp_path / "results").write_text("")
+    status = main(["--root", str(workspace), "benchmark", "--scenario", "digits-hfl", "--request", "class:0",
+                   "--out", str(tmp_path / "results")])
+    err = one_error_line(capsys.readouterr().err)
+    assert status == 2 and "is a file: give a directory" in err and (tmp_path / "results").read_text() == ""

@@ -6,6 +6,7 @@ tests/reliability/test_flower_engines.py (``make reliability``: each starts a fe
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,37 @@ def test_the_fault_hook_is_inert_unless_it_names_a_supernode():
     for wrong in ("kill-supernode", "kill-supernode:two", "kill-superlink:1"):
         with pytest.raises(FlowerRunFailed, match="kill-supernode:<partition ID>"):
             fault_target(wrong)
+
+
+def test_the_program_below_the_guard_is_found_and_its_kill_is_the_guards_status(tmp_path):
+    """The deployment's processes run under the lifeline's guard: ``command_pid`` finds the program
+    itself (a console script runs as `python <script>`), which the fault hook kills; the guard then
+    exits as the program did, so a lost SuperNode still reads "exited with status -9"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from fedunlearn import lifeline
+    from fedunlearn_flower.deployment import FlowerProcess
+
+    script = tmp_path / "flower-supernode"  # a stand-in with a child of its own, as a SuperNode's ClientApp
+    script.write_text(f"#!{sys.executable}\nimport subprocess, sys, time\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    guard = subprocess.Popen(lifeline.guarded([str(script)]))
+    node = FlowerProcess("SuperNode 0", "-", guard, tmp_path / "log", [str(script)])
+    try:
+        deadline = time.monotonic() + 20
+        while node.command_pid() is None or not psutil.Process(node.command_pid()).children():
+            assert time.monotonic() < deadline and guard.poll() is None
+            time.sleep(0.05)
+        program = node.command_pid()
+        assert program != guard.pid and str(script) in psutil.Process(program).cmdline()
+        os.kill(program, signal.SIGKILL)
+        assert guard.wait(timeout=20) == -signal.SIGKILL and node.command_pid() is None
+    finally:
+        if guard.poll() is None:
+            guard.kill()

@@ -1,6 +1,7 @@
 """The command's own Prefect server (``runtime.local_server``), without Prefect: two commands
 starting at once never start their servers on the same port, and a server that exited on its own is
-remembered for the command's error line."""
+remembered for the command's error line and ends the command the moment it exits (issue 51: the
+flows' retries against a server that was gone took 139 s)."""
 
 import socket
 import subprocess
@@ -8,7 +9,9 @@ import sys
 import threading
 import time
 
-from runtime.local_server import connection_lost, exited_early, start_listening, stop
+import pytest
+
+from runtime.local_server import connection_lost, exited_early, start_listening, stop, watch_exit
 
 # A stand-in for `prefect server start`: like it, it binds its port only after a start-up delay.
 LATE_BINDER = ("import socket, sys, time; time.sleep(0.5); s = socket.socket(); "
@@ -94,3 +97,40 @@ def test_a_connection_cut_is_found_behind_the_errors_that_wrap_it():
     except RuntimeError as wrapped:
         assert isinstance(connection_lost(wrapped), httpx.ConnectError)
     assert connection_lost(ValueError("bad input")) is None
+
+
+def test_an_exit_is_news_at_once_unless_the_server_was_being_stopped(tmp_path):
+    calls: list[float] = []
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watch_exit(server, tmp_path / "server.log", lambda: calls.append(time.monotonic()))
+    server.kill()
+    killed = time.monotonic()
+    server.wait()
+    deadline = killed + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(calls) == 1 and calls[0] - killed < 2.0
+    assert exited_early() == (-9, tmp_path / "server.log")
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopping = watch_exit(stopped, tmp_path / "other.log", lambda: calls.append(time.monotonic()))
+    stopping.set()
+    stop(stopped)
+    time.sleep(1.0)  # two polls of the watcher
+    assert len(calls) == 1 and exited_early() is None
+
+
+def test_the_command_line_ends_in_one_error_line_when_its_server_exits(tmp_path, monkeypatch, capsys):
+    import cli
+    from cli import common
+    from runtime import local_server
+
+    monkeypatch.setattr(cli, "leave_now", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(common, "_ON_OWN_SERVER_EXIT", [])
+    common.leave_when_own_server_exits("`fedunlearn process`", tmp_path)
+    monkeypatch.setattr(local_server, "_EXITED", [(-9, tmp_path / "server.log")])
+    with pytest.raises(SystemExit) as left:
+        common._ON_OWN_SERVER_EXIT[0]()
+    assert left.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the command's own Prefect server stopped"), err
+    assert "exit status -9" in err and "run `fedunlearn process` again" in err

@@ -4,6 +4,8 @@ hold at every request size, one sample included, and power where a sample is mem
 
 import itertools
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,19 @@ def test_the_per_sample_check_fails_a_flagged_sample_passes_what_the_source_reme
     assert _audit([WITHIN_RANGE] * 2).per_sample_check(source_does_not).verdict == INCONCLUSIVE
     assert _audit([WITHIN_RANGE], alpha=None).per_sample_check(source_remembers) is None  # an earlier record
     assert _audit([REMEMBERED]).remembered() and not _audit([WITHIN_RANGE, OVER_FORGOTTEN]).remembered()
+
+
+def test_a_high_auc_alone_is_not_remembered_as_docs_pipeline_says():
+    """Issue 51: docs/pipeline.md's "remembered" is ``AuditResult.remembered``: no sample flagged and an
+    interval reaching into the band is not remembered, however high the AUC; wholly above it is."""
+    high = _audit([WITHIN_RANGE] * 10)
+    high.auc, high.interval, high.margin = 0.949, (0.62, 0.99), 0.2
+    assert not high.remembered()
+    high.interval = (0.71, 0.99)
+    assert high.remembered()
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "pipeline.md").read_text().split())
+    assert "shows the forget set **remembered** — one sample or more shown remembered by the per-sample" in text
+    assert "wholly above the interim band 0.5 + m (`AuditResult.remembered`; a high AUC alone is not enough" in text
 
 
 def test_removal_targets_are_the_samples_remembered_each_at_alpha_over_two_or_all_without_evidence():

@@ -154,6 +154,57 @@ def test_out_never_follows_a_link_nor_overwrites_without_force(logged, tmp_path)
     assert kept.read_text() != original and "request r2" not in original
 
 
+def test_out_that_cannot_be_written_says_so_in_one_line_and_leaves_nothing(logged, tmp_path, monkeypatch):
+    """Issue 51: --out under a file, or on a full filesystem of its own (not the workspace's)."""
+    import errno
+
+    from cli import transparency
+
+    workspace, _, _ = logged
+    (tmp_path / "plain").write_text("")
+    for command in (["receipt", "r1"], ["ledger", "prove-consistency", "--since", str(tmp_path / "head")]):
+        (tmp_path / "head").write_text(TransparencyLog(workspace).head())
+        printed = call_cli(workspace, *command, "--out", str(tmp_path / "plain" / "r.tlog-proof"))
+        assert printed.status == 2 and "cannot be written" in printed.err and printed.err.count("\n") == 1, printed
+    for out in ("/dev/full", str(tmp_path)):  # a device, a directory: never written into
+        printed = call_cli(workspace, "receipt", "r1", "--out", out, "--force")
+        assert printed.status == 2 and printed.err.count("\n") == 1, printed
+
+    def full(_descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(Exception) as raised:
+        transparency._write_out(tmp_path / "r.tlog-proof", "text", force=False)
+    assert not (tmp_path / "r.tlog-proof").exists()
+    from cli import report_error
+
+    assert report_error(raised.value, "`fedunlearn receipt r1`", workspace) == 7
+    from fedunlearn.errors import NoSpace
+
+    assert isinstance(raised.value, NoSpace) and f"--out {tmp_path / 'r.tlog-proof'}: no space" in str(raised.value)
+    assert str(workspace) not in str(raised.value)
+
+
+def test_receipt_of_a_quarantined_request_says_it_was_quarantined_and_why(logged, tmp_path):
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.inbox import quarantine, scan_inbox, submit_request
+    from fedunlearn.requests.model import build_request
+
+    workspace, _, _ = logged
+    folders = RequestFolders.create(workspace)
+    request = build_request({"kind": "sample", "scenario": "digits-hfl", "sample_ids": ["x-1"]})
+    submit_request(folders, request)
+    [item] = scan_inbox(folders, "digits-hfl")
+    quarantine(folders, item, "sample ID x-1 is not in the scenario's data")
+    printed = call_cli(workspace, "receipt", request.request_id, "--out", str(tmp_path / "r.tlog-proof"))
+    assert printed.status == 2 and printed.err.count("\n") == 1, printed
+    assert f"request {request.request_id} was quarantined" in printed.err
+    assert "sample ID x-1 is not in the scenario's data" in printed.err and ".reason.txt" in printed.err
+    printed = call_cli(workspace, "receipt", "never-seen", "--out", str(tmp_path / "r.tlog-proof"))
+    assert printed.status == 2 and "is not in the deletion ledger" in printed.err
+
+
 # --- item 3: untrusted input ---------------------------------------------------------------------------
 
 def remake(receipt: str, extra: dict | None = None, raw_extra: bytes | None = None) -> str:
@@ -259,10 +310,14 @@ def test_keys_ids_and_devices_are_read_strictly(logged, tmp_path, monkeypatch):
         status, out = run_verify(tmp_path, monkeypatch, receipt, bad)
         assert status == 10 and out.count("\n") == 1, (bad, out)
     assert run_verify(tmp_path, monkeypatch, receipt, key)[0] == 0
-    for argument in (["--public-key", "/dev/zero"], ["--since", "/dev/zero"]):
+    for argument in (["--public-key", "/dev/zero"], ["--since", "/dev/zero"], ["--ids", "/dev/zero"]):
         printed = call_cli(tmp_path, "verify-receipt", str(tmp_path / "subject" / "receipt.tlog-proof"),
                            "--public-key", str(tmp_path / "subject" / "log.pub"), *argument)
         assert printed.status == 10 and "larger than" in printed.err, printed
+    printed = call_cli(tmp_path, "verify-receipt", "/dev/zero", "--public-key", str(tmp_path / "subject" / "log.pub"))
+    assert printed.status == 10 and "larger than 1 MiB" in printed.err, printed
+    printed = call_cli(workspace, "ledger", "prove-consistency", "--since", "/dev/zero", "--out", str(tmp_path / "p"))
+    assert printed.status == 10 and "larger than 1 MiB" in printed.err and not (tmp_path / "p").exists(), printed
     (tmp_path / "ids.txt").write_bytes(b"a\xff")
     status, out = run_verify(tmp_path, monkeypatch, receipt, key, "--ids", str(tmp_path / "ids.txt"))
     assert status == 10 and "not UTF-8" in out

@@ -24,10 +24,13 @@ from typing import Any
 
 from fedunlearn.certify.certificate import (BOUNDED_APPROXIMATION, CONSTRAINT_SATISFIED, EMPIRICAL_ONLY,
                                             EXACT_RETRAIN, FORMAL, NOT_CERTIFIED)
+from fedunlearn.user_files import read_capped
 
 QUALITY_GAPS = ("abs_gap_forget_acc", "abs_gap_mia_auc", "abs_gap_bd_asr", "abs_gap_test_acc")
 SPEEDUP = "speedup_vs_retrain"
 REFERENCE_ROWS = ("original", "retrain")
+# A results.json holds a row per method (kilobytes); the cap only stops a wrong path being read whole.
+MAX_BASELINE_BYTES = 64 << 20
 # Certificate classes from the strongest claim to none; moving right is a regression.
 STRENGTH = (EXACT_RETRAIN, FORMAL, CONSTRAINT_SATISFIED, BOUNDED_APPROXIMATION, EMPIRICAL_ONLY, NOT_CERTIFIED)
 
@@ -68,10 +71,16 @@ class Comparison:
 
 def load_baseline(path: Path) -> list[dict[str, Any]]:
     """An earlier ``results.json``: a list of rows, each with a ``method``."""
+    if not Path(path).is_file():
+        raise ValueError(f"baseline {path} not found (or not a regular file): pass the results.json of an earlier "
+                         "benchmark run")
+    data = read_capped(path, "a benchmark's results.json", MAX_BASELINE_BYTES,
+                       "pass the results.json of an earlier benchmark run")
     try:
-        rows = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"baseline {path} not found: pass the results.json of an earlier benchmark run") from None
+        rows = json.loads(data)
+    except UnicodeDecodeError:
+        raise ValueError(f"baseline {path} is not UTF-8 text: pass the results.json of an earlier benchmark "
+                         "run") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"baseline {path} is not JSON ({err}): pass the results.json of an earlier benchmark "
                          "run") from None

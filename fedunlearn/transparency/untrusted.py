@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from fedunlearn.transparency.failures import ReceiptMalformed
+from fedunlearn.user_files import read_capped
 
 # Caps well above anything this project writes (a receipt is a few kilobytes, a key one line, a
 # request at most MAX_IDS_PER_REQUEST IDs), so that a hostile file is refused before it is parsed.
@@ -27,15 +28,7 @@ CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 def read_limited(path: Path, what: str, limit: int) -> bytes:
     """At most ``limit`` bytes of ``path``; a larger file (``/dev/zero`` too) is malformed. A file
     that cannot be opened is ``FileNotFoundError`` (exit status 2), as before."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError as err:
-        raise FileNotFoundError(f"cannot read {what} {path} ({err.__class__.__name__}); give the path of the file "
-                                "as it was handed to you") from None
-    if len(data) > limit:
-        raise ReceiptMalformed(f"{path} is larger than {limit} bytes: it is not {what} this command reads")
-    return data
+    return read_capped(path, what, limit, f"it is not {what} this command reads", ReceiptMalformed)
 
 
 def strict_text(data: bytes, source: str, what: str, allow_whitespace: bool = False) -> str:

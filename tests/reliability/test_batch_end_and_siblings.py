@@ -2,7 +2,8 @@
 runs the CLI as separate processes): a batch SIGKILLed after its receipt (the failpoints
 ``after-receipt`` and ``after-tree-head``) is completed to the very end by the next run — the log
 covers the batch, its signed head is in MLflow, the receipts its exact retrain repays are marked,
-the debt over ``max_retrain_debt`` is repaid — as in a run never killed; and a request processed
+the debt over ``max_retrain_debt`` is repaid — as in a run never killed; so is an exact-retrain batch
+(`process --retrain`) killed after its receipt, the interim receipts it repays marked; and a request processed
 under one scenario is forgotten by its sibling on the same dataset (digits-hfl and
 digits-canary-hfl, as params.yaml defines them), whose status names the request until it is.
 ``make test`` checks the same in process: tests/test_batch_end.py, tests/test_sibling_scenarios.py."""
@@ -15,7 +16,7 @@ import signal
 import pytest
 
 from batch_harness import SCENARIO, Stores, prefect_server, registry, submit, tally, workspace_copy
-from fedunlearn.receipts import read_receipt, read_receipts
+from fedunlearn.receipts import owes_retrain, read_receipt, read_receipts
 from fedunlearn.transparency.log import TransparencyLog
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -72,6 +73,35 @@ def test_a_batch_killed_after_its_receipt_is_finished_to_the_end(bench, stage, r
     found = tally(Stores.read(cli.workspace), requests)
     assert found.lost == [] and found.applied_twice == [], found
     reliability_report.count("batches finished to the end after a kill past the receipt")
+
+
+def test_an_exact_retrain_batch_killed_after_its_receipt_marks_the_receipts_it_repays(bench, reliability_report):
+    """An interim batch owes an exact retrain; the next batch is one (`process --retrain`) and is
+    SIGKILLed right after its receipt: the re-run marks the earlier receipt exactly forgotten by the
+    retrain now serving, and nothing is owed — as in a run never killed."""
+    cli, sample_ids = bench
+    first = submit(cli.workspace, sample_ids.take(8))
+    assert cli.process().returncode == 0
+    [interim] = read_receipts(cli.workspace, SCENARIO)
+    assert first in interim.request_ids and owes_retrain(interim), interim  # else nothing is there to repay
+    second = submit(cli.workspace, sample_ids.take(8))
+
+    killed = cli.run("process", "--scenario", SCENARIO, "--retrain", failpoint="after-receipt")
+    assert killed.returncode == -signal.SIGKILL, killed.describe()
+    reliability_report.count("faults injected (SIGKILL)")
+    resumed = cli.process()
+    assert resumed.returncode == 0 and "which had been interrupted" in resumed.stdout, resumed.describe()
+
+    current = registry(cli.workspace).get_model_version_by_alias(SCENARIO, "current")
+    assert current.tags["forgetting"] == "exact", current.tags
+    receipts = read_receipts(cli.workspace, SCENARIO)
+    assert [r for r in receipts if owes_retrain(r)] == [], receipts
+    repaid = read_receipt(cli.workspace, interim.batch_id)
+    assert repaid.exactly_forgotten is not None and repaid.exactly_forgotten.version == str(current.version)
+    assert second in receipts[-1].request_ids
+    found = tally(Stores.read(cli.workspace), [first, second])
+    assert found.lost == [] and found.applied_twice == [], found
+    reliability_report.count("exact retrain batches finished to the end after a kill past the receipt")
 
 
 def test_a_request_processed_under_one_scenario_is_forgotten_by_its_sibling(bench, reliability_report):

@@ -152,10 +152,12 @@ def _kill_when_training(deployment, partition: int) -> None:
     def watch() -> None:
         seen: set[int] = set()
         while node.process.poll() is None:
-            seen.update(p for p in _descendants(node.process.pid))
-            if len(seen) >= 3:  # its SuperExec and two ClientApp processes
-                os.kill(node.process.pid, signal.SIGKILL)
-                return
+            supernode = node.command_pid()  # the SuperNode itself, below the lifeline's guard
+            if supernode is not None:
+                seen.update(_descendants(supernode))
+                if len(seen) >= 3:  # its SuperExec and two ClientApp processes
+                    os.kill(supernode, signal.SIGKILL)
+                    return
             time.sleep(0.05)
 
     threading.Thread(target=watch, daemon=True).start()

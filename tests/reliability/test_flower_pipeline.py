@@ -9,13 +9,15 @@ computed them, and a Flower-trained run has its per-round metrics and its cost; 
 killed mid-round (``FEDUNLEARN_FLOWER_FAULT``) ends the command with exit status 1 and an error naming
 the node, registers nothing, moves no alias and writes no receipt, and the next run completes the
 batch once; the default escalation runs on Flower with no fallback left to warn of; no Flower process
-is left after any command.
+is left after any command, nor a minute after `fedunlearn process --runner flower` is SIGKILLed
+mid-round (issue 51: the deployment's processes are under the lifeline's guard).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import psutil
 import pytest
 from mlflow import MlflowClient
 
+from batch_harness import check_exactly_once, prefect_server as harness_server, submit, wait_for, workspace_copy
 from cli.data import sample_ids
 from fedunlearn.receipts import read_receipts
 from fedunlearn_flower.deployment import FAULT_VARIABLE
@@ -162,3 +165,22 @@ def test_hf_kcu_is_the_batch_method_on_the_flower_runner(workspace, prefect_serv
     assert done.status == 0, done.err
     assert_current_from_flower(workspace, "flower-deployment", method="hf-kcu")
     assert flower_processes(workspace, grace=5.0) == []
+
+
+def test_no_flower_process_outlives_a_killed_process_command(tmp_path, digits_hfl_template, reliability_report):
+    """`fedunlearn process --runner flower` SIGKILLed once its deployment runs a round (ClientApps
+    up): the SuperLink, the SuperNodes and all they started are gone a minute later, however the
+    kernel ordered the deaths; the next run (in-process) finishes the batch exactly once."""
+    with harness_server(tmp_path / "server") as api_url, workspace_copy(tmp_path, digits_hfl_template,
+                                                                       api_url) as (cli, ids):
+        requests = [submit(cli.workspace, ids.take(10))]
+        run = cli.start("process", "--scenario", SCENARIO, "--runner", "flower")
+        wait_for(lambda: any("flwr-clientapp" in p for p in flower_processes(cli.workspace)), [run])
+        os.kill(run.process.pid, signal.SIGKILL)  # the command alone, as the OOM killer would
+        killed = run.wait()  # nothing of its process group left within seconds
+        assert killed.returncode == -signal.SIGKILL, killed.describe()
+        assert flower_processes(cli.workspace, grace=60.0) == []
+        reliability_report.count("Flower runs killed, no process left")
+        resumed = cli.process()
+        assert resumed.returncode == 0, resumed.describe()
+        check_exactly_once(cli.workspace, requests)

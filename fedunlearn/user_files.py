@@ -1,0 +1,34 @@
+"""Files a user names on the command line (an ID list, a baseline, a receipt, a key) are read
+with a size cap: one byte past it is enough to refuse the file, so ``/dev/zero``, a FIFO fed
+forever or a mistaken multi-gigabyte path ends in one line instead of filling the memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+from fedunlearn.errors import InputError
+
+
+def describe_size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 and not limit % (1 << 20) else f"{limit} bytes"
+
+
+def read_capped(path: str | Path, what: str, limit: int, advice: str, error: type[Exception] = InputError) -> bytes:
+    """At most ``limit`` bytes of ``path``; ``error`` (default exit status 2) for a larger file,
+    naming it, the limit and ``advice``. A file that cannot be opened is ``FileNotFoundError``."""
+    try:
+        with open(path, "rb") as handle:
+            return read_stream(handle, str(path), what, limit, advice, error)
+    except OSError as err:
+        raise FileNotFoundError(f"cannot read {what} {path} ({err.strerror or err.__class__.__name__}); give the "
+                                "path of a readable file") from None
+
+
+def read_stream(handle: BinaryIO, name: str, what: str, limit: int, advice: str,
+                error: type[Exception] = InputError) -> bytes:
+    """``read_capped`` for an open stream (standard input): ``name`` is how the message calls it."""
+    data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{name} is larger than {describe_size(limit)}, the limit for {what}: {advice}")
+    return data
