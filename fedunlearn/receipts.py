@@ -236,7 +236,8 @@ class Receipt(BaseModel):
             return ""
         if self.exactly_forgotten is not None:
             done = self.exactly_forgotten
-            exact = f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by}){self.retired_clause()}"
+            exact = (f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
+                     + self.retired_clause())
             return f"Forgetting: **{self.forgetting}**, then {exact}" + (
                 f"; due {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "") + "."
         if self.forgetting != "interim":

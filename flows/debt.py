@@ -66,11 +66,12 @@ def repay(scope: ScenarioScope, device: torch.device) -> RepayResult:
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
     repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
     measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(reference) or device)
-    retire_forgotten(ws, scenario)
+    retired = retire_forgotten(ws, scenario)
     publish_repayment(scope, repaid)
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
-    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)
+    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version,
+                       retired=list(retired.versions))
 
 
 def publish_repayment(scope: ScenarioScope, repaid: list[str]) -> None:

@@ -5,7 +5,8 @@ written, in this order:
     ─▶ the Merkle log's leaves (the batch, its exact-forgetting statements) and a signed head,
        published to the DVC remote and MLflow ─▶ the state snapshot pushed
     ─▶ ``processed`` events ─▶ retrain debt repaid now, scheduled, or nothing
-    ─▶ the versions whose learnt requests are all exactly forgotten retired ─▶ status artifact ─▶ the batch recorded finished (``BatchRecord.finished_at``)
+    ─▶ the versions whose learnt requests are all exactly forgotten retired ─▶ status artifact
+    ─▶ the batch recorded finished (``BatchRecord.finished_at``)
 
 A batch is finished only when every step is done. Each step reads what it needs from the stores and
 changes nothing when its work is already there (a receipt marked, a leaf logged, a run scheduled

@@ -20,7 +20,8 @@ from stores.registry.weights import (BUDGET_ARTIFACT, HFL_WEIGHTS, MODEL_ARTIFAC
                                      input_example, prepare_model_logging, save_mlflow_model)
 
 __all__ = [
-    "BUDGET_ARTIFACT", "ERASURE_TAG", "EXAMPLE_FILES", "HFL_WEIGHTS", "HOLD_TAG", "VersionRetired", "retired_batch", "MAX_METRICS_PER_BATCH", "MODEL_ARTIFACT",
+    "BUDGET_ARTIFACT", "ERASURE_TAG", "EXAMPLE_FILES", "HFL_WEIGHTS", "HOLD_TAG", "MAX_METRICS_PER_BATCH",
+    "MODEL_ARTIFACT", "VersionRetired", "retired_batch",
     "WEIGHTS", "ModelArtifactMissing", "ModelWeights", "RegisteredModel", "Registry", "input_example",
     "is_tracking_server", "prepare_model_logging", "registered_batch_ids", "save_mlflow_model", "tracking_uri",
     "version_ref",
