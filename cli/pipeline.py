@@ -57,16 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "with a receipt)")
     compare.set_defaults(handler=run_compare)
 
-    hold = sub.add_parser("hold", help="keep a registered version's weights on purpose (a litigation hold, an audit)",
-                          description="A version that learnt deleted samples loses its weights once every request it "
-                                      "learnt is exactly forgotten (its record stays: `fedunlearn compare`). A hold "
-                                      "keeps them: tagged on the version, logged in the transparency log, listed by "
-                                      "`fedunlearn status` with the requests the version still holds, and said on "
-                                      "those requests' receipts.")
-    hold.add_argument("version", metavar="VERSION", help="the registered version, e.g. 1 or v1")
-    hold.add_argument("--reason", required=True, help="why it is kept (said in status, receipts and the log)")
-    hold.add_argument("--scenario", default=DEFAULT_SCENARIO)
-    hold.set_defaults(handler=run_hold)
+    register_hold(sub)
 
     serve = sub.add_parser("serve", help="serve the Prefect deployments (needs PREFECT_API_URL; see make serve)",
                            description="Register the deployments — process-deletions on a cron schedule, "
@@ -81,6 +72,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Its console is the served flow runs' log (make serve writes it to serve.log), its links point at a
     # server that keeps running: the libraries' logs stay on.
     serve.set_defaults(handler=run_serve, verbose=True)
+
+
+def register_hold(sub: argparse._SubParsersAction) -> None:
+    hold = sub.add_parser("hold", help="keep a registered version's weights on purpose (a litigation hold, an audit)",
+                          description="A version that learnt deleted samples loses its weights once every request it "
+                                      "learnt is exactly forgotten (its record stays: `fedunlearn compare`). A hold "
+                                      "keeps them: tagged on the version, logged in the transparency log, listed by "
+                                      "`fedunlearn status` with the requests the version still holds, and said on "
+                                      "those requests' receipts.")
+    hold.add_argument("version", metavar="VERSION", help="the registered version, e.g. 1 or v1")
+    hold.add_argument("--reason", required=True, help="why it is kept (said in status, receipts and the log)")
+    hold.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    hold.set_defaults(handler=run_hold)
 
 
 def add_process_arguments(process: argparse.ArgumentParser) -> None:

@@ -87,7 +87,9 @@ def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test
     write_receipt(root, Receipt(batch_id=batch_id, scenario=SCENARIO, request_ids=["req-retire-1"], deleted_samples=1,
                                 forgotten_per_client={"0": 1}, data_version_before=before,
                                 data_version_after="after-" + before, method="retrain", forgetting="exact",
-                                models={"original": ref, "source": ref, "unlearned": None}, promoted=True, metrics={},
+                                models={"original": ref, "source": ref, "current": None,
+                                        "unlearned": ModelRef(version="2", role="retrained", data_version="after")},
+                                promoted=True, metrics={},
                                 costs={}, batch_record=f"data/deletion_requests/batches/{batch_id}.json"))
     return batch_id
 
