@@ -162,13 +162,13 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
     init_workspace(root)
     prepare_flow_run(args.verbose)
     result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
-    if result.repaid:
+    if not result.repaid:
+        print(f"no retrain debt for {args.scenario}: nothing to retrain")
+    else:
         print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
     if result.retired:
         print(f"retired {', '.join('v' + v for v in result.retired)}: their weights deleted (they learnt the requests "
               f"now forgotten exactly), their records kept (`fedunlearn compare --scenario {args.scenario}`)")
-    else:
-        print(f"no retrain debt for {args.scenario}: nothing to retrain")
     return 0
 
 
