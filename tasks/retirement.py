@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from fedunlearn.benchmark import cache as benchmark_cache
 from fedunlearn.receipts import owes_retrain, read_receipts, write_receipt
 from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import load_records
-from fedunlearn.retirement import BatchFacts, RetirementPlan, VersionFacts, plan_retirement
+from fedunlearn.retirement import BatchFacts, RetirementPlan, VersionFacts, batches_from, plan_retirement
 from fedunlearn.transparency.log import TransparencyLog
 from fedunlearn.transparency.statements import canonical
 from stores.erasure import erasure_stores, prefect_store
@@ -70,6 +72,7 @@ def retirement_plan(ws: Workspace, scenario: str) -> RetirementPlan:
 @dataclass
 class Retired:
     versions: dict[str, str] = field(default_factory=dict)  # version -> the batch that retired it
+    benchmark_originals: dict[str, str] = field(default_factory=dict)  # artifacts/originals/<key>.pt -> batch
     copies_deleted: list[str] = field(default_factory=list)  # files of scratch stores that held retired weights
     check: erasure.ErasureReport | None = None  # every store scanned for the retired weights
 
@@ -79,8 +82,10 @@ class Retired:
         where = "absent from every store scanned" if self.check and self.check.weights_clean else (
             "STILL in " + "; ".join(f"{v}: {', '.join(f[:3])}" for v, f in (self.check.weights_found.items()
                                                                           if self.check else [])))
-        return (f"retired {', '.join(f'{scenario} v{v}' for v in self.versions)} (their weights deleted, their "
-                f"records kept): the weights are {where}")
+        originals = (f" and {len(self.benchmark_originals)} cached benchmark original(s) trained on the deleted data"
+                     if self.benchmark_originals else "")
+        return (f"retired {', '.join(f'{scenario} v{v}' for v in self.versions)}{originals} (their weights deleted, "
+                f"their records kept): the weights are {where}")
 
 
 @task(name="retire-versions", cache_policy=NO_CACHE)
@@ -98,13 +103,39 @@ def retire_forgotten(ws: Workspace, scenario: str) -> Retired:
         ws.registry.retire(scenario, version, batch_id)
         done.versions[version] = batch_id
     note_on_receipts(ws, scenario, plan)
-    if done.versions:
+    done.benchmark_originals = retire_benchmark_originals(ws, scenario, bool(done.versions))
+    if done.versions or done.benchmark_originals:
         done.copies_deleted = delete_copies(ws)
         done.check = weights_check(ws)
         log_retirements(ws, scenario, done.versions)
-    if done.versions:
         print(done.line(scenario))
     return done
+
+
+def retire_benchmark_originals(ws: Workspace, scenario: str, retiring: bool) -> dict[str, str]:
+    """The benchmark's cached originals (``artifacts/originals/``) trained on a data version whose later
+    batches are all exactly forgotten: their keyed windows kept for the scans, their weights deleted
+    (the cache trains again when asked). One cached before its provenance was recorded cannot say
+    what it learnt: it goes with the first retirement (``retiring``) of any scenario's versions."""
+    batches = batch_facts(ws, scenario)
+    exact, key, gone = {b.batch_id for b in batches if b.exact}, erasure.fingerprint_key(ws.root), {}
+    for cached in benchmark_cache.cached_originals(ws.root):
+        if cached.scenario is None:
+            by = "a retirement (no provenance recorded)" if retiring else ""
+        elif cached.scenario == scenario:
+            owed = batches_from(cached.data_version, batches)
+            by = owed[-1] if owed and set(owed) <= exact else ""
+        else:
+            continue
+        if not by:
+            continue
+        owner = f"{cached.scenario or '?'} benchmark original {cached.key}"
+        state = torch.load(cached.weights, map_location="cpu", weights_only=True)
+        tensors = [t.detach().contiguous().view(-1).numpy().tobytes() for t in benchmark_cache.flat_tensors(state)]
+        erasure.remember_retired(ws.root, owner, erasure.weight_windows(key, owner, tensors))
+        benchmark_cache.retire(cached, by)
+        gone[ws.relative(cached.weights)] = by
+    return gone
 
 
 def delete_copies(ws: Workspace) -> list[str]:

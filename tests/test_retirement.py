@@ -68,9 +68,10 @@ def test_pending_retirement_is_due_by_the_earliest_deadline_it_holds():
 # --- the registry -------------------------------------------------------------------------------
 
 
-def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test") -> str:
+def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test", forgetting: str = "exact") -> str:
     """The journal and receipt of a batch that deleted one sample from v1's data version and was
-    forgotten exactly (a retrain serves): what ``process`` leaves, without its minutes of work."""
+    forgotten exactly (a retrain serves): what ``process`` leaves, without its minutes of work.
+    ``forgetting="interim"``: forgotten approximately, an exact retrain still owed."""
     from fedunlearn.receipts import ModelRef, Receipt, write_receipt
     from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
     from fedunlearn.requests.ledger import LedgerEntry
@@ -86,7 +87,8 @@ def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test
     ref = ModelRef(version="1", role="original", data_version=before, run_id=v1.run_id)
     write_receipt(root, Receipt(batch_id=batch_id, scenario=SCENARIO, request_ids=["req-retire-1"], deleted_samples=1,
                                 forgotten_per_client={"0": 1}, data_version_before=before,
-                                data_version_after="after-" + before, method="retrain", forgetting="exact",
+                                data_version_after="after-" + before, method="retrain" if forgetting == "exact" else "fedora",
+                                forgetting=forgetting,
                                 models={"original": ref, "source": ref, "current": None,
                                         "unlearned": ModelRef(version="2", role="retrained", data_version="after")},
                                 promoted=True, metrics={},
@@ -183,6 +185,57 @@ def test_hold_keeps_a_version_and_status_and_the_receipt_say_so(trained_digits_h
     assert "req-retire-1" in lines
     assert read_receipt(root, batch_id).held == {"1": "litigation hold LH-7"}
     assert [r.key for r in TransparencyLog(root).records() if r.kind == "hold"] == [f"{SCENARIO} v1"]
+
+
+def test_status_prints_a_pending_retirement_with_its_due_date(trained_digits_hfl):
+    """`fedunlearn status` as printed: v1 learnt a batch forgotten only approximately, so its weights
+    stay until the exact retrain, due by the request's deadline (submitted 2026-11-28, 30 days)."""
+    from workspaces import call_cli
+
+    root = trained_digits_hfl
+    owe_one_exact_batch(root, forgetting="interim")
+    printed = call_cli(root, "status", "--scenario", SCENARIO)
+    assert printed.status in (0, 9), printed.err  # 9: only if this machine's clock is past the deadline
+    [line] = [line for line in printed.out.splitlines() if "pending retirement" in line]
+    assert line.startswith("pending retirement: v1 (original) learnt 1 batch(es) not all exactly forgotten")
+    assert line.endswith("due by 2026-12-28 00:00Z"), line
+    assert "**" not in line  # rendered for a terminal, not markdown
+
+
+def test_benchmark_originals_trained_on_the_deleted_data_retire_too(trained_digits_hfl):
+    """artifacts/originals/: the original cached on the data the batch deleted from goes (its record
+    stays, its windows are looked for), one on the data after it stays, one cached without provenance
+    goes with the retirement."""
+    import json
+
+    import torch
+
+    from fedunlearn.benchmark import cache
+    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.training import TrainedModel
+    from stores.workspace import Workspace
+    from tasks.retirement import retire_forgotten
+
+    root = trained_digits_hfl
+    batch_id = owe_one_exact_batch(root)
+    ws = Workspace.open(root)
+    before = ws.registry.version(SCENARIO, "1").tags["data_version"]
+    torch.manual_seed(0)
+    for key, data_version in (("learnt", before), ("after", "after-" + before), ("legacy", before)):
+        cache.save_original(root, key, TrainedModel({"w": torch.randn(32, 32)}, CostRecord()), SCENARIO, data_version)
+    legacy = root / cache.CACHE_DIR / "legacy.json"
+    legacy.write_text(json.dumps({"cost": {}, "history": []}))  # as cached before provenance was recorded
+    shutil.copy(root / cache.CACHE_DIR / "learnt.pt", root / "data" / "kept-original.pt")
+    ws.registry.remove_alias(SCENARIO, "current")
+
+    done = retire_forgotten.fn(ws, SCENARIO)
+
+    assert sorted(p.name for p in (root / cache.CACHE_DIR).glob("*.pt")) == ["after.pt"]
+    assert done.benchmark_originals == {"artifacts/originals/learnt.pt": batch_id,
+                                        "artifacts/originals/legacy.pt": "a retirement (no provenance recorded)"}
+    assert json.loads((root / cache.CACHE_DIR / "learnt.json").read_text())["retired_by"] == batch_id
+    assert cache.load_original(root, "learnt", torch.device("cpu")) is None  # the next benchmark trains again
+    assert done.check.weights_found[f"{SCENARIO} benchmark original learnt"] == ["data/kept-original.pt"]
 
 
 def test_hold_refuses_a_version_that_does_not_exist(trained_digits_hfl):
