@@ -238,6 +238,29 @@ def test_benchmark_originals_trained_on_the_deleted_data_retire_too(trained_digi
     assert done.check.weights_found[f"{SCENARIO} benchmark original learnt"] == ["data/kept-original.pt"]
 
 
+def test_the_month_of_traffic_counts_retired_versions_and_names_one_missed(trained_digits_hfl):
+    """scripts/month_of_traffic.py's end-of-month check: a version owing only exactly forgotten requests
+    that kept its weights is named as missed; once retired it is counted."""
+    import importlib.util
+
+    from stores.workspace import Workspace
+    from tasks.retirement import retire_forgotten
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "month_of_traffic.py"
+    spec = importlib.util.spec_from_file_location("month_of_traffic", path)
+    month = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(month)
+    root = trained_digits_hfl
+    owe_one_exact_batch(root)
+    ws = Workspace.open(root)
+    ws.registry.remove_alias(SCENARIO, "current")
+    assert month.retirement_counts(root, SCENARIO) == {"retired_versions": 0, "pending_retirement": 0,
+                                                        "retirement_missed": ["1"]}
+    retire_forgotten.fn(ws, SCENARIO)
+    assert month.retirement_counts(root, SCENARIO) == {"retired_versions": 1, "pending_retirement": 0,
+                                                        "retirement_missed": []}
+
+
 def test_hold_refuses_a_version_that_does_not_exist(trained_digits_hfl):
     from workspaces import call_cli
 
