@@ -238,18 +238,16 @@ def test_benchmark_originals_trained_on_the_deleted_data_retire_too(trained_digi
     assert done.check.weights_found[f"{SCENARIO} benchmark original learnt"] == ["data/kept-original.pt"]
 
 
-def test_the_month_of_traffic_counts_retired_versions_and_names_one_missed(trained_digits_hfl):
+def test_the_month_of_traffic_counts_retired_versions_and_names_one_missed(trained_digits_hfl, monkeypatch):
     """scripts/month_of_traffic.py's end-of-month check: a version owing only exactly forgotten requests
     that kept its weights is named as missed; once retired it is counted."""
-    import importlib.util
+    import importlib
 
     from stores.workspace import Workspace
     from tasks.retirement import retire_forgotten
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "month_of_traffic.py"
-    spec = importlib.util.spec_from_file_location("month_of_traffic", path)
-    month = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(month)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    month = importlib.import_module("month_of_traffic")
     root = trained_digits_hfl
     owe_one_exact_batch(root)
     ws = Workspace.open(root)
