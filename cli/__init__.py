@@ -120,11 +120,27 @@ def main(argv: list[str] | None = None) -> int:
         leave_when_own_server_exits(command, root)
     try:
         try:
-            return int(args.handler(args, root) or 0)
+            code = int(args.handler(args, root) or 0)
+            sys.stdout.flush()  # a reader that closed the pipe is found here, not at the interpreter's exit
+            return code
         finally:
             end_command()
+    except BrokenPipeError:
+        return reader_gone()
     except Exception as err:
         return report_error(err, command, root, leave_at_once=argv is None)
+
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what `yes | head -1` reports for yes
+
+
+def reader_gone() -> int:
+    """Whoever read our output closed it (``fedunlearn ids | head -3``): nothing is wrong, and no server was
+    lost. What is left in the buffer goes to /dev/null, so that the interpreter's exit does not print
+    the same error again (Python's documentation, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return SIGPIPE_EXIT
 
 
 def leave_now(code: int) -> NoReturn:

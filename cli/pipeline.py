@@ -1,6 +1,7 @@
 """``fedunlearn process`` (the deletion batch), ``fedunlearn retrain`` (the reference),
 ``fedunlearn repay-debt`` (the exact retrain that repays approximate forgetting), ``fedunlearn
-compare`` (the registry side by side) and ``fedunlearn serve`` (the deployments)."""
+compare`` (the registry side by side), ``fedunlearn hold`` (a version's weights kept on purpose) and
+``fedunlearn serve`` (the deployments)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 from cli.common import (DEFAULT_SCENARIO, describe_batch, erasure_status, prepare_flow_run, print_summary,
                         require_data_for_requests, require_methods, require_scenario)
 from fedunlearn.device import DEVICE_CHOICES
+
+HOLD_LOCK_TIMEOUT_S = 60.0  # a hold waits for a running batch, whose retirement step it must not race
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "with a receipt)")
     compare.set_defaults(handler=run_compare)
 
+    register_hold(sub)
+
     serve = sub.add_parser("serve", help="serve the Prefect deployments (needs PREFECT_API_URL; see make serve)",
                            description="Register the deployments — process-deletions on a cron schedule, "
                                        "retrain-reference, train-federated and benchmark on demand — with the Prefect "
@@ -67,6 +72,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Its console is the served flow runs' log (make serve writes it to serve.log), its links point at a
     # server that keeps running: the libraries' logs stay on.
     serve.set_defaults(handler=run_serve, verbose=True)
+
+
+def register_hold(sub: argparse._SubParsersAction) -> None:
+    hold = sub.add_parser("hold", help="keep a registered version's weights on purpose (a litigation hold, an audit)",
+                          description="A version that learnt deleted samples loses its weights once every request it "
+                                      "learnt is exactly forgotten (its record stays: `fedunlearn compare`). A hold "
+                                      "keeps them: tagged on the version, logged in the transparency log, listed by "
+                                      "`fedunlearn status` with the requests the version still holds, and said on "
+                                      "those requests' receipts.")
+    hold.add_argument("version", metavar="VERSION", help="the registered version, e.g. 1 or v1")
+    hold.add_argument("--reason", required=True, help="why it is kept (said in status, receipts and the log)")
+    hold.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    hold.set_defaults(handler=run_hold)
 
 
 def add_process_arguments(process: argparse.ArgumentParser) -> None:
@@ -144,10 +162,13 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
     init_workspace(root)
     prepare_flow_run(args.verbose)
     result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
-    if result.repaid:
-        print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
-    else:
+    if not result.repaid:
         print(f"no retrain debt for {args.scenario}: nothing to retrain")
+    else:
+        print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
+    if result.retired:
+        print(f"retired {', '.join('v' + v for v in result.retired)}: their weights deleted (they learnt the requests "
+              f"now forgotten exactly), their records kept (`fedunlearn compare --scenario {args.scenario}`)")
     return 0
 
 
@@ -167,6 +188,29 @@ def run_compare(args: argparse.Namespace, root: Path) -> int:
                          f"`fedunlearn status --scenario {args.scenario}` lists the batches")
     print(plain(comparison(ws, args.scenario, args.batch)[1]))
     print(f"\n{retrain_debt(ws, args.scenario).line(ws.params.requests.max_retrain_debt)}")
+    return 0
+
+
+def run_hold(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)
+    from fedunlearn.errors import InputError
+    from fedunlearn.requests.model import utc_now
+    from stores.workspace import Workspace
+    from tasks.retirement import hold_version
+
+    version = args.version.removeprefix("v")
+    reason = args.reason.strip()
+    if not version.isdigit() or not reason:
+        raise InputError(f"`fedunlearn hold {args.version} --reason {args.reason!r}`: give a version number (e.g. 1) "
+                         "and a non-empty reason")
+    ws = Workspace.open(root)
+    if version not in {str(v.version) for v in ws.registry.versions(args.scenario)}:
+        raise InputError(f"{args.scenario} has no version {version}: `fedunlearn compare --scenario {args.scenario}` "
+                         "lists them")
+    with ws.batch_lock(HOLD_LOCK_TIMEOUT_S, f"fedunlearn hold {version} --scenario {args.scenario}"):
+        held = hold_version(ws, args.scenario, version, reason, utc_now())
+    print(f"{args.scenario} v{version} held ({reason}): its weights stay"
+          + (f"; it still holds {len(held)} request(s): {', '.join(held[:5])}" if held else ""))
     return 0
 
 

@@ -28,6 +28,9 @@ FAILPOINTS = [
     "after-receipt",        # receipt written; receipts it repays not marked, log not signed, debt not settled
     "after-tree-head",      # receipts marked, log signed and published; debt not settled, batch not finished
 ]
+# Not a stage every batch reaches (only one whose exact forgetting retires a version), so apart from the list
+# the harness walks: a retired version's weights deleted, its tombstone not yet tagged ``retired``.
+RETIREMENT_FAILPOINT = "during-retirement"
 
 
 def failpoint(name: str) -> None:

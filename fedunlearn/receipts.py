@@ -125,6 +125,10 @@ class Receipt(BaseModel):
         "forgot them (forgotten_by)")
     applied_by: list[str] = Field(default_factory=list, description="a sibling scenario's batch: the batches that "
                                   "applied these deletions under another scenario of the same dataset")
+    retired: list[str] = Field(default_factory=list, description="the versions that learnt these requests' samples "
+                               "and were retired once they were exactly forgotten: weights deleted, record kept")
+    held: dict[str, str] = Field(default_factory=dict, description="versions that learnt these requests' samples and "
+                                 "keep their weights on purpose (`fedunlearn hold`): version -> the hold's reason")
 
     @property
     def guarantee(self) -> str | None:
@@ -152,7 +156,7 @@ class Receipt(BaseModel):
             f"{self.serve_line()}.",
             *filter(None, [self.chain(), self.unmeasured_line(), self.source_line()]),
             markdown_table(rows, ("model", *(SHORT_COST.get(k, k) for k in VERSION_METRICS))),
-            markdown_table(checks, GATE_COLUMNS), self.erasure_line()])
+            markdown_table(checks, GATE_COLUMNS), self.erasure_line(), *filter(None, [self.retirement_line()])])
 
     def gates_verdict_line(self) -> str:
         """The gates' verdict in the reading that decided: the interim tier's where it judged the
@@ -198,7 +202,7 @@ class Receipt(BaseModel):
             return "held back — " + strict + ("; ".join(held) or "no version of the batch passed")
         if self.forgetting in ("exact", "formal"):
             return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
-                    f"certificate **{self.guarantee}** proves the forgetting: nothing owed")
+                    f"certificate **{self.guarantee}** proves the forgetting: nothing owed") + self.retired_clause()
         read = gates.deciding_checks(self.forgetting == "interim") if gates else []
         inconclusive = [c.name for c in read if c.verdict == "inconclusive"]
         checks = ("not gated" if gates is None else "every check passed" if not inconclusive else
@@ -212,8 +216,12 @@ class Receipt(BaseModel):
         due = f"exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "exact forgetting owed"
         start = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
         done = self.exactly_forgotten
-        return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})" if done
-                      else start)
+        return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
+                      + self.retired_clause() if done else start)
+
+    def retired_clause(self) -> str:
+        """``; versions retired: v1, v2`` for the exact statement, or nothing."""
+        return f"; versions retired: {', '.join('v' + v for v in self.retired)}" if self.retired else ""
 
     def unmeasured_line(self) -> str:
         """Interim: what the batch's checks could not measure (the tier's caveat)."""
@@ -228,15 +236,27 @@ class Receipt(BaseModel):
             return ""
         if self.exactly_forgotten is not None:
             done = self.exactly_forgotten
-            exact = f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
+            exact = (f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
+                     + self.retired_clause())
             return f"Forgetting: **{self.forgetting}**, then {exact}" + (
                 f"; due {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "") + "."
         if self.forgetting != "interim":
-            return f"Forgetting: **{self.forgetting}** (nothing owed)."
+            return f"Forgetting: **{self.forgetting}** (nothing owed){self.retired_clause()}."
         unmeasured = "; ".join((self.gates.unmeasured if self.gates else []) or ["every check measured"])
         when = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
         return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}. "
                 f"Not measurable: {unmeasured}.")
+
+    def retirement_line(self) -> str:
+        """The versions that learnt the requests: retired (weights deleted), and any held on purpose."""
+        parts = []
+        if self.retired:
+            parts.append("Versions that learnt these samples, retired (weights deleted, records kept): "
+                         + ", ".join(f"v{v}" for v in self.retired) + ".")
+        if self.held:
+            parts.append("HELD (weights kept on purpose, `fedunlearn hold`): "
+                         + "; ".join(f"v{v}: {reason}" for v, reason in self.held.items()) + ".")
+        return " ".join(parts)
 
     def source_line(self) -> str:
         """The source model (no unlearning) judged by the same checks: what the checks could measure."""

@@ -3,7 +3,9 @@
     retrain debt (receipts forgotten only approximately) ─▶ none: nothing to do
     ─▶ retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
     record when their requests were forgotten exactly ─▶ the retrain measured on each of their
-    batches' forget sets (beside each batch's source and unlearned version)
+    batches' forget sets (beside each batch's source and unlearned version) ─▶ the versions that
+    learnt them retire (``tasks.retirement``) ─▶ the status and the receipts published as Prefect
+    artifacts, so that a monitor watching ``deletion-status-<scenario>`` sees the repayment
 
 Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); each interim batch schedules a
 run of it at the latest safe time before its requests' deadlines (``tasks.debt.schedule_repayment``);
@@ -21,7 +23,11 @@ from flows.heartbeat import parent_heartbeat
 from flows.reference import retrain_reference
 from flows.results import RepayResult
 from tasks.data import command_device
+from fedunlearn.receipts import read_receipt
 from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
+from tasks.receipts import publish_receipt
+from tasks.retirement import retire_forgotten
+from tasks.status import publish_status
 from stores.workspace import ScenarioScope, Workspace
 
 
@@ -54,11 +60,24 @@ def repay(scope: ScenarioScope, device: torch.device) -> RepayResult:
     debt = retrain_debt(ws, scenario)
     if not debt.receipts and not open_batches(ws, scenario):
         print("no retrain debt")
+        retire_forgotten(ws, scenario)  # a retirement a killed run left unfinished is completed
         return RepayResult(scenario=scenario, repaid=[])
     reference = retrain_reference(scenario=scenario, root=str(ws.root), device=str(device), close_open=False)
     closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
     repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
     measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(reference) or device)
+    retired = retire_forgotten(ws, scenario)
+    publish_repayment(scope, repaid)
     print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
           f"(alias current)")
-    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version)
+    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version,
+                       retired=list(retired.versions))
+
+
+def publish_repayment(scope: ScenarioScope, repaid: list[str]) -> None:
+    """The status artifact and each repaid batch's receipt artifact, as a batch publishes its own."""
+    publish_status(scope)
+    for batch_id in repaid:
+        receipt = read_receipt(scope.ws.root, batch_id)
+        if receipt is not None:
+            publish_receipt(receipt)

@@ -5,7 +5,8 @@ written, in this order:
     ─▶ the Merkle log's leaves (the batch, its exact-forgetting statements) and a signed head,
        published to the DVC remote and MLflow ─▶ the state snapshot pushed
     ─▶ ``processed`` events ─▶ retrain debt repaid now, scheduled, or nothing
-    ─▶ status artifact ─▶ the batch recorded finished (``BatchRecord.finished_at``)
+    ─▶ the versions whose learnt requests are all exactly forgotten retired ─▶ status artifact
+    ─▶ the batch recorded finished (``BatchRecord.finished_at``)
 
 A batch is finished only when every step is done. Each step reads what it needs from the stores and
 changes nothing when its work is already there (a receipt marked, a leaf logged, a run scheduled
@@ -31,6 +32,7 @@ from stores.workspace import ScenarioScope
 from tasks.backup import sync_state
 from tasks.debt import REPAY_DEPLOYMENT, Debt, mark_repaid, repayment_time, retrain_debt, schedule_repayment
 from tasks.progress import mark_finished
+from tasks.retirement import retire_forgotten
 from tasks.siblings import note_forgotten, open_siblings
 from tasks.status import publish_status
 from tasks.transparency import publish_tree_head_task
@@ -61,6 +63,7 @@ def finish_batch(scope: ScenarioScope, receipt: Receipt, device: torch.device) -
     failpoint("after-tree-head")
     announce_processed(receipt.request_ids, scenario, "forgotten", batch_id)
     debt, exact_run = settle_debt(scope, device)
+    retire_forgotten(ws, scenario)  # after an exact forgetting, the versions that learnt it lose their weights
     owed = tell_siblings(scope, receipt)
     publish_status(scope)
     mark_finished(ws, batch_id)

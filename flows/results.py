@@ -93,6 +93,7 @@ class RepayResult(FlowResult):
     scenario: str
     repaid: list[str]
     version: str | None = None
+    retired: list[str] = []  # the versions retired once the repayment forgot their requests exactly
 
 
 class IngestResult(FlowResult):

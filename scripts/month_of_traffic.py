@@ -220,8 +220,23 @@ class Replay:
         return {"policy": self.policy, "events": [asdict(e) for e in self.events],
                 "requests": request_outcomes(arrivals, receipts),
                 "exact_retrains": len(Registry(self.root).versions(self.scenario, role="retrained")),
+                **retirement_counts(self.root, self.scenario),
                 "compute_seconds": sum(e.seconds for e in self.events),
                 "cpu_seconds": sum(e.cpu_seconds for e in self.events)}
+
+
+def retirement_counts(root: Path, scenario: str) -> dict:
+    """The versions retired at the end, those still pending (they learnt a request not yet exactly
+    forgotten), and those missed: every request they learnt is exactly forgotten, no hold keeps them,
+    they do not serve — and they still have their weights (issue 46: there must be none)."""
+    from stores.registry import retired_batch
+    from stores.workspace import Workspace
+    from tasks.retirement import retirement_plan
+
+    ws = Workspace.open(root)
+    plan = retirement_plan(ws, scenario)
+    return {"retired_versions": sum(bool(retired_batch(v)) for v in ws.registry.versions(scenario)),
+            "pending_retirement": len(plan.pending), "retirement_missed": sorted(plan.retire, key=int)}
 
 
 def request_outcomes(arrivals: list[Arrival], receipts: list) -> list[dict]:
@@ -252,6 +267,8 @@ def summary(run: dict) -> dict:
     batches = [e for e in run["events"] if e["what"] == "batch"]
     return {"policy": run["policy"], "requests": len(rows), "batches": len(batches),
             "exact_retrains": run["exact_retrains"], "compute_seconds": run["compute_seconds"],
+            "retired_versions": run["retired_versions"], "pending_retirement": run["pending_retirement"],
+            "retirement_missed": len(run["retirement_missed"]),
             "cpu_seconds": run["cpu_seconds"],
             "median_hours_to_interim": float(np.median(interim)) if interim else None,
             "median_hours_to_exact": float(np.median(exact)) if exact else None,
@@ -262,11 +279,13 @@ def summary(run: dict) -> dict:
 
 def markdown(scenario: str, summaries: list[dict], command: str) -> str:
     head = ("| policy | requests | batches | exact retrains | compute: wall (s) | CPU (s) | median h to interim "
-            "| median h to exact | max h to exact | deadlines missed (short ones) |\n|---|---|---|---|---|---|---|---|---|---|")
+            "| median h to exact | max h to exact | deadlines missed (short ones) | versions retired (pending, missed) |"
+            "\n|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {s['policy']} | {s['requests']} | {s['batches']} | {s['exact_retrains']} | {s['compute_seconds']:.0f} "
             f"| {s['cpu_seconds']:.0f} "
             f"| {_h(s['median_hours_to_interim'])} | {_h(s['median_hours_to_exact'])} | {_h(s['max_hours_to_exact'])} "
-            f"| {s['deadlines_missed']} ({s['short_deadlines']} with 2-3 days) |" for s in summaries]
+            f"| {s['deadlines_missed']} ({s['short_deadlines']} with 2-3 days) "
+            f"| {s['retired_versions']} ({s['pending_retirement']}, {s['retirement_missed']}) |" for s in summaries]
     by = {s["policy"]: s for s in summaries}
     ratio = "".join(f"\n\n{other} / interim compute: {by[other]['compute_seconds'] / by['interim']['compute_seconds']:.1f}x "
                     f"wall, {by[other]['cpu_seconds'] / by['interim']['cpu_seconds']:.1f}x CPU"
@@ -338,7 +357,11 @@ def main() -> int:
     args.out.with_suffix(".md").write_text(markdown(args.scenario, summaries, command))
     plot(results["runs"], arrivals, args.out.with_suffix(".png"), args.days)
     print(args.out.with_suffix(".md").read_text())
-    return 0
+    missed = {r["policy"]: r["retirement_missed"] for r in results["runs"] if r["retirement_missed"]}
+    for policy, versions in missed.items():  # a version that outlived the forgetting of all it learnt
+        print(f"error: under {policy}, {args.scenario} v{', v'.join(versions)} learnt only exactly forgotten "
+              "requests and still has its weights", file=sys.stderr)
+    return 1 if missed else 0
 
 
 def replay(args: argparse.Namespace) -> dict:

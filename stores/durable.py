@@ -323,7 +323,7 @@ def _check_registry(root: Path, receipts: list[Receipt]) -> list[str]:
     from mlflow.exceptions import MlflowException
 
     from fedunlearn.config import load_params
-    from stores.registry import Registry, is_tracking_server
+    from stores.registry import Registry, is_tracking_server, retired_batch
     from stores.workspace import data_version
 
     registry = Registry(root)
@@ -367,6 +367,10 @@ def _check_registry(root: Path, receipts: list[Receipt]) -> list[str]:
             f"alias {alias} -> v{ref.version} (data version {(ref.data_version or '?')[:10]}"
             f"{', the current one' if on and ref.data_version == on else ''})"
             for alias, ref in aliases.items() if ref is not None))
+        # Retirement lives in the registry, not in the snapshot: an older snapshot brings no weights back.
+        retired = [f"v{v.version} (by {retired_batch(v)})" for v in registry.versions(scenario) if retired_batch(v)]
+        if retired:
+            lines.append(f"{scenario}: retired, their weights gone and not restored: {', '.join(retired)}")
     return lines
 
 

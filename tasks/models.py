@@ -200,7 +200,9 @@ def remove_alias(ws: Workspace, scenario: str, alias: str) -> None:
 def backdoor_ids(ws: Workspace, scenario: str) -> list[str]:
     """The samples the lineage's original was trained with the backdoor trigger on (its run's
     ``backdoor_ids.txt``), or none."""
-    original = ws.registry.by_alias(scenario, "original")
+    # By role: alias original leaves a version once it is retired, its run's trigger list stays.
+    originals = ws.registry.versions(scenario, role="original")
+    original = originals[-1] if originals else None
     if original is None or "backdoor" not in original.tags:
         return []
     text = ws.registry.text(original.run_id, BACKDOOR_ARTIFACT)

@@ -62,7 +62,7 @@ def comparison(ws: Workspace, scenario: str, batch_id: str | None = None) -> tup
         samples = latest[1] if latest and latest[0] == batch_id else _samples(measured)
         rows = [{**row, "forget_set": batch_id} for row in on_forget_set(rows, measured)]
         title = header(batch_id, samples, measured, len(rows)) + "\n\n"
-    keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure") if any(row.get(k) for row in rows))
+    keys = COMPARE_KEYS + tuple(k for k in ("bd_asr", "erasure", "retired") if any(row.get(k) for row in rows))
     table = title + markdown_table(rows, keys)
     registry = ws.registry
     with registry.run(f"{scenario}-comparisons", f"compare {scenario}", {"versions": len(rows)},

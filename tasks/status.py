@@ -35,7 +35,9 @@ from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
 from fedunlearn.requests.inbox import quarantined_sample_ids, read_quarantined
 from fedunlearn.requests.model import utc_now
 from fedunlearn.unlearning.escalation import is_exact_retrain
+from stores.registry import HOLD_TAG, retired_batch
 from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
+from tasks.retirement import retirement_plan
 from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
                                 quarantine_lines, runs_for)
 from tasks.requests import read_inbox
@@ -88,6 +90,7 @@ class DeletionStatus:
     next_retrain: ScheduledRetrain | None = None  # what Prefect has scheduled; None: the debt is nothing
     start_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed
     siblings: list[str] = field(default_factory=list)  # forgetting owed across the dataset's scenarios (sibling_lines)
+    retirement: list[str] = field(default_factory=list)  # versions pending retirement, held, retired (retirement_lines)
 
     def repayment_warning(self) -> str | None:
         """Said before the deadline, while a repayment started now may still meet it: the latest safe
@@ -131,7 +134,7 @@ class DeletionStatus:
         lines += ["", f"serving: v{serving['version']} ({serving['method']}, certificate {serving['certificate']}, "
                       f"forgetting {serving['forgetting']}, data version {serving['data_version'][:10]})" if serving else "serving: no version has alias "
                                                                                      "`current`",
-                  self.debt]
+                  self.debt, *self.retirement]
         if self.next_retrain is not None:
             lines.append(next_retrain_line(self.next_retrain, self.scenario, self.start_by))
         warning = self.repayment_warning()
@@ -226,7 +229,24 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
                           [quarantine_line(q, quarantined_sample_ids(ws.folders, q.name))
                            for q in quarantined[:SHOWN_QUARANTINED]], len(quarantined),
                           scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by,
-                          sibling_lines(ws, scenario, now))
+                          sibling_lines(ws, scenario, now), retirement_lines(ws, scenario))
+
+
+def retirement_lines(ws: Workspace, scenario: str) -> list[str]:
+    """The versions that learnt deleted samples: pending retirement (with the date their weights must
+    be gone by), held on purpose (with the requests they still hold), and how many retired."""
+    plan = retirement_plan(ws, scenario)
+    versions = {str(v.version): v for v in ws.registry.versions(scenario)}
+    lines = [f"**pending retirement**: v{n} ({versions[n].tags.get('role', '?')}) learnt {len(plan.owed[n])} batch(es) "
+             f"not all exactly forgotten; its weights go once they are" + (f", due by {due:%Y-%m-%d %H:%M}Z" if due
+                                                                          else "") for n, due in plan.pending.items()]
+    lines += [f"**HELD**: v{n} ({versions[n].tags.get('role', '?')}) keeps its weights on purpose "
+              f"({versions[n].tags.get(HOLD_TAG)}); it still holds {len(held)} request(s): {', '.join(held[:5])}"
+              + (" …" if len(held) > 5 else "") for n, held in plan.held.items()]
+    retired = [f"v{n}" for n, v in versions.items() if retired_batch(v)]
+    if retired:
+        lines.append(f"retired: {', '.join(retired)} (weights deleted, records kept: `fedunlearn compare`)")
+    return lines
 
 
 def sibling_lines(ws: Workspace, scenario: str, now: datetime) -> list[str]:

@@ -1,11 +1,15 @@
 """Reuse of original models across benchmark runs: the same scenario, data version, model,
 training configuration, seed and poisoning give the same original, so it is trained once.
-Stored as a plain state dict (loaded with ``weights_only=True``) plus its cost and history."""
+Stored as a plain state dict (loaded with ``weights_only=True``) plus its cost, history and
+provenance (scenario, data version): an original trained on data a later batch deletes learnt those
+samples, and retires with the registered versions once they are exactly forgotten (issue 46,
+``tasks.retirement``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,13 +39,46 @@ def load_original(root: Path, key: str, device: torch.device) -> TrainedModel | 
     return TrainedModel(state, CostRecord(**info["cost"]), info["history"])
 
 
-def save_original(root: Path, key: str, trained: TrainedModel) -> None:
+def save_original(root: Path, key: str, trained: TrainedModel, scenario: str, data_version: str) -> None:
     directory = root / CACHE_DIR
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(_to_cpu(trained.state), directory / f"{key}.pt")
     cost = {"wall_seconds": trained.cost.wall_seconds, "flops": trained.cost.flops,
             "comm_bytes": trained.cost.comm_bytes}
-    (directory / f"{key}.json").write_text(json.dumps({"cost": cost, "history": trained.history}, default=float))
+    (directory / f"{key}.json").write_text(json.dumps({"cost": cost, "history": trained.history, "scenario": scenario,
+                                                       "data_version": data_version}, default=float))
+
+
+@dataclass(frozen=True)
+class CachedOriginal:
+    key: str
+    weights: Path
+    scenario: str | None  # None (with data_version): cached before provenance was recorded
+    data_version: str | None
+
+
+def cached_originals(root: Path) -> list[CachedOriginal]:
+    """The cached originals that still have their weights."""
+    found = []
+    for weights in sorted((root / CACHE_DIR).glob("*.pt")):
+        meta = weights.with_suffix(".json")
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+        found.append(CachedOriginal(weights.stem, weights, info.get("scenario"), info.get("data_version")))
+    return found
+
+
+def retire(cached: CachedOriginal, batch_id: str) -> None:
+    """The weights deleted, the record (cost, history, provenance) kept and told which batch retired them."""
+    meta = cached.weights.with_suffix(".json")
+    if meta.is_file():
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "retired_by": batch_id}))
+    cached.weights.unlink()
+
+
+def flat_tensors(state: dict) -> list[torch.Tensor]:
+    """Every floating-point tensor of a state dict (nested per party for VFL)."""
+    return [t for v in state.values() for t in (flat_tensors(v) if isinstance(v, dict) else [v])
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 def _to_cpu(state: dict) -> dict:

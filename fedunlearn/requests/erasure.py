@@ -31,7 +31,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from pydantic import BaseModel
@@ -270,6 +270,11 @@ def remember_erased(root: Path, batch_id: str, fingerprints: Fingerprints) -> No
     rows = sorted([sample_id, len(row) // 4, keyed_digest(key, row).hex()]
                   for sample_id, stored in fingerprints.stored.items() for row in stored)
     line = json.dumps({"batch_id": batch_id, "key": key_id(key), "rows": rows}, separators=(",", ":")).encode()
+    _append_line(path, line)
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """One JSON line appended and fsynced; after a torn append, on a line of its own."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as out:
         size = out.seek(0, os.SEEK_END)
@@ -322,6 +327,15 @@ class ErasureReport(BaseModel):
     # scope (``ErasedRows``); those under a key this workspace does not hold cannot be checked.
     earlier_rows_checked: int = 0
     earlier_rows_not_checkable: int = 0
+    # Retired versions' weights (``WindowMatcher``), looked for in every file: version -> files holding them.
+    retired_versions_checked: int = 0
+    retired_versions_not_checkable: int = 0
+    weights_found: dict[str, list[str]] = {}
+
+    @property
+    def weights_clean(self) -> bool:
+        """No store in scope holds a retired version's weights (vacuously, when none is retired)."""
+        return not self.weights_found
 
     def holding_stores(self) -> list[StoreScan]:
         return [store for store in self.stores if store.found]
@@ -342,14 +356,22 @@ class RowMatcher:
     CHUNK_WORDS = 1 << 21  # bounds the temporaries for large files
 
     def __init__(self, rows: set[bytes]):
-        self.by_anchor: dict[int, list[tuple[int, bytes]]] = {}
+        self.by_anchor: dict[int, list[tuple[int, Any]]] = {}
         for row in rows:
-            window = np.lib.stride_tricks.sliding_window_view(np.frombuffer(row, np.uint8), self.ANCHOR_BYTES)
-            offset = int(np.argmax(np.count_nonzero(window, axis=1)))
-            anchor = int.from_bytes(row[offset:offset + self.ANCHOR_BYTES], "little")
-            self.by_anchor.setdefault(anchor, []).append((offset, row))
+            offset = anchor_offset(row)
+            self._add(int.from_bytes(row[offset:offset + self.ANCHOR_BYTES], "little"), offset, row)
+        self._build_table()
+
+    def _add(self, anchor: int, offset: int, entry: Any) -> None:
+        self.by_anchor.setdefault(anchor, []).append((offset, entry))
+
+    def _build_table(self) -> None:
         self.table = np.zeros(1 << self.TABLE_BITS, dtype=bool)
         self.table[self._slots(np.fromiter(self.by_anchor, dtype=np.uint64, count=len(self.by_anchor)))] = True
+
+    def _confirms(self, data: bytes, begin: int, entry: Any) -> bool:
+        """Whether the whole of ``entry`` is at ``begin``, once its anchor matched."""
+        return data[begin:begin + len(entry)] == entry
 
     @classmethod
     def _slots(cls, words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -358,8 +380,8 @@ class RowMatcher:
         out = np.multiply(words, np.uint64(0x9E3779B97F4A7C15), out=out)
         return np.right_shift(out, np.uint64(64 - cls.TABLE_BITS), out=out).view(np.int64)
 
-    def rows_in(self, data: bytes) -> set[bytes]:
-        found: set[bytes] = set()
+    def rows_in(self, data: bytes) -> set:
+        found: set = set()
         slots = np.empty(min(len(data) // self.ANCHOR_BYTES, self.CHUNK_WORDS), dtype=np.uint64)
         for shift in range(self.ANCHOR_BYTES):
             count = (len(data) - shift) // self.ANCHOR_BYTES
@@ -372,12 +394,95 @@ class RowMatcher:
                     position = shift + self.ANCHOR_BYTES * (start + int(index))
                     for offset, row in self.by_anchor.get(int(chunk[index]), ()):
                         begin = position - offset
-                        if begin >= 0 and data[begin:begin + len(row)] == row:
+                        if begin >= 0 and self._confirms(data, begin, row):
                             found.add(row)
         return found
 
 
-def _files_under(roots: list[Path]) -> Iterator[Path]:
+def anchor_offset(row: bytes, width: int = 8) -> int:
+    """The start of ``row``'s window of ``width`` bytes with the most non-zero bytes: the one least
+    likely to recur by chance, which a scan looks up first."""
+    window = np.lib.stride_tricks.sliding_window_view(np.frombuffer(row, np.uint8), width)
+    return int(np.argmax(np.count_nonzero(window, axis=1)))
+
+
+# Retired versions' weights (issue 46): per tensor, its first WINDOW_BYTES as stored (float32), kept as an
+# 8-byte anchor and HMAC-SHA256 under the fingerprint key — a later scan recognises any copy of the tensor
+# (a torch file, a pickle, an array) without the workspace keeping the weights it deleted.
+RETIRED_WEIGHTS_PATH = Path("data/ledger/retired-weights.jsonl")
+WINDOW_BYTES = 256
+
+
+@dataclass(frozen=True)
+class WeightWindow:
+    owner: str  # "<model> v<version>"
+    offset: int  # of the anchor inside the window
+    anchor: int
+    length: int
+    digest: bytes
+
+
+def weight_windows(key: bytes, owner: str, tensors: list[bytes]) -> list[WeightWindow]:
+    """The keyed windows of a version's tensors (each tensor's raw bytes); tensors too small or too
+    empty to recognise are left out."""
+    windows = []
+    for raw in tensors:
+        window = raw[:WINDOW_BYTES]
+        if len(window) < RowMatcher.ANCHOR_BYTES * 4 or not _distinctive(window):
+            continue
+        offset = anchor_offset(window)
+        windows.append(WeightWindow(owner, offset, int.from_bytes(window[offset:offset + 8], "little"), len(window),
+                                    keyed_digest(key, window)))
+    return windows
+
+
+class WindowMatcher(RowMatcher):
+    """``RowMatcher`` for keyed windows: an anchor's candidate counts when the HMAC of the bytes around
+    it is the window's."""
+
+    def __init__(self, key: bytes, windows: list[WeightWindow]):
+        self.key, self.by_anchor = key, {}
+        self.versions = {window.owner for window in windows}
+        for window in windows:
+            self._add(window.anchor, window.offset, window)
+        self._build_table()
+
+    def _confirms(self, data: bytes, begin: int, entry: Any) -> bool:
+        piece = data[begin:begin + entry.length]
+        return len(piece) == entry.length and hmac.compare_digest(keyed_digest(self.key, piece), entry.digest)
+
+    def owners_in(self, data: bytes) -> set[str]:
+        return {window.owner for window in self.rows_in(data)} if self.by_anchor else set()
+
+
+def remember_retired(root: Path, owner: str, windows: list[WeightWindow]) -> None:
+    """Append a retiring version's keyed windows once (a resumed retirement finds them there), fsynced."""
+    path = Path(root) / RETIRED_WEIGHTS_PATH
+    if any(entry.get("version") == owner for entry in _erased_entries(path)):
+        return
+    line = json.dumps({"version": owner, "key": key_id(fingerprint_key(root)),
+                       "windows": [[w.offset, w.anchor, w.length, w.digest.hex()] for w in windows]},
+                      separators=(",", ":")).encode()
+    _append_line(path, line)
+
+
+def retired_windows(root: Path, key: bytes) -> tuple[list[WeightWindow], int]:
+    """Every retired version's windows under ``key``, and how many versions' were made under another."""
+    windows, other, ours = [], 0, key_id(key)
+    for entry in _erased_entries(Path(root) / RETIRED_WEIGHTS_PATH):
+        if entry.get("key") != ours:
+            other += 1
+            continue
+        windows += [WeightWindow(entry["version"], int(o), int(a), int(n), bytes.fromhex(d))
+                    for o, a, n, d in entry.get("windows", [])]
+    return windows, other
+
+
+def retired_owners(root: Path) -> set[str]:
+    return {entry["version"] for entry in _erased_entries(Path(root) / RETIRED_WEIGHTS_PATH) if "version" in entry}
+
+
+def files_under(roots: list[Path]) -> Iterator[Path]:
     for root in roots:
         if root.is_file() and not root.is_symlink():
             yield root
@@ -433,8 +538,10 @@ class _Search:
 
     fingerprints: Fingerprints
     erased: ErasedRows | None
+    weights: WindowMatcher | None = None
     owners: dict[bytes, list[str]] = field(default_factory=dict)
     found: dict[str, set[str]] = field(default_factory=dict)
+    weights_found: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for sample_id, rows in self.fingerprints.by_sample.items():
@@ -454,15 +561,28 @@ class _Search:
             samples |= self.erased.samples_in(path, data)
         return samples
 
+    def holds(self, path: Path, data: bytes, label: str) -> bool:
+        """Whether ``data`` holds a deleted row or a retired version's weights; what it holds is recorded
+        under ``label``."""
+        samples = self.samples_in(path, data)
+        versions = self.weights.owners_in(data) if self.weights is not None else set()
+        for sample_id in samples:
+            self.found.setdefault(sample_id, set()).add(label)
+        for version in versions:
+            self.weights_found.setdefault(version, set()).add(label)
+        return bool(samples or versions)
+
 
 def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
-                   clean: set[tuple] | None = None, erased: ErasedRows | None = None) -> ErasureReport:
+                   clean: set[tuple] | None = None, erased: ErasedRows | None = None,
+                   weights: WindowMatcher | None = None) -> ErasureReport:
     """Read every file of every store in scope once and search it for every fingerprint, and — with
     ``erased`` — every row of its arrays for the keyed fingerprints of earlier batches' rows. ``clean``:
     files an earlier scan for the same fingerprints read and found clean, by path and identity (inode,
     size, modification and change times): those still identical are not read again; files found clean
-    here are added (a deletion batch scans its stores twice, the second time mostly unchanged files)."""
-    search = _Search(fingerprints, erased)
+    here are added (a deletion batch scans its stores twice, the second time mostly unchanged files).
+    ``weights``: retired versions' keyed windows, looked for in every file too."""
+    search = _Search(fingerprints, erased, weights)
     scans = []
     for store in stores:
         scan = StoreScan(name=store.name, paths=[store.location] if store.location else
@@ -473,24 +593,22 @@ def verify_erasure(fingerprints: Fingerprints, stores: list[Store], base: Path,
         if not store.in_scope or store.contents is not None:
             continue
         holding: set[str] = set()
-        for path in _files_under([p for p in store.paths if p.exists()]):
+        for path in files_under([p for p in store.paths if p.exists()]):
             before = path.stat()
             if clean is not None and (str(path), *_identity(before)) in clean:
                 scan.files, scan.bytes = scan.files + 1, scan.bytes + before.st_size
                 continue
             data = path.read_bytes()
             scan.files, scan.bytes = scan.files + 1, scan.bytes + len(data)
-            samples = search.samples_in(path, data)
+            held = search.holds(path, data, _relative(path, base))
             after = path.stat()
-            if (clean is not None and not samples and _identity(after) == _identity(before)
+            if (clean is not None and not held and _identity(after) == _identity(before)
                     and time.time() - after.st_ctime_ns / 1e9 > SETTLED_SECONDS):
                 clean.add((str(path), *_identity(after)))
-            if samples:
+            if held:
                 holding.add(_relative(path, base))
-            for sample_id in samples:
-                search.found.setdefault(sample_id, set()).add(_relative(path, base))
         scan.found = sorted(holding)
-    return _report(fingerprints, erased, search.found, scans)
+    return _report(fingerprints, erased, search, scans)
 
 
 def _scan_contents(store: Store, scan: StoreScan, search: _Search) -> None:
@@ -501,20 +619,18 @@ def _scan_contents(store: Store, scan: StoreScan, search: _Search) -> None:
         part = name.split("#", 1)[0]  # a large table comes in chunks of whole rows: one part
         parts.add(part)
         scan.bytes += len(data)
-        samples = search.samples_in(Path(f"{part}.txt"), data)
         label = f"{store.name}:{part}"  # e.g. prefect-database:prefect/public.log
-        if samples:
+        if search.holds(Path(f"{part}.txt"), data, label):
             holding.add(label)
-        for sample_id in samples:
-            search.found.setdefault(sample_id, set()).add(label)
     scan.files = len(parts)
     scan.found = sorted(holding)
 
 
-def _report(fingerprints: Fingerprints, erased: ErasedRows | None, found: dict[str, set[str]],
+def _report(fingerprints: Fingerprints, erased: ErasedRows | None, search: _Search,
             scans: list[StoreScan]) -> ErasureReport:
     in_scope = [scan for scan in scans if scan.in_scope]
-    return ErasureReport(verified=bool(fingerprints.by_sample) and not found,
+    found = search.found
+    return ErasureReport(verified=bool(fingerprints.by_sample) and not found and not search.weights_found,
                          deleted_samples=len(fingerprints.sample_ids()),
                          checked_samples=len(fingerprints.by_sample),
                          not_verifiable=fingerprints.not_verifiable,
@@ -526,4 +642,6 @@ def _report(fingerprints: Fingerprints, erased: ErasedRows | None, found: dict[s
                                          f"{' — ' + scan.note if scan.note else ''}" for scan in scans),
                          stores=scans,
                          earlier_rows_checked=len(erased.owners) if erased else 0,
-                         earlier_rows_not_checkable=erased.other_key if erased else 0)
+                         earlier_rows_not_checkable=erased.other_key if erased else 0,
+                         retired_versions_checked=len(search.weights.versions) if search.weights else 0,
+                         weights_found={k: sorted(v) for k, v in sorted(search.weights_found.items())})

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from torch import nn
 
+from stores.registry.retirement import retired_batch
 from stores.registry.weights import save_mlflow_model
 
 EXAMPLE_FILES = ("input_example.json", "serving_input_example.json")
@@ -44,6 +45,8 @@ class ArtifactRewriting:
                     for v in sorted(self.client.search_model_versions(f"name='{model.name}'"),
                                     key=lambda v: int(v.version))]
         for version in versions:
+            if retired_batch(version):  # its model files are gone with its weights
+                continue
             directory, local = self._model_directory(version)
             if not local:
                 if self._examples_hold_data(version):

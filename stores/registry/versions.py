@@ -28,6 +28,7 @@ from fedunlearn.errors import StateDamaged
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.receipts import ModelRef
 from stores.registry.artifacts import ERASURE_TAG, ArtifactRewriting
+from stores.registry.retirement import HOLD_TAG, Retirement, retired_batch, retired_error
 from stores.registry.runs import Runs, tracking_uri
 from stores.registry.weights import (BUDGET_ARTIFACT, HFL_WEIGHTS, MODEL_ARTIFACT, WEIGHTS, ModelWeights, read_party,
                                      read_weights, write_version_files)
@@ -71,9 +72,10 @@ def registered_batch_ids(root: Path) -> set[str]:
     return Registry(root).batch_ids()
 
 
-class Registry(Runs, ArtifactRewriting):
-    """The workspace's MLflow store: its runs (``Runs``), its registered versions, and the rewriting
-    of their artifacts (``ArtifactRewriting``). One instance per workspace (``Workspace.registry``)."""
+class Registry(Runs, ArtifactRewriting, Retirement):
+    """The workspace's MLflow store: its runs (``Runs``), its registered versions, the rewriting
+    of their artifacts (``ArtifactRewriting``) and their retirement (``Retirement``). One instance per
+    workspace (``Workspace.registry``)."""
 
     def batch_ids(self) -> set[str]:
         """The ``batch_id`` tags of every registered version: the batches a model was unlearned or
@@ -147,6 +149,10 @@ class Registry(Runs, ArtifactRewriting):
             return {}
 
     def set_alias(self, name: str, alias: str, version: str) -> None:
+        """Point ``alias`` at ``version``; never at a retired one (it has no weights to serve)."""
+        found = self.version(name, version)
+        if retired_batch(found):
+            raise retired_error(found)
         self.client.set_registered_model_alias(name, alias, version)
 
     def remove_alias(self, name: str, alias: str) -> None:
@@ -167,6 +173,8 @@ class Registry(Runs, ArtifactRewriting):
     def load(self, name: str, version: str | None = None, *, alias: str | None = None) -> RegisteredModel:
         """A version with its weights as the federation holds them (``ModelWeights``)."""
         found = self.version(name, version) if version is not None else self.by_alias(name, alias)
+        if retired_batch(found):
+            raise retired_error(found)
         setting = found.tags.get("setting", "hfl")
         with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
             try:
@@ -185,6 +193,8 @@ class Registry(Runs, ArtifactRewriting):
     def load_party(self, name: str, version: str, party: str) -> dict[str, dict[str, torch.Tensor]]:
         """One VFL party's own models (``bottom``, and ``top`` for the active party), nothing else."""
         found = self.version(name, version)
+        if retired_batch(found):
+            raise retired_error(found)
         with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
             return read_party(Path(self.client.download_artifacts(found.run_id, f"{WEIGHTS}/{party}", tmp)))
 
@@ -224,8 +234,16 @@ class Registry(Runs, ArtifactRewriting):
                          **{key: _finite(metrics.get(key)) for key in VERSION_METRICS},
                          "bd_asr": _finite(metrics.get("bd_asr")),
                          "certificate": version.tags.get("certificate"),
-                         "erasure": version.tags.get(ERASURE_TAG, "")})
+                         "erasure": version.tags.get(ERASURE_TAG, ""), "retired": _retirement(version)})
         return rows
+
+
+def _retirement(version) -> str:
+    """``retired by <batch>`` (weights deleted), ``held: <reason>``, or empty."""
+    batch = retired_batch(version)
+    if batch:
+        return f"retired by {batch}"
+    return f"held: {version.tags[HOLD_TAG]}" if version.tags.get(HOLD_TAG) else ""
 
 
 def _finite(value: float | None) -> float | None:

@@ -17,6 +17,7 @@ input example of zeros — never user data, which would outlive its deletion in 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -120,3 +121,11 @@ def read_weights(setting: str, local: Path) -> ModelWeights:
 def read_party(local: Path) -> dict[str, dict[str, torch.Tensor]]:
     """One VFL party's downloaded ``weights/party_<p>/``: ``bottom`` (and ``top``) by name."""
     return {path.stem: load_state(path) for path in sorted(local.glob("*.pt"))}
+
+
+def tree_digest(directory: Path) -> str:
+    """SHA-256 over ``sha256sum``-style lines ("<file SHA-256>  <relative path>"), sorted by path:
+    what anyone holding the weights can recompute with ``sha256sum``."""
+    lines = sorted(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(directory).as_posix()}\n"
+                   for p in Path(directory).rglob("*") if p.is_file())
+    return hashlib.sha256("".join(lines).encode()).hexdigest()

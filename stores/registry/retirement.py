@@ -1,0 +1,117 @@
+"""Retiring a registered version (issue 46): its weights leave every MLflow store, its record stays.
+
+A retired version keeps its run (metrics, parameters, dataset inputs), its tags and description —
+what ``fedunlearn compare`` and MLflow's compare view read — and gains a tombstone:
+
+    retirement        retiring | retired      (retiring: the weights' deletion began; nothing may load it)
+    retired_by        the batch whose exact forgetting retired it
+    weights_sha256    the digest of its weights as they were (``stores.registry.weights.tree_digest``)
+    retired_at        when the deletion finished
+
+The steps are ordered so that a process killed between any two resumes without harm: the keyed
+windows of the weights (``fedunlearn.requests.erasure.remember_retired``) and the digest are written
+before anything is deleted; the ``retiring`` tag before the deletion makes the version unloadable at
+once; the deletion is of paths that may already be gone; ``retired`` comes last. A hold
+(``hold`` tag) keeps a version's weights on purpose.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from fedunlearn.errors import InputError
+from fedunlearn.faults import RETIREMENT_FAILPOINT, failpoint
+from fedunlearn.requests import erasure
+from fedunlearn.requests.model import utc_now
+from stores.registry.weights import MODEL_ARTIFACT, WEIGHTS, load_state, tree_digest
+
+RETIREMENT_TAG, RETIRED_BY_TAG, WEIGHTS_HASH_TAG, HOLD_TAG = "retirement", "retired_by", "weights_sha256", "hold"
+RETIRING, RETIRED = "retiring", "retired"
+WEIGHT_ARTIFACTS = (WEIGHTS, MODEL_ARTIFACT)  # the run's files that are the model; the budget is numbers about it
+
+
+class VersionRetired(InputError):
+    """A retired version was asked for its weights, or for an alias."""
+
+
+def retired_batch(version) -> str | None:
+    """The batch that retired ``version`` (an MLflow ModelVersion), or None while it has its weights."""
+    return version.tags.get(RETIRED_BY_TAG) if version.tags.get(RETIREMENT_TAG) in (RETIRING, RETIRED) else None
+
+
+def retired_error(version) -> VersionRetired:
+    return VersionRetired(
+        f"{version.name} v{version.version} ({version.tags.get('role', '?')}) was retired by {retired_batch(version)}: "
+        "it learnt samples whose deletion that batch completed exactly, so its weights were deleted from every store "
+        f"(its metrics, tags and lineage stay: `fedunlearn compare --scenario {version.name}`). Load the version "
+        f"serving now (alias current) instead")
+
+
+class Retirement:
+    """The retiring half of ``Registry``: needs its ``root`` and ``client`` (``Runs``) and its
+    ``_model_uri`` (``ArtifactRewriting``)."""
+
+    root: Path
+    client: Any
+
+    def retire(self, name: str, version: str, batch_id: str) -> bool:
+        """Delete the version's weights from the MLflow stores and leave its tombstone (module
+        docstring); True when this call finished a retirement, False when it was done already."""
+        found = self.client.get_model_version(name, version)
+        if found.tags.get(RETIREMENT_TAG) == RETIRED:
+            return False
+        if found.tags.get(RETIREMENT_TAG) != RETIRING:  # a resumed retirement has them already: the weights are gone
+            digest = self._remember_weights(found)
+            for key, value in ((WEIGHTS_HASH_TAG, digest), (RETIRED_BY_TAG, batch_id), (RETIREMENT_TAG, RETIRING)):
+                self.client.set_model_version_tag(name, version, key, value)
+        for alias in [a for a, v in self.client.get_registered_model(name).aliases.items() if str(v) == str(version)]:
+            self.client.delete_registered_model_alias(name, alias)
+        self._delete_weights(found)
+        failpoint(RETIREMENT_FAILPOINT)
+        self.client.set_model_version_tag(name, version, "retired_at", utc_now().isoformat(timespec="seconds"))
+        self.client.set_model_version_tag(name, version, RETIREMENT_TAG, RETIRED)
+        self.client.set_tag(found.run_id, RETIREMENT_TAG, f"{RETIRED} by {found.tags.get(RETIRED_BY_TAG) or batch_id}")
+        return True
+
+    def _remember_weights(self, found) -> str:
+        """The weights' digest, and their keyed windows in the workspace: read before anything goes."""
+        owner = f"{found.name} v{found.version}"
+        with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
+            local = Path(self.client.download_artifacts(found.run_id, WEIGHTS, tmp))
+            tensors = [t.detach().contiguous().view(-1).numpy().tobytes() for path in sorted(local.rglob("*.pt"))
+                       for t in load_state(path).values() if t.is_floating_point()]
+            erasure.remember_retired(self.root, owner, erasure.weight_windows(erasure.fingerprint_key(self.root),
+                                                                               owner, tensors))
+            return tree_digest(local)
+
+    def _delete_weights(self, found) -> None:
+        """The run's weights and MLflow model, and a logged model's files where the version's source is
+        one, through each store's artifact repository (local files, or the tracking server's proxy)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        run_uri = self.client.get_run(found.run_id).info.artifact_uri
+        present = {a.path for a in self.client.list_artifacts(found.run_id)}
+        repository = get_artifact_repository(run_uri)
+        for path in WEIGHT_ARTIFACTS:
+            if path in present:
+                repository.delete_artifacts(path)
+        model_uri = self._model_uri(found)
+        if not model_uri.startswith(f"{run_uri}/") and _exists(model_uri):
+            get_artifact_repository(model_uri).delete_artifacts()
+
+    def hold(self, name: str, version: str, reason: str) -> None:
+        """Keep the version's weights on purpose (``reason``: a litigation hold, an audit)."""
+        found = self.client.get_model_version(name, version)
+        if retired_batch(found):
+            raise retired_error(found)
+        self.client.set_model_version_tag(name, version, HOLD_TAG, reason)
+        self.client.set_model_version_tag(name, version, "hold_at", utc_now().isoformat(timespec="seconds"))
+
+
+def _exists(uri: str) -> bool:
+    location = urlparse(uri)
+    return location.scheme not in ("", "file") or Path(location.path).exists()
+
