@@ -25,6 +25,7 @@ from fedunlearn.requests.model import utc_now
 from stores.transparency import publish_tree_head
 from tasks.progress import mark_finished
 from tasks.siblings import note_forgotten
+from tasks.shards import exact_statement
 from stores.workspace import Workspace
 from tasks.erasure import capture_fingerprints, scan_stores
 
@@ -118,6 +119,7 @@ def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[str
     ws.registry.set_version_tag(scenario, version, FORGETTING_TAG, "exact")
     for receipt in retrain_debt(ws, scenario).receipts:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=version, by=by)
+        receipt.exact_shards = exact_statement(ws, scenario, version)
         write_receipt(ws.root, receipt)
         repaid.append(receipt.batch_id)
     if repaid:  # the exact-forgetting statements go into the Merkle log under a newly signed head
@@ -147,6 +149,7 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
             utc_now(), record.deadlines(ws.params.requests.deadline_days),
             ws.relative(record_path(ws.folders, record.batch_id)))
         receipt.applied_by = list(record.applied_by)
+        receipt.exact_shards = exact_statement(ws, scenario, version.version)
         write_receipt(ws.root, receipt)
         note_forgotten(ws, receipt)
         closed.append(record.batch_id)

@@ -127,3 +127,9 @@ def retrain_statement(tags: dict[str, str]) -> str | None:
         line += ("; shard(s) " + ", ".join(f"{k} (= {v})" for k, v in kept.items()) + " untouched: none held a "
                  "deleted sample, so each model is the one trained from scratch on identical data (same digest)")
     return line
+
+
+def exact_statement(ws: Workspace, scenario: str, version: str) -> str | None:
+    """``retrain_statement`` of a registered version: None unless it is a sharded scenario's exact retrain."""
+    tags = ws.registry.version(scenario, version).tags
+    return retrain_statement(tags) if tags.get("role") == "retrained" else None
