@@ -65,12 +65,16 @@ def retrain_debt(ws: Workspace, scenario: str) -> Debt:
 
 def last_exact_seconds(ws: Workspace, scenario: str) -> float:
     """The measured duration of the scenario's last training from scratch (an exact retrain, or the
-    original when none has run yet); 0 when none logged one."""
+    original when none has run yet); 0 when none logged one. A federation in shards whose last retrain
+    trained only some shards counts that duration per shard retrained, times every shard: the next
+    retrain may owe them all, and a safe start must not come too late."""
     trained = [v for role in ("retrained", "original") for v in ws.registry.versions(scenario, role=role)]
     for version in sorted(trained, key=lambda v: int(v.version), reverse=True):
         seconds = ws.registry.metrics(version.run_id).get("wall_seconds")
         if seconds is not None and math.isfinite(seconds):
-            return float(seconds)
+            retrained = [s for s in version.tags.get("shards_retrained", "").split(",") if s.isdigit()]
+            shards = int(version.tags.get("shards", "1"))
+            return float(seconds) * (shards / len(retrained) if retrained else 1.0)
     return 0.0
 
 
