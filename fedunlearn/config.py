@@ -92,6 +92,9 @@ class ScenarioConfig(_Strict):
     shards: int = Field(1, ge=1, description="K: the clients split into K shards, each training its own FedAvg model, "
                         "served as their ensemble; exact forgetting retrains only the shards that held a deleted sample "
                         "(fedunlearn/sharded_federation.py, docs/shards.md). 1: one federation. HFL, in-process only")
+    shards_vectorised: bool | None = Field(None, description="train the shards together as one vectorised batch "
+                                           "(torch.func.vmap; federation/stacked_fedavg.py): True, False, or None: "
+                                           "where a CUDA device is present")
 
     @model_validator(mode="after")
     def _partition_matches_setting(self) -> "ScenarioConfig":

@@ -40,6 +40,7 @@ from torch import nn
 from fedunlearn.federation.batch import DeletionBatch
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.federation.local import State
+from fedunlearn.federation.stacked_fedavg import StackedFedAvg
 from fedunlearn.unlearning.base import FederatedState, Outcome
 from models.ensemble import ShardEnsemble, join_states, split_state
 
@@ -69,15 +70,22 @@ class ShardedFederation(FederatedState):
 
     shard_of: tuple[int, ...] = ()
     base_model_fn: Callable[[], nn.Module] | None = None
+    vectorised: bool | None = None  # shards trained as one vmapped batch; None: where CUDA is present
 
     @classmethod
-    def of(cls, federation: FederatedState, shards: int) -> "ShardedFederation":
+    def of(cls, federation: FederatedState, shards: int, vectorised: bool | None = None) -> "ShardedFederation":
         """``federation`` split into ``shards`` shards; its model becomes the shards' ensemble."""
         base = federation.model_fn
         return cls(**{f.name: getattr(federation, f.name) for f in dataclasses.fields(FederatedState)}
                    | {"model_fn": lambda: ShardEnsemble([base() for _ in range(shards)]),
                       "shard_of": assign_shards(len(federation.clients), shards, federation.seed),
-                      "base_model_fn": base})
+                      "base_model_fn": base, "vectorised": vectorised})
+
+    @property
+    def stacks(self) -> bool:
+        """Whether training stacks the shards (``federation.stacked_fedavg``)."""
+        wanted = self.device.type == "cuda" if self.vectorised is None else self.vectorised
+        return wanted and StackedFedAvg.supports(self.base_model_fn())
 
     @property
     def count(self) -> int:

@@ -24,18 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from fedunlearn.config import Params
 from fedunlearn.data.store import load_horizontal
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State
+from fedunlearn.federation.stacked_fedavg import StackedFedAvg, StackedRound
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.federation.topology import build_topology
 from fedunlearn.federation.vertical import VerticalState, load_vertical
 from fedunlearn.sharded_federation import ShardedFederation
-from fedunlearn.unlearning.base import FederatedState, fedavg_rounds
+from fedunlearn.unlearning.base import FederatedState, fedavg_rounds, num_params
 from fedunlearn.unlearning.certified_dfu import precompute_statistics
 from fedunlearn.unlearning.dfl_retrain import DecentralizedState, dpsgd_rounds
 from models import build_model
@@ -78,7 +80,7 @@ def load_federation(scenario: str, params: Params, root: Path, device: torch.dev
     if cfg.setting == "dfl":
         return DecentralizedState.from_federation(fed_state, build_topology(cfg.topology, len(fed_state.clients),
                                                                               params.seed))
-    return ShardedFederation.of(fed_state, cfg.shards) if cfg.shards > 1 else fed_state
+    return ShardedFederation.of(fed_state, cfg.shards, cfg.shards_vectorised) if cfg.shards > 1 else fed_state
 
 
 class _Watcher:
@@ -149,11 +151,17 @@ def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mappin
     ensemble state (a shard without data left out), the cost and each shard's origin."""
     states: list[State | None] = [reuse.get(k) for k in range(federation.count)]
     origins = {k: "reused" if k in reuse else "trained" for k in range(federation.count)}
-    live = [True] * federation.count
+    live = [any(len(c) for c in federation.shard(k, {}).clients) for k in range(federation.count)]
     cost = CostRecord()
+    if federation.stacks:
+        for index, (state, spent) in train_stacked(federation, [k for k in range(federation.count) if k not in reuse],
+                                                   watcher, states).items():
+            states[index], cost = state, cost + spent
+            if on_shard is not None:
+                on_shard(index, state)
+        return join_states(states, live), cost, origins
     for index in range(federation.count):
         shard = federation.shard(index, {})
-        live[index] = any(len(c) for c in shard.clients)
         if index in reuse:
             continue
         initial = shard.engine().initial_state()
@@ -180,6 +188,32 @@ def prepare_unlearning(federation: Federation) -> dict[str, float]:
     if not isinstance(federation, DecentralizedState):
         return {}
     return {"curvature_statistics_seconds": precompute_statistics(federation)}
+
+
+def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _Watcher,
+                  states: list[State | None]) -> dict[int, tuple[State, CostRecord]]:
+    """Shards ``indices`` trained together (``StackedFedAvg``), each costed as ``fedavg_rounds`` costs
+    its rounds; ``watcher`` sees the ensemble (``states`` filled in) after each round."""
+    if not indices:
+        return {}
+    shards = [federation.shard(k, {}) for k in indices]
+    initial = shards[0].engine().initial_state()
+
+    def show(number: int, result: StackedRound) -> None:
+        if watcher.on_round is not None:
+            current = list(states)
+            for k, state in zip(indices, result.states):
+                current[k] = state
+            loss = float(np.mean(result.train_losses))
+            watcher(number, join_states([s if s is not None else initial for s in current],
+                                        [s is not None for s in current]), loss)
+
+    history = StackedFedAvg([s.engine() for s in shards]).fit([s.clients for s in shards], on_round=show)
+    per_sample = shards[0].flops_per_sample()
+    return {k: (history[-1].states[j], CostRecord(
+        flops=training_flops(per_sample, sum(r.samples[j] for r in history), shards[j].train_config.local_epochs),
+        comm_bytes=communication_bytes(num_params(history[-1].states[j]), [r.participants[j] for r in history])))
+            for j, k in enumerate(indices)}
 
 
 __all__ = ["TrainedModel", "TrainingRound", "load_federation", "prepare_unlearning",
