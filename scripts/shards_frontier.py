@@ -14,7 +14,8 @@ retrain without a client costs F · E · R · (shard samples − the client's sa
     nice -n 10 .venv/bin/python scripts/shards_frontier.py --root /tmp/sh --scenario mnist5k-hfl \
         --shards 1 2 4 5 10 --out /tmp/shards-mnist5k-hfl.json
 
-Writes ``--out`` (JSON, one entry per K) and prints one table row per K.
+Writes ``--out`` (JSON, one entry per K) and prints one table row per K; ``--flops-only`` computes
+the FLOPs columns from the partition without training (accuracy NaN).
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import load_federation, train
 
 
-def measure(root: Path, scenario: str, shards: int) -> dict:
-    """One K: the ensemble trained from scratch, its accuracy, per-shard and per-request FLOPs."""
+def measure(root: Path, scenario: str, shards: int, flops_only: bool = False) -> dict:
+    """One K: the ensemble trained from scratch, its accuracy, per-shard and per-request FLOPs
+    (``flops_only``: the FLOPs alone, nothing trained)."""
     params = load_params(root / "params.yaml")
     cfg = params.scenario(scenario)
     params.scenarios[scenario] = cfg.model_copy(update={"shards": shards})
     federation = load_federation(scenario, params, root, torch.device("cpu"))
     started = time.perf_counter()
-    trained = train(federation)
+    trained = None if flops_only else train(federation)
     seconds = time.perf_counter() - started
-    acc = accuracy(federation.model_from(trained.state), federation.test)
+    acc = float("nan") if trained is None else accuracy(federation.model_from(trained.state), federation.test)
     per_sample = (federation.shard(0, {}) if isinstance(federation, ShardedFederation) else federation).flops_per_sample()
     sizes = [len(c) for c in federation.clients]
     shard_of = federation.shard_of if isinstance(federation, ShardedFederation) else (0,) * len(sizes)
@@ -58,7 +60,7 @@ def measure(root: Path, scenario: str, shards: int) -> dict:
     client_request = [flops(shard_samples[shard_of[c]] - sizes[c]) / full for c in range(len(sizes))]
     sample_request = [flops(shard_samples[shard_of[c]]) / full for c in range(len(sizes))]
     return {"scenario": scenario, "shards": shards, "test_acc": acc, "train_seconds": seconds,
-            "train_flops": trained.cost.flops, "full_retrain_flops": full, "shard_samples": shard_samples,
+            "train_flops": None if trained is None else trained.cost.flops, "full_retrain_flops": full, "shard_samples": shard_samples,
             "assignment": list(shard_of), "client_samples": sizes,
             "client_request_flops_ratio": client_request, "sample_request_flops_ratio": sample_request}
 
@@ -75,13 +77,14 @@ def main() -> None:
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4, 5, 10])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--flops-only", action="store_true", help="the FLOPs columns alone: nothing trained")
     args = parser.parse_args()
     params = load_params(args.root / "params.yaml")
     results = []
     print("| K | test acc | train s | client request / full retrain FLOPs | sample request / full retrain FLOPs |")
     with intra_op_threads(params.scenario(args.scenario).threads):
         for shards in args.shards:
-            results.append(measure(args.root, args.scenario, shards))
+            results.append(measure(args.root, args.scenario, shards, args.flops_only))
             print(row(results[-1]), flush=True)
             args.out.write_text(json.dumps({"machine": platform.platform(), "threads": torch.get_num_threads(),
                                             "results": results}, indent=2))
