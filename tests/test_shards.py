@@ -167,3 +167,17 @@ def test_stacked_shard_training_equals_the_loop_on_the_cpu():
     assert a.state.keys() == b.state.keys()
     assert all(torch.allclose(a.state[k], b.state[k], atol=1e-6, rtol=0) for k in a.state)
     assert (a.cost.flops, a.cost.comm_bytes) == (b.cost.flops, b.cost.comm_bytes)
+
+
+def test_the_exact_statement_names_the_shards_retrained_and_why_the_others_are_untouched():
+    from fedunlearn.receipts import ExactForgetting, Receipt
+    from tasks.shards import retrain_statement
+
+    tags = {"role": "retrained", "shards": "3", "shard_origins": "reused:v1,trained,reused:v4"}
+    line = retrain_statement(tags)
+    assert line.startswith("shard(s) 1 of 3 retrained from scratch (they held the deleted samples)")
+    assert "shard(s) 0 (= v1), 2 (= v4) untouched: none held a deleted sample" in line
+    assert retrain_statement({"role": "retrained"}) is None  # an unsharded version: nothing to say
+    receipt = Receipt.model_construct(exact_shards=line, exactly_forgotten=ExactForgetting(
+        at="2026-11-28T00:00:00Z", version="5", by="repay-retrain-debt"), exact_due=None)
+    assert line in receipt.exact_owed()
