@@ -90,6 +90,12 @@ class ScenarioConfig(_Strict):
                                 "are too small for a second thread to pay off")
     runner: Runner = Field(Runner.in_process, description="the engine of training and unlearning: in-process (our "
                            "loop), flower (a local Flower deployment) or flower-simulation; Flower is HFL only")
+    shards: int = Field(1, ge=1, description="K: the clients split into K shards, each training its own FedAvg model, "
+                        "served as their ensemble; exact forgetting retrains only the shards that held a deleted sample "
+                        "(fedunlearn/sharded_federation.py, docs/shards.md). 1: one federation. HFL, in-process only")
+    shards_vectorised: bool | None = Field(None, description="train the shards together as one vectorised batch "
+                                           "(torch.func.vmap; federation/stacked_fedavg.py): True, False, or None: "
+                                           "where a CUDA device is present")
 
     @model_validator(mode="after")
     def _partition_matches_setting(self) -> "ScenarioConfig":
@@ -102,6 +108,10 @@ class ScenarioConfig(_Strict):
             raise ValueError("canaries (canary_fraction > 0) apply to HFL/DFL partitions only")
         if self.setting == "dfl" and self.topology is None:
             self.topology = TopologyConfig()
+        if self.shards > 1 and (self.setting != "hfl" or self.runner != Runner.in_process
+                                or self.shards > self.partition.num_clients):
+            raise ValueError(f"shards: {self.shards} needs an HFL scenario trained in-process with at least as many "
+                             f"clients ({self.partition.num_clients}); use shards: 1 otherwise")
         if self.setting != "dfl" and self.topology is not None:
             raise ValueError(f"a topology applies to DFL scenarios only, not {self.setting!r}")
         return self

@@ -106,6 +106,8 @@ class Receipt(BaseModel):
     erasure: dict[str, Any] | None = None
     exactly_forgotten: ExactForgetting | None = Field(None, description="set when an exact retrain repaid the batch's "
                                                                        "approximate forgetting")
+    exact_shards: str | None = Field(None, description="a federation in shards: the shards the exact retrain that "
+                                     "forgot the batch retrained from scratch, and why the others are untouched")
     forgetting: str | None = Field(None, description="the tier the promoted version forgets on: 'interim' "
                                    "(approximate; an exact retrain is owed by exact_due), 'exact' or 'formal'")
     policy: str | None = Field(None, description="the forgetting policy the batch ran under: 'interim' or 'strict'")
@@ -201,7 +203,8 @@ class Receipt(BaseModel):
                 else ""
             return "held back — " + strict + ("; ".join(held) or "no version of the batch passed")
         if self.forgetting in ("exact", "formal"):
-            return ("an exact retrain without the deleted samples: nothing owed" if self.forgetting == "exact" else
+            return ("an exact retrain without the deleted samples: nothing owed" + self.shards_note()
+                    if self.forgetting == "exact" else
                     f"certificate **{self.guarantee}** proves the forgetting: nothing owed") + self.retired_clause()
         read = gates.deciding_checks(self.forgetting == "interim") if gates else []
         inconclusive = [c.name for c in read if c.verdict == "inconclusive"]
@@ -217,11 +220,15 @@ class Receipt(BaseModel):
         start = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
         done = self.exactly_forgotten
         return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
-                      + self.retired_clause() if done else start)
+                      + self.shards_note() + self.retired_clause() if done else start)
 
     def retired_clause(self) -> str:
         """``; versions retired: v1, v2`` for the exact statement, or nothing."""
         return f"; versions retired: {', '.join('v' + v for v in self.retired)}" if self.retired else ""
+
+    def shards_note(self) -> str:
+        """``; shard(s) … retrained …`` where a federation in shards was retrained exactly, else nothing."""
+        return f"; {self.exact_shards}" if self.exact_shards else ""
 
     def unmeasured_line(self) -> str:
         """Interim: what the batch's checks could not measure (the tier's caveat)."""
@@ -237,7 +244,7 @@ class Receipt(BaseModel):
         if self.exactly_forgotten is not None:
             done = self.exactly_forgotten
             exact = (f"forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
-                     + self.retired_clause())
+                     + self.shards_note() + self.retired_clause())
             return f"Forgetting: **{self.forgetting}**, then {exact}" + (
                 f"; due {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "") + "."
         if self.forgetting != "interim":

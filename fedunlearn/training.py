@@ -22,22 +22,26 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from fedunlearn.config import Params
 from fedunlearn.data.store import load_horizontal
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State
+from fedunlearn.federation.stacked_fedavg import StackedFedAvg, StackedRound
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.federation.topology import build_topology
 from fedunlearn.federation.vertical import VerticalState, load_vertical
-from fedunlearn.unlearning.base import FederatedState, fedavg_rounds
+from fedunlearn.sharded_federation import ShardedFederation
+from fedunlearn.unlearning.base import FederatedState, fedavg_rounds, num_params
 from fedunlearn.unlearning.certified_dfu import precompute_statistics
 from fedunlearn.unlearning.dfl_retrain import DecentralizedState, dpsgd_rounds
 from models import build_model
+from models.ensemble import join_states
 
 
 @dataclass
@@ -48,6 +52,7 @@ class TrainingRound:
     round: int
     state: State
     train_loss: float
+    shard: int | None = None  # a federation in shards trains them in turn: the shard this round belongs to
 
 
 @dataclass
@@ -59,6 +64,7 @@ class TrainedModel:
     cost: CostRecord
     history: list[dict[str, Any]] = field(default_factory=list)
     node_states: list[State | None] | None = None
+    shard_origins: dict[int, str] | None = None  # a federation in shards: "trained" or "reused", by shard
 
 
 def load_federation(scenario: str, params: Params, root: Path, device: torch.device) -> Federation:
@@ -74,7 +80,7 @@ def load_federation(scenario: str, params: Params, root: Path, device: torch.dev
     if cfg.setting == "dfl":
         return DecentralizedState.from_federation(fed_state, build_topology(cfg.topology, len(fed_state.clients),
                                                                               params.seed))
-    return fed_state
+    return ShardedFederation.of(fed_state, cfg.shards, cfg.shards_vectorised) if cfg.shards > 1 else fed_state
 
 
 class _Watcher:
@@ -83,10 +89,10 @@ class _Watcher:
     def __init__(self, on_round: Callable[[TrainingRound], None] | None):
         self.on_round, self.seconds = on_round, 0.0
 
-    def __call__(self, number: int, state: State, loss: float) -> None:
+    def __call__(self, number: int, state: State, loss: float, shard: int | None = None) -> None:
         if self.on_round is not None:
             start = time.perf_counter()
-            self.on_round(TrainingRound(number, state, loss))
+            self.on_round(TrainingRound(number, state, loss, shard))
             self.seconds += time.perf_counter() - start
 
     def record(self, phase: str, round_idx: int, state: State, train_loss: float = float("nan")) -> None:
@@ -94,13 +100,19 @@ class _Watcher:
         self(round_idx, state, train_loss)
 
 
-def train(federation: Federation, *, on_round: Callable[[TrainingRound], None] | None = None) -> TrainedModel:
+def train(federation: Federation, *, on_round: Callable[[TrainingRound], None] | None = None,
+          reuse: Mapping[int, State] | None = None, on_shard: Callable[[int, State], None] | None = None
+          ) -> TrainedModel:
     """Train ``federation``'s model from the seeded initial weights on all its clients' data for the
-    configured rounds."""
+    configured rounds. A federation in shards trains them in turn, except the shards in ``reuse``
+    (models trained from scratch on the same shard digest, kept as they are); ``on_shard`` sees
+    each shard model once trained."""
     watcher = _Watcher(on_round)
     start = time.perf_counter()
-    node_states = None
-    if isinstance(federation, VerticalState):
+    node_states = origins = None
+    if isinstance(federation, ShardedFederation):
+        state, cost, origins = train_shards(federation, watcher, reuse or {}, on_shard)
+    elif isinstance(federation, VerticalState):
         engine = federation.engine()
         before = engine.meter()
         result = engine.fit(on_epoch=watcher, map_updates=federation.map_updates)
@@ -114,7 +126,52 @@ def train(federation: Federation, *, on_round: Callable[[TrainingRound], None] |
         state, cost = fedavg_rounds(federation, federation.clients, state=None, rounds=federation.train_config.rounds,
                                     first_round=0, phase="train", monitor=watcher)
     wall = time.perf_counter() - start - watcher.seconds
-    return TrainedModel(state, dataclasses.replace(cost, wall_seconds=wall), node_states=node_states)
+    return TrainedModel(state, dataclasses.replace(cost, wall_seconds=wall), node_states=node_states,
+                        shard_origins=origins)
+
+
+class _ShardRounds:
+    """The ``Monitor`` of one shard's training: each round shown as the ensemble so far (shards not
+    trained yet left out of it)."""
+
+    def __init__(self, watcher: _Watcher, shard: int, states: list[State | None], initial: State):
+        self.watcher, self.shard, self.states, self.initial = watcher, shard, states, initial
+
+    def record(self, phase: str, round_idx: int, state: State, train_loss: float = float("nan")) -> None:
+        if self.watcher.on_round is None:
+            return
+        current = [state if i == self.shard else s for i, s in enumerate(self.states)]
+        self.watcher(round_idx, join_states([s if s is not None else self.initial for s in current],
+                                            [s is not None for s in current]), train_loss, self.shard)
+
+
+def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mapping[int, State],
+                 on_shard: Callable[[int, State], None] | None) -> tuple[State, CostRecord, dict[int, str]]:
+    """Each shard not in ``reuse`` trained from scratch by FedAvg on its own clients, in turn; the
+    ensemble state (a shard without data left out), the cost and each shard's origin."""
+    states: list[State | None] = [reuse.get(k) for k in range(federation.count)]
+    origins = {k: "reused" if k in reuse else "trained" for k in range(federation.count)}
+    live = [any(len(c) for c in federation.shard(k, {}).clients) for k in range(federation.count)]
+    cost = CostRecord()
+    if federation.stacks:
+        for index, (state, spent) in train_stacked(federation, [k for k in range(federation.count) if k not in reuse],
+                                                   watcher, states).items():
+            states[index], cost = state, cost + spent
+            if on_shard is not None:
+                on_shard(index, state)
+        return join_states(states, live), cost, origins
+    for index in range(federation.count):
+        shard = federation.shard(index, {})
+        if index in reuse:
+            continue
+        initial = shard.engine().initial_state()
+        states[index], spent = fedavg_rounds(shard, shard.clients, state=None, rounds=shard.train_config.rounds,
+                                             first_round=0, phase="train",
+                                             monitor=_ShardRounds(watcher, index, states, initial))
+        cost += spent
+        if on_shard is not None:
+            on_shard(index, states[index])
+    return join_states(states, live), cost, origins
 
 
 def trained(federation: Federation, model: TrainedModel) -> Federation:
@@ -133,5 +190,31 @@ def prepare_unlearning(federation: Federation) -> dict[str, float]:
     return {"curvature_statistics_seconds": precompute_statistics(federation)}
 
 
+def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _Watcher,
+                  states: list[State | None]) -> dict[int, tuple[State, CostRecord]]:
+    """Shards ``indices`` trained together (``StackedFedAvg``), each costed as ``fedavg_rounds`` costs
+    its rounds; ``watcher`` sees the ensemble (``states`` filled in) after each round."""
+    if not indices:
+        return {}
+    shards = [federation.shard(k, {}) for k in indices]
+    initial = shards[0].engine().initial_state()
+
+    def show(number: int, result: StackedRound) -> None:
+        if watcher.on_round is not None:
+            current = list(states)
+            for k, state in zip(indices, result.states):
+                current[k] = state
+            loss = float(np.mean(result.train_losses))
+            watcher(number, join_states([s if s is not None else initial for s in current],
+                                        [s is not None for s in current]), loss)
+
+    history = StackedFedAvg([s.engine() for s in shards]).fit([s.clients for s in shards], on_round=show)
+    per_sample = shards[0].flops_per_sample()
+    return {k: (history[-1].states[j], CostRecord(
+        flops=training_flops(per_sample, sum(r.samples[j] for r in history), shards[j].train_config.local_epochs),
+        comm_bytes=communication_bytes(num_params(history[-1].states[j]), [r.participants[j] for r in history])))
+            for j, k in enumerate(indices)}
+
+
 __all__ = ["TrainedModel", "TrainingRound", "load_federation", "prepare_unlearning",
-           "train", "trained"]
+           "train", "train_shards", "trained"]

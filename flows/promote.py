@@ -23,6 +23,7 @@ from tasks.debt import FORGETTING_TAG, safe_start
 from tasks.erasure import capture_fingerprints, scan_stores
 from tasks.models import move_alias, tag_version
 from tasks.receipts import write_receipt
+from tasks.shards import exact_statement
 from tasks.siblings import serving_siblings
 
 
@@ -68,6 +69,7 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
                           ws.relative(record_path(ws.folders, batch_id)))
     if exact is not None:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=exact.version, by="retrain-reference")
+    receipt.exact_shards = exact_statement(ws, scenario, (exact or chosen.version).version)
     # Every model version that stops serving the data: the sibling scenarios' too (tasks.siblings).
     receipt.siblings, receipt.applied_by = serving_siblings(ws, batch_id), list(record.applied_by)
     path = write_receipt(ws, receipt)

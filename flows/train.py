@@ -28,13 +28,15 @@ from fedunlearn.federation.protocol import Federation
 from fedunlearn.federation.cost import CostRecord
 from fedunlearn.receipts import ModelRef
 from fedunlearn.runner_choice import check_flower_training, flower_engine, runtime_tag, training_runner
-from fedunlearn.training import TrainingRound, train
+from fedunlearn.sharded_federation import ShardedFederation
+from fedunlearn.training import TrainedModel, TrainingRound, train
 from flows.results import TrainResult
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
                           run_failed_on_error, start_run, training_description)
 from stores.registry import ModelWeights
+from tasks.shards import SHARDS_ARTIFACT, clear_checkpoints, reusable_shards, save_checkpoint, shard_lineage
 from tasks.training import map_with_prefect, train_through_flower
 from stores.workspace import Workspace
 
@@ -155,12 +157,17 @@ def train_and_register(ws: Workspace, scenario: str, federation: Federation, tag
     with ws.registry.step_metrics(run_id) as log_round:
         def report(step: TrainingRound) -> None:
             test_acc = accuracy(federation.model_from(step.state), federation.test)
-            log_round({"test_acc": test_acc, "train_loss": step.train_loss}, step.round)
-            print(f"round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
+            shard = "" if step.shard is None else f"shard {step.shard} "
+            log_round({"test_acc": test_acc, "train_loss": step.train_loss},
+                      step.round + (step.shard or 0) * cfg.train.rounds)
+            print(f"{shard}round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
                   f"train_loss={step.train_loss:.4f}")
 
-        trained = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
-                   else flower_trained(ws, scenario, runtime_runner(tags), report))
+        if isinstance(federation, ShardedFederation):
+            trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report)
+        else:
+            trained, shard_texts = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
+                                    else flower_trained(ws, scenario, runtime_runner(tags), report)), {}
     model = federation.model_from(trained.state)
     # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
     # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its
@@ -173,6 +180,25 @@ def train_and_register(ws: Workspace, scenario: str, federation: Federation, tag
         metrics.bd_asr = attack_success_rate(model, federation.test)
     ref = register_version(ws, scenario, ModelWeights(trained.state, trained.node_states), model,
                            tuple(federation.test.x.shape[1:]), tags, {}, metrics,
-                           {BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned else {},
+                           {**shard_texts, **({BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned
+                                              else {})},
                            alias=tags["role"], run_id=run_id, description=description)
+    if isinstance(federation, ShardedFederation):
+        clear_checkpoints(ws, scenario)
     return ref, metrics
+
+
+def train_in_shards(ws: Workspace, scenario: str, federation: ShardedFederation, tags: dict[str, str],
+                    report: Callable[[TrainingRound], None]) -> tuple[TrainedModel, dict[str, str]]:
+    """A sharded scenario trained shard by shard, each checkpointed once trained; an exact retrain
+    (role ``retrained``) reuses every shard whose data is unchanged (``tasks.shards``). Adds the
+    shard lineage to ``tags``; returns the model and ``shards.json``."""
+    reuse, origins = reusable_shards(ws, scenario, federation, registered=tags["role"] == "retrained")
+    if reuse:
+        print(f"shard(s) {', '.join(map(str, sorted(reuse)))} of {federation.count} unchanged: "
+              + ", ".join(f"{k} {origins[k]}" for k in sorted(reuse)))
+    trained = train(federation, on_round=report, reuse=reuse,
+                    on_shard=lambda k, state: save_checkpoint(ws, scenario, federation.digest(k), state))
+    shard_tags, text = shard_lineage(federation, trained, origins)
+    tags.update(shard_tags)
+    return trained, {SHARDS_ARTIFACT: text}

@@ -1,5 +1,7 @@
-"""A month of deletion traffic replayed under three policies, on the same requests: ``interim`` and
-``strict`` (the forgetting policies) and ``retrain`` (an exact retrain per batch, the honest baseline).
+"""A month of deletion traffic replayed under four policies, on the same requests: ``interim`` and
+``strict`` (the forgetting policies), ``retrain`` (an exact retrain per batch, the honest baseline) and
+``sharded`` (``interim`` on the federation in ``--shards`` shards: its exact retrains retrain only the
+shards that held a deleted sample; fedunlearn/sharded_federation.py).
 
 Arrivals over ``--days`` simulated days (about ``--per-day`` a day: mostly a few samples each, some
 whole clients, a few with deadlines of two or three days) are drawn once from ``--seed``. Batches
@@ -166,17 +168,19 @@ def owed_start(root: Path, scenario: str) -> datetime | None:
 # What `fedunlearn process` runs under each policy: ``retrain`` is the honest baseline, an exact retrain
 # per batch and nothing else (no approximate attempt to discard first).
 POLICY_ARGS = {"interim": ("--forgetting-policy", "interim"), "strict": ("--forgetting-policy", "strict"),
-               "retrain": ("--method", "retrain")}
+               "retrain": ("--method", "retrain"), "sharded": ("--forgetting-policy", "interim")}
 
 
 class Replay:
     """One policy's workspace stepped through the simulated month; the policies step in lockstep,
     so a loaded machine slows them alike."""
 
-    def __init__(self, policy: str, scenario: str, root: Path, end: datetime):
+    def __init__(self, policy: str, scenario: str, root: Path, end: datetime, shards: int = 1):
         from stores.workspace import init_workspace
 
         self.policy, self.scenario, self.root = policy, scenario, init_workspace(root)
+        if policy == "sharded":
+            set_shards(self.root, scenario, shards)
         self.events: list[Event] = []
         self.clock, self.submitted = START, 0
         self.crons = weekly_crons(end + timedelta(days=31))
@@ -294,6 +298,9 @@ def markdown(scenario: str, summaries: list[dict], command: str) -> str:
         ratio += (f"\n\nbound on the saving once retraining dominates: batches / exact retrains under interim = "
                   f"{by['retrain']['batches']} / {by['interim']['exact_retrains']} = "
                   f"{by['retrain']['batches'] / by['interim']['exact_retrains']:.1f}x")
+    if {"retrain", "sharded"} <= set(by) and by["sharded"]["cpu_seconds"]:
+        ratio += (f"\n\nretrain / sharded compute: {by['retrain']['compute_seconds'] / by['sharded']['compute_seconds']:.1f}x "
+                  f"wall, {by['retrain']['cpu_seconds'] / by['sharded']['cpu_seconds']:.1f}x CPU")
     return f"{scenario}: `{command}`\n\n" + "\n".join([head, *rows]) + ratio + "\n"
 
 
@@ -330,6 +337,15 @@ def plot(runs: list[dict], arrivals: list[Arrival], path: Path, days: int) -> No
     fig.savefig(path, dpi=120)
 
 
+def set_shards(root: Path, scenario: str, shards: int) -> None:
+    """The workspace's ``scenario`` in ``shards`` shards (its params.yaml rewritten)."""
+    import yaml
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["scenarios"][scenario]["shards"] = shards
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="mnist5k-hfl")
@@ -340,6 +356,7 @@ def main() -> int:
     parser.add_argument("--policies", nargs="+", default=["interim", "strict", "retrain"], choices=sorted(POLICY_ARGS),
                         help="interim and strict (params' forgetting_policy), retrain (an exact retrain per batch: "
                         "`process --method retrain`)")
+    parser.add_argument("--shards", type=int, default=5, help="K of the sharded policy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (1 on a shared machine)")
     parser.add_argument("--work", type=Path, help="where the workspaces go (default: a temporary directory)")
@@ -384,7 +401,7 @@ def replay(args: argparse.Namespace) -> dict:
     starts = batch_times(arrivals, requests.batch_threshold, timedelta(hours=requests.batch_window_hours),
                          timedelta(hours=requests.urgent_hours), timedelta(hours=requests.max_wait_hours))
     end = START + timedelta(days=args.days)
-    replays = [Replay(policy, args.scenario, work / policy, end) for policy in args.policies]
+    replays = [Replay(policy, args.scenario, work / policy, end, args.shards) for policy in args.policies]
     for at, why in starts:
         for replay_ in replays:
             replay_.batch(at, why, arrivals)

@@ -25,6 +25,7 @@ from fedunlearn.requests.model import utc_now
 from stores.transparency import publish_tree_head
 from tasks.progress import mark_finished
 from tasks.siblings import note_forgotten
+from tasks.shards import exact_statement
 from stores.workspace import Workspace
 from tasks.erasure import capture_fingerprints, scan_stores
 
@@ -64,12 +65,16 @@ def retrain_debt(ws: Workspace, scenario: str) -> Debt:
 
 def last_exact_seconds(ws: Workspace, scenario: str) -> float:
     """The measured duration of the scenario's last training from scratch (an exact retrain, or the
-    original when none has run yet); 0 when none logged one."""
+    original when none has run yet); 0 when none logged one. A federation in shards whose last retrain
+    trained only some shards counts that duration per shard retrained, times every shard: the next
+    retrain may owe them all, and a safe start must not come too late."""
     trained = [v for role in ("retrained", "original") for v in ws.registry.versions(scenario, role=role)]
     for version in sorted(trained, key=lambda v: int(v.version), reverse=True):
         seconds = ws.registry.metrics(version.run_id).get("wall_seconds")
         if seconds is not None and math.isfinite(seconds):
-            return float(seconds)
+            retrained = [s for s in version.tags.get("shards_retrained", "").split(",") if s.isdigit()]
+            shards = int(version.tags.get("shards", "1"))
+            return float(seconds) * (shards / len(retrained) if retrained else 1.0)
     return 0.0
 
 
@@ -118,6 +123,7 @@ def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[str
     ws.registry.set_version_tag(scenario, version, FORGETTING_TAG, "exact")
     for receipt in retrain_debt(ws, scenario).receipts:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=version, by=by)
+        receipt.exact_shards = exact_statement(ws, scenario, version)
         write_receipt(ws.root, receipt)
         repaid.append(receipt.batch_id)
     if repaid:  # the exact-forgetting statements go into the Merkle log under a newly signed head
@@ -147,6 +153,7 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
             utc_now(), record.deadlines(ws.params.requests.deadline_days),
             ws.relative(record_path(ws.folders, record.batch_id)))
         receipt.applied_by = list(record.applied_by)
+        receipt.exact_shards = exact_statement(ws, scenario, version.version)
         write_receipt(ws.root, receipt)
         note_forgotten(ws, receipt)
         closed.append(record.batch_id)

@@ -277,6 +277,9 @@ class UnlearningMethod(ABC):
         self.check_supported(fed_state.setting, batch.kind)
         if batch.num_forget >= sum(len(c) for c in fed_state.clients):
             raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
+        by_shard = getattr(fed_state, "unlearn_by_shard", None)  # a federation in shards: each touched shard alone
+        if by_shard is not None:
+            return by_shard(self, batch)
         monitor = Monitor(fed_state, batch)  # also checks that every forget ID is held where the batch says
         start = time.perf_counter()
         outcome = self._unlearn(fed_state, batch, monitor)
