@@ -194,7 +194,8 @@ def log_retirements(ws: Workspace, scenario: str, versions: dict[str, str]) -> N
                 "weights_sha256": found.tags.get(WEIGHTS_HASH_TAG), "at": found.tags.get("retired_at")})))
     if leaves:
         log.append_statements(leaves)
-        publish_tree_head(ws.root)
+        serving = ws.registry.alias_ref(scenario, "current")  # its run carries the newest head, as a batch's does
+        publish_tree_head(ws.root, serving.run_id if serving else None)
 
 
 def hold_version(ws: Workspace, scenario: str, version: str, reason: str, now: datetime) -> list[str]:

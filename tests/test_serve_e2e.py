@@ -337,6 +337,19 @@ def test_each_batch_registers_every_attempt_and_serves_the_last_one(served, scen
     check_batch(served.registered[scenario], receipt)
 
 
+def test_the_served_exact_retrain_retires_in_the_same_run_every_version_that_learnt_the_batch(served):
+    # assert: the original and the approximate attempts learnt the deleted samples; the batch's exact
+    # retrain serves, so within the deployment's run their weights are gone and their records stay
+    found, receipt = served.registered[SCENARIO], served.receipts[SCENARIO]
+    learnt = [v for v in found.versions.values() if v.tags.get("role") == "original"]
+    learnt += [found.versions[a.version.version] for a in receipt.attempts[:-1]]
+    assert len(learnt) >= 2
+    for version in learnt:
+        assert (version.tags.get("retirement"), version.tags.get("retired_by")) == ("retired", receipt.batch_id)
+        assert version.tags.get("weights_sha256")
+    assert found.current.tags.get("retirement") is None
+
+
 def test_the_hfl_batch_starts_with_puf_special_gated_against_its_retrained_reference(served):
     # assert
     hfl = served.receipts[SCENARIO]
