@@ -88,7 +88,7 @@ class AuditReferencesResult(FlowResult):
 class RepayResult(FlowResult):
     """``repay-retrain-debt``: the batches repaid, and the exact retrain that serves (none: no debt)."""
 
-    only_with: ClassVar = {"version": ("version",)}
+    only_with: ClassVar = {"version": ("version", "retired")}
 
     scenario: str
     repaid: list[str]
