@@ -265,10 +265,12 @@ def test_compare_lists_the_versions_and_no_retrain_debt_after_an_exact_reference
     assert table[0].split()[:9] == ["version", "aliases", "role", "method", "data_version", "test_acc", "forget_acc",
                                     "mia_auc", "audit_auc"]
     assert set(table[1]) == {"-", " "} and "|" not in "".join(table)  # plain text: columns under a dashed line
-    rows = [row.split() for row in table[2:4]]  # original and retrained: both have an alias, so no empty cell
-    assert [row[2] for row in rows] == ["original", "retrained"]
+    # The original, retired by the exact retrain, has lost its aliases (an empty cell); the retrained one has two.
+    original, retrained = (row.split() for row in table[2:4])
+    assert (original[1], retrained[2]) == ("original", "retrained")
+    assert original[-3:] == ["retired", "by", resumed.receipt.batch_id] and "retired" not in retrained
     # The batch's source and its reference, measured by the batch on its forget set, as its attempts are.
-    assert all(cell != "–" for row in rows for cell in row[6:9]), lines
+    assert all(cell != "–" for cell in original[5:8] + retrained[6:9]), lines
     assert table[-1].startswith("retrain debt: none")
 
 

@@ -57,7 +57,7 @@ def own_server(monkeypatch) -> list[Path]:
     started = []
 
     @contextlib.contextmanager
-    def stand_in(home, timeout_s, own=False):
+    def stand_in(home, timeout_s, own=False, on_exit=None):
         started.append(home)
         yield "http://127.0.0.1:1/api"
 
