@@ -45,6 +45,7 @@ def test_unknown_client_or_class_in_a_spec_is_a_clear_error():
         parse_request("class:5").resolve(clients(), 3, 0)
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_benchmark_writes_rows_plots_certificates_and_mlflow_runs(workspace, prefect_server, tmp_path):
     from flows.benchmark import benchmark
 

@@ -53,6 +53,7 @@ def test_a_baseline_of_another_run_or_not_a_results_file_is_refused(tmp_path):
         load_baseline(tmp_path / "missing.json")
 
 
+@pytest.mark.reliability  # slow end to end: `make reliability`
 def test_the_cli_flags_a_regression_with_exit_status_3_and_writes_the_comparison(workspace, prefect_server,
                                                                                   tmp_path, capsys):
     out = tmp_path / "bench"
