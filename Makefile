@@ -27,10 +27,12 @@ demo: $(STAMP)
 serve: $(STAMP)
 	scripts/serve.sh
 
-# The layer contracts first (import-linter, [tool.importlinter] in pyproject.toml), then the suite.
+# The layer contracts first (import-linter, [tool.importlinter] in pyproject.toml), then the suite on two
+# pytest-xdist workers, a test file to a worker (its module fixtures stay in one process; each worker has
+# its own Prefect home and session fixtures). `make reliability` stays in one process: it times kills.
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=10
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10
 
 # The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input
 # generation, concurrent batches; prints the figures at the end. `make test` runs a fast subset of it.
