@@ -56,6 +56,7 @@ class Retirement:
 
     root: Path
     client: Any
+    uri: str
 
     def retire(self, name: str, version: str, batch_id: str) -> bool:
         """Delete the version's weights from the MLflow stores and leave its tombstone (module
@@ -94,13 +95,15 @@ class Retirement:
 
         run_uri = self.client.get_run(found.run_id).info.artifact_uri
         present = {a.path for a in self.client.list_artifacts(found.run_id)}
-        repository = get_artifact_repository(run_uri)
+        # A tracking server's proxied store (mlflow-artifacts:) resolves through the workspace's URI,
+        # not the process's global one.
+        repository = get_artifact_repository(run_uri, tracking_uri=self.uri)
         for path in WEIGHT_ARTIFACTS:
             if path in present:
                 repository.delete_artifacts(path)
         model_uri = self._model_uri(found)
         if not model_uri.startswith(f"{run_uri}/") and _exists(model_uri):
-            get_artifact_repository(model_uri).delete_artifacts()
+            get_artifact_repository(model_uri, tracking_uri=self.uri).delete_artifacts()
 
     def hold(self, name: str, version: str, reason: str) -> None:
         """Keep the version's weights on purpose (``reason``: a litigation hold, an audit)."""
