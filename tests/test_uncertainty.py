@@ -302,8 +302,7 @@ def _edge_passes(side: int, draws: int, seed: int, strata: int, members: int) ->
     shift = np.sqrt(2) * stats.norm.ppf(0.5 + side * margin)
     rng, passed = np.random.default_rng(seed), 0
     for _ in range(draws):
-        draw = (rng.normal(shift, 1, member_strata.size), member_strata, rng.normal(0, 1, nonmember_strata.size),
-                nonmember_strata)
+        draw = _stratified_draw(rng, shift, strata, members)
         check = judge_within("eq", stratified_auc(*draw), lambda level: stratified_auc_interval(*draw, confidence=level),
                              margin, n=draw[0].size + draw[2].size, method=STRATIFIED_AUC_METHOD)
         passed += check.verdict == PASS

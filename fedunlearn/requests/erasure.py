@@ -478,10 +478,6 @@ def retired_windows(root: Path, key: bytes) -> tuple[list[WeightWindow], int]:
     return windows, other
 
 
-def retired_owners(root: Path) -> set[str]:
-    return {entry["version"] for entry in _erased_entries(Path(root) / RETIRED_WEIGHTS_PATH) if "version" in entry}
-
-
 def files_under(roots: list[Path]) -> Iterator[Path]:
     for root in roots:
         if root.is_file() and not root.is_symlink():
