@@ -240,14 +240,13 @@ def print_summary(result: IngestResult) -> None:
     print(f"record: {result.record}")
 
 
-def describe_batch(result: ProcessResult, root: Path) -> str:
+def describe_batch(result: ProcessResult) -> str:
     """What a processed batch did to the registry: the attempts; where alias current went, with the
     reason on the same line (the receipt's serve line: tier, checks, what is owed by when); the
     receipt; where the flow's time went."""
     from cli.text import plain
-    from fedunlearn.receipts import read_receipt
 
-    receipt = read_receipt(root, result.batch_id)
+    receipt = result.receipt_written
     retrained = result.reference
     chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'})" for a in result.attempts)
     what = f" ({result.method}, {result.certificate}" + (f"; retrained reference v{retrained.version}" if retrained

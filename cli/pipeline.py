@@ -127,7 +127,7 @@ def run_process(args: argparse.Namespace, root: Path) -> int:
             print(f"exact retrain {result.exact_run}")
         print_siblings(result)
         return 0
-    print(describe_batch(result, root))
+    print(describe_batch(result))
     print_siblings(result)
     return erasure_status(result.erasure)
 

@@ -109,7 +109,7 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
     print(f"\n== 3. {steps.batch}", flush=True)
     batch = process_deletions(scenario=scenario, root=str(root))
     print(f"   {batch.batch_id}: data version {batch.data_version_before} -> {batch.data_version_after}\n   "
-          f"{erasure_line(batch.erasure)}\n   " + describe_batch(batch, root).replace("\n", "\n   "))
+          f"{erasure_line(batch.erasure)}\n   " + describe_batch(batch).replace("\n", "\n   "))
     ws = Workspace.open(root)
     print(f"\n== 4. fedunlearn status --scenario {scenario}:\n\n{plain(deletion_status(ws, scenario).markdown())}")
     owed = batch.forgetting == "interim"

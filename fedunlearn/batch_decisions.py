@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
@@ -71,10 +71,19 @@ def attempts_in_order(attempts: list[Attempt], setting: str, source_remembers: b
     return removal_first(attempts, setting)
 
 
-def recorded_source(registered: Mapping[int, Any]) -> str | None:
+@dataclass(frozen=True)
+class RegisteredAttempt:
+    """An attempt of the batch that an earlier run registered: its version, and the source version it
+    unlearned from (its ``source_version`` tag; None for an exact retrain)."""
+
+    ref: ModelRef
+    source_version: str | None = None
+
+
+def recorded_source(registered: Mapping[int, RegisteredAttempt]) -> str | None:
     """The source version an earlier run of the batch unlearned from (its registered attempts say it),
     so a resumed batch judges its attempts against the same model."""
-    return next((v.tags[SOURCE_TAG] for v in registered.values() if SOURCE_TAG in v.tags), None)
+    return next((a.source_version for a in registered.values() if a.source_version is not None), None)
 
 
 def stops(gates: GateOutcome, forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
@@ -167,6 +176,99 @@ def repaying_version(receipt: Receipt, current: str | None) -> str | None:
     done = receipt.exactly_forgotten
     exact = is_exact_retrain(receipt.method) or (done is not None and done.version == serving.version)
     return serving.version if exact and receipt.outcome != NO_MODEL else None
+
+
+def late_start(start_by: datetime | None, now: datetime) -> datetime | None:
+    """The latest safe start of the exact retrain that repays the debt, once it has passed: from then
+    on a schedule cannot be trusted to serve in time (none runs without a served deployment), so
+    whoever finds it repays at once or says so. None while there is time, or nothing is owed."""
+    return start_by if repay_now(start_by, now) else None
+
+
+def reference_to_reuse(retrained: Sequence[str]) -> str | None:
+    """The reference a data version already has (the last of its ``retrained`` versions), which a
+    retrain keeps: retraining is deterministic for a seed, so a second would be the same model. None:
+    the data version has none, train it."""
+    return max(retrained, key=int) if retrained else None
+
+
+def retrain_closes_open(retrained_on: str, current: str, open_batches: int) -> bool:
+    """A retrain closes the batches applied without unlearning only while it is on the current data
+    version and some are still open: a batch that held the lock meanwhile moved the data, or closed
+    them, and then the retrain is a reference, nothing more."""
+    return retrained_on == current and open_batches > 0
+
+
+def racing_retrain(retrained: Mapping[str, str | None], batch_id: str) -> str | None:
+    """An exact retrain on the batch's data version that the batch did not make (``retrained``: version
+    → the batch it was made for; ``fedunlearn retrain`` while the batch ran makes one for none). It
+    forgets exactly what the batch's interim version forgets approximately, so it serves instead and
+    the batch owes nothing; the batch's own reference (``--retrain``) stays a reference."""
+    others = [version for version, made_for in retrained.items() if made_for != batch_id]
+    return max(others, key=int) if others else None
+
+
+@dataclass(frozen=True)
+class OwedFacts:
+    """What the stores say of a scenario's batches, in the ledger's order, for ``owed``: the first
+    whose ingest is unfinished; the last one, whether it has a receipt and any version registered for
+    it; the current data version; the data version each source alias's model is on; whether the data
+    before the last batch is still in DVC's cache (asked only when the decision needs it: the cache is
+    opened to answer); whether a sibling's batch is still without a receipt."""
+
+    unfinished: BatchRecord | None
+    last: BatchRecord | None
+    last_receipted: bool
+    last_has_versions: bool
+    current: str
+    aliases_on: Mapping[str, str | None]
+    before_cached: Callable[[], bool]
+    sibling_open: bool
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What a run owes a scenario before it takes new requests: a ``batch`` to finish, or the alias
+    whose model, registered on the current data version since the batches applied without unlearning,
+    ``closes_open`` them (the caller closes them: ``close_by_retrain``), or an exact retrain that closes
+    them (``retrain_open``: no model can be unlearned to the current data, and a sibling scenario's
+    deletions are among them — forgetting this scenario owes without anyone having asked for a
+    retrain), or nothing."""
+
+    batch: BatchRecord | None = None
+    closes_open: str | None = None
+    retrain_open: bool = False  # several batches owed, a sibling's among them, and no model fits the first
+
+
+class NoModelFits(Exception):
+    """No registered model can be unlearned to the current data (``owed``); the caller says what to do."""
+
+    def __init__(self, last: BatchRecord, purged: bool):
+        super().__init__(last.batch_id)
+        self.last, self.purged = last, purged
+
+
+def owed(facts: OwedFacts) -> Owed:
+    """What a run owes (``Owed``): an unfinished ingest first; then the last batch, unless it has its
+    receipt or the data moved on since it; one a killed run registered a version for goes on to its
+    receipt; a model on the current data serves and closes it; one on the data before it unlearns it
+    while that data is cached; a sibling's batch among them asks for an exact retrain. Otherwise
+    ``NoModelFits``."""
+    last = facts.last
+    if facts.unfinished is not None:
+        return Owed(facts.unfinished)
+    if last is None or facts.last_receipted or last.data_version_after != facts.current:
+        return Owed()
+    if facts.last_has_versions:
+        return Owed(last)
+    on = facts.aliases_on
+    if facts.current in on.values():
+        return Owed(closes_open=next(a for a, d in on.items() if d == facts.current))
+    if last.data_version_before in on.values() and facts.before_cached():
+        return Owed(last)
+    if facts.sibling_open:
+        return Owed(retrain_open=True)
+    raise NoModelFits(last, purged=last.data_version_before in on.values())
 
 
 def tier_fields(deadlines: dict[str, datetime], certificate: str | None, forgetting: ForgettingPolicy,

@@ -12,13 +12,14 @@ held-out rows that too many references trained on); deployed on its own it refre
 
 from __future__ import annotations
 
+import torch
 from prefect import flow
 
 from flows.results import AuditReferencesResult
 from tasks.audit import ROLE, audit_model, register_references, train_audit_references
 from tasks.data import command_device, load_data, reproduce_data
 from tasks.models import log_data_version
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 @flow(name="train-audit-references", log_prints=True)
@@ -32,8 +33,15 @@ def audit_references(scenario: str = "mnist5k-hfl", root: str = ".",
         device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
     """
     ws = Workspace.open(root)
-    data_version = reproduce_data(ws, scenario)
-    federation = load_data(ws, scenario, command_device(ws, device))
+    scope = ScenarioScope(ws, scenario)
+    return train_references(scope, command_device(ws, device), reproduce_data(ws, scenario))
+
+
+def train_references(scope: ScenarioScope, device: torch.device, data_version: str) -> AuditReferencesResult:
+    """``scope``'s audit references trained on the held-out split of ``data_version`` (the current
+    one, which the caller holds) and registered; each step a task run of the caller's flow."""
+    ws, scenario = scope.ws, scope.scenario
+    federation = load_data(ws, scenario, device)
     references = train_audit_references(ws, federation)
     version = register_references(ws, scenario, references, data_version)
     # Its data: the held-out split of this data version (the lineage every version's run records).

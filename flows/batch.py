@@ -1,18 +1,19 @@
 """The values a deletion batch is as it goes through the stages of ``process-deletions``: built once
-where the flow starts (``Batch``), each stage taking one and returning the next — applied
-(``Batch`` with its ingest done and its deleted rows read), ``Unlearned``, ``Receipted``. No stage
-opens the workspace again or looks its batch up in the journal: what a resumed batch needs from the
-stores is read once, at entry."""
+where the flow starts (``Batch``), each stage taking the whole of one and returning the next —
+applied (``Batch`` with its ingest done and its deleted rows read), ``Unlearned``, ``Receipted``,
+``Settled`` — beside the scenario's scope (``ScenarioScope``: the workspace the command opened).
+No stage opens the workspace again or looks its batch up in the journal: what a resumed batch needs
+from the stores is read once, at entry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
-from fedunlearn.batch_decisions import BatchUnlearning
+from fedunlearn.batch_decisions import BatchUnlearning, RegisteredAttempt
 from fedunlearn.certify.gates import PromotionGates
 from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.receipts import Receipt
@@ -20,7 +21,7 @@ from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.erasure import Fingerprints
 from fedunlearn.unlearning.escalation import Attempt
 from stores.registry import RegisteredModel
-from stores.workspace import Workspace
+from tasks.debt import Debt
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,15 @@ class Applied:
 
 @dataclass(frozen=True)
 class Batch:
-    """One deletion batch as every stage of ``process-deletions`` sees it: the workspace, its record,
-    the device chosen for the command, the forgetting policy (which tier may serve), the escalation's
-    attempts in order (``chosen_by_user``: the user named them, so the source's audit does not
+    """One deletion batch as every stage of ``process-deletions`` sees it: its record, the device
+    chosen for the command, the forgetting policy (which tier may serve), the escalation's attempts
+    in order (``chosen_by_user``: the user named them, so the source's audit does not
     reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
     registered, the source model it unlearns from and the samples its lineage was trained with the
     backdoor trigger on (``poisoned``; all three read at entry), once applied, the deleted rows'
     bytes, the engine of the unlearning attempts (``runner``) and what the batch warns its user of
     (``warnings``)."""
 
-    ws: Workspace
     record: BatchRecord
     device: torch.device
     forgetting: ForgettingPolicy
@@ -54,18 +54,13 @@ class Batch:
     chosen_by_user: bool
     gates: PromotionGates
     retrain_reference: bool = False
-    registered: Mapping[int, Any] = field(default_factory=dict)
+    registered: Mapping[int, RegisteredAttempt] = field(default_factory=dict)
     source: RegisteredModel | None = None
     poisoned: tuple[str, ...] = ()
     fingerprints: Fingerprints | None = None
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
     runner: Runner = Runner.in_process
     warnings: tuple[str, ...] = ()
-
-    @property
-    def device_name(self) -> str:
-        """The device as the flows this batch starts take it (their ``device`` parameter)."""
-        return str(self.device)
 
     def applied(self, done: Applied) -> Batch:
         return replace(self, record=done.record, fingerprints=done.fingerprints, found_clean=done.found_clean)
@@ -85,8 +80,23 @@ class Unlearned:
 
 @dataclass(frozen=True)
 class Receipted:
-    """``promote-and-receipt`` done: alias ``current`` moved, the receipt written at ``path``."""
+    """``promote-and-receipt`` done — or found done by a later run (``tasks.progress.unfinished_end``):
+    the batch's record, its receipt and where it is written, the device its end steps compute on, and
+    what the batch warned its user of."""
 
-    batch: Batch
+    record: BatchRecord
     receipt: Receipt
     path: Path
+    device: torch.device
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settled:
+    """``finish-batch`` done: the batch receipted, the retrain debt left and what was done about it
+    (``exact_run``), and the dataset's other scenarios still serving the deleted samples."""
+
+    receipted: Receipted
+    debt: Debt
+    exact_run: str | None
+    siblings_owed: tuple[str, ...] = ()

@@ -25,7 +25,7 @@ from tasks.benchmark import audit_ulira, log_benchmark, train_or_reuse_original,
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import evaluate
 from tasks.unlearning import unlearn
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 def select_methods(methods: str, setting: str, kind: str) -> list[str]:
@@ -41,12 +41,9 @@ def select_methods(methods: str, setting: str, kind: str) -> list[str]:
 
 
 def with_protocol(ws: Workspace, scenario: str, rounds: int | None, local_epochs: int | None) -> Workspace:
-    """``ws`` with the scenario's training protocol overridden (original, retrain and recovery alike)."""
-    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
-    if overrides:
-        train = ws.params.scenarios[scenario].train.model_copy(update=overrides)
-        ws.params.scenarios[scenario] = ws.params.scenarios[scenario].model_copy(update={"train": train})
-    return ws
+    """``ws`` as the command sees it, the scenario's training protocol overridden (original, retrain
+    and recovery alike); params.yaml and the opened workspace unchanged."""
+    return ScenarioScope(ws, scenario).with_training(rounds, local_epochs).ws
 
 
 def protocol(cfg, data_version: str, seed: int, forget_samples: int, one_off: dict[str, float]) -> dict:

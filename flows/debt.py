@@ -15,16 +15,20 @@ that time has come.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+
 import torch
 from prefect import flow
 
+from fedunlearn.device import intra_op_threads
+from fedunlearn.requests.batch import BatchRecord
 from flows.forget_sets import measure_retrained, retrain_device
-from flows.heartbeat import parent_heartbeat
-from flows.reference import retrain_reference
+from flows.reference import reference_for
 from flows.results import RepayResult
-from tasks.data import command_device
-from fedunlearn.receipts import read_receipt
-from tasks.debt import close_by_retrain, mark_repaid, open_batches, retrain_debt
+from tasks.data import command_device, reproduce_data
+from tasks.debt import Debt, close_by_retrain, mark_repaid, open_batches, repayment_time, retrain_debt
 from tasks.receipts import publish_receipt
 from tasks.retirement import retire_forgotten
 from tasks.status import publish_status
@@ -47,37 +51,68 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
         device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
     """
     ws = Workspace.open(root)
-    scope = ScenarioScope(ws, scenario)
-    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}"), parent_heartbeat():
-        return repay(scope, command_device(ws, device))
+    scope, chosen = ScenarioScope(ws, scenario), command_device(ws, device)
+    lock = ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}")
+    with lock, intra_op_threads(scope.config.threads):
+        return repay(scope, chosen, reproduce_data(ws, scenario))
 
 
-def repay(scope: ScenarioScope, device: torch.device) -> RepayResult:
-    """The repayment itself, for a caller that holds the batch lock (``process-deletions``), on the
-    device the command chose. Batches applied without unlearning are closed by the same retrain
-    (``close_by_retrain``)."""
+@dataclass(frozen=True)
+class Repayment:
+    """One repayment of a scenario's retrain debt as its steps share it: the scope, the device the
+    command chose and the current data version it holds; and what is owed, each read once, when first
+    asked for — the receipts forgotten only approximately (``debt``), the batches applied without
+    unlearning (``open``) and the latest safe start of the exact retrain (``start_by``)."""
+
+    scope: ScenarioScope
+    device: torch.device
+    data_version: str
+
+    @cached_property
+    def debt(self) -> Debt:
+        return retrain_debt(self.scope.ws, self.scope.scenario)
+
+    @cached_property
+    def open(self) -> list[BatchRecord]:
+        return open_batches(self.scope.ws, self.scope.scenario)
+
+    @cached_property
+    def start_by(self) -> datetime | None:
+        return repayment_time(self.scope.ws, self.scope.scenario, self.debt)
+
+    @property
+    def owed(self) -> bool:
+        return bool(self.debt.receipts or self.open)
+
+
+def repay(scope: ScenarioScope, device: torch.device, data_version: str) -> RepayResult:
+    """The repayment itself (``repay_debt``), for a caller that holds the batch lock, on the device
+    the command chose and the current data version it holds."""
+    repayment = Repayment(scope, device, data_version)
+    return repay_debt(repayment)
+
+
+def repay_debt(repayment: Repayment) -> RepayResult:
+    """The exact retrain on the current data version serves and repays the debt; batches applied
+    without unlearning are closed by the same retrain (``close_by_retrain``). Nothing owed: only a
+    retirement a killed run left unfinished is completed."""
+    scope = repayment.scope
     ws, scenario = scope.ws, scope.scenario
-    debt = retrain_debt(ws, scenario)
-    if not debt.receipts and not open_batches(ws, scenario):
+    if not repayment.owed:
         print("no retrain debt")
-        retire_forgotten(ws, scenario)  # a retirement a killed run left unfinished is completed
+        retire_forgotten(ws, scenario)
         return RepayResult(scenario=scenario, repaid=[])
-    reference = retrain_reference(scenario=scenario, root=str(ws.root), device=str(device), close_open=False)
-    closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
-    repaid = closed + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt")
-    measure_retrained(ws, scenario, reference.model_version, repaid, retrain_device(reference) or device)
+    reference = reference_for(scope, repayment.device, repayment.data_version)
+    repaid = (close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
+              + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt"))
+    batch_ids = [r.batch_id for r in repaid]
+    measure_retrained(scope, reference.model_version, batch_ids, retrain_device(reference) or repayment.device)
     retired = retire_forgotten(ws, scenario)
-    publish_repayment(scope, repaid)
-    print(f"{debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} v{reference.model_version} "
-          f"(alias current)")
-    return RepayResult(scenario=scenario, repaid=repaid, version=reference.model_version,
-                       retired=list(retired.versions))
-
-
-def publish_repayment(scope: ScenarioScope, repaid: list[str]) -> None:
-    """The status artifact and each repaid batch's receipt artifact, as a batch publishes its own."""
-    publish_status(scope)
-    for batch_id in repaid:
-        receipt = read_receipt(scope.ws.root, batch_id)
-        if receipt is not None:
-            publish_receipt(receipt)
+    written = {**{r.batch_id: r for r in repaid}, **{b: r for b, r in retired.receipts.items() if b in batch_ids}}
+    publish_status(scope)  # as a batch publishes its own: a monitor of the status sees the repayment
+    for receipt in written.values():
+        publish_receipt(receipt)
+    print(f"{repayment.debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} "
+          f"v{reference.model_version} (alias current)")
+    return RepayResult(scenario=scenario, repaid=batch_ids, version=reference.model_version,
+                       retired=list(retired.versions), receipts=list(written.values()))

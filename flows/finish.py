@@ -17,20 +17,20 @@ same steps again, in the same order, before anything else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
-import torch
 from prefect import get_run_logger
 
 from fedunlearn.batch_decisions import DebtAction, debt_action, repaying_version
 from fedunlearn.faults import failpoint
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.model import utc_now
-from flows.debt import repay
+from flows.batch import Receipted, Settled
+from flows.debt import Repayment, repay_debt
 from runtime.events import announce_owed, announce_processed
 from stores.workspace import ScenarioScope
 from tasks.backup import sync_state
-from tasks.debt import REPAY_DEPLOYMENT, Debt, mark_repaid, repayment_time, retrain_debt, schedule_repayment
+from tasks.debt import REPAY_DEPLOYMENT, Debt, mark_repaid, retrain_debt, schedule_repayment
 from tasks.progress import mark_finished
 from tasks.retirement import retire_forgotten
 from tasks.siblings import note_forgotten, open_siblings
@@ -38,19 +38,12 @@ from tasks.status import publish_status
 from tasks.transparency import publish_tree_head_task
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The end steps done: the retrain debt left and what was done about it."""
-
-    debt: Debt
-    exact_run: str | None
-    siblings_owed: tuple[str, ...] = ()  # the dataset's other scenarios still serving the deleted samples
-
-
-def finish_batch(scope: ScenarioScope, receipt: Receipt, device: torch.device) -> Finished:
-    """The end steps of the batch ``receipt`` closes (module docstring), for a caller that holds the
-    batch lock: after its receipt in the same run, or in the next run after a crash."""
-    ws, scenario, batch_id = scope.ws, scope.scenario, receipt.batch_id
+def finish_batch(scope: ScenarioScope, receipted: Receipted) -> Settled:
+    """The end steps of the batch ``receipted`` closes (module docstring), for a caller that holds the
+    batch lock: after its receipt in the same run, or in the next run after a crash. Settled with its
+    receipt as the end steps left it (marked repaid, retirements noted)."""
+    ws, scenario, receipt = scope.ws, scope.scenario, receipted.receipt
+    batch_id = receipt.batch_id
     current = ws.registry.alias_ref(scenario, "current")
     repaying = repaying_version(receipt, current.version if current else None)
     if repaying is not None:  # an exact retrain serves: it repays every earlier batch's debt
@@ -62,12 +55,14 @@ def finish_batch(scope: ScenarioScope, receipt: Receipt, device: torch.device) -
     sync_state(ws.root, f"{batch_id}: receipt")
     failpoint("after-tree-head")
     announce_processed(receipt.request_ids, scenario, "forgotten", batch_id)
-    debt, exact_run = settle_debt(scope, device)
-    retire_forgotten(ws, scenario)  # after an exact forgetting, the versions that learnt it lose their weights
+    debt, exact_run, repaid = settle_debt(scope, receipted)
+    retired = retire_forgotten(ws, scenario)  # after an exact forgetting, the versions that learnt it lose their weights
     owed = tell_siblings(scope, receipt)
     publish_status(scope)
     mark_finished(ws, batch_id)
-    return Finished(debt, exact_run, tuple(owed))
+    rewritten = [retired.receipts.get(batch_id), *(r for r in repaid if r.batch_id == batch_id)]
+    latest = next((r for r in rewritten if r is not None), receipt)
+    return Settled(replace(receipted, receipt=latest), debt, exact_run, tuple(owed))
 
 
 def tell_siblings(scope: ScenarioScope, receipt: Receipt) -> list[str]:
@@ -88,32 +83,32 @@ def tell_siblings(scope: ScenarioScope, receipt: Receipt) -> list[str]:
     return lines
 
 
-def settle_debt(scope: ScenarioScope, device: torch.device) -> tuple[Debt, str | None]:
+def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str | None, list[Receipt]]:
     """After a batch: repay the retrain debt now when it passed ``requests.max_retrain_debt`` or its
     latest safe time has come; otherwise have Prefect start the repaying run at that time (a
-    scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left
-    and what was done about it."""
+    scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left,
+    what was done about it, and the receipts a repayment rewrote."""
     ws, scenario = scope.ws, scope.scenario
-    debt = retrain_debt(ws, scenario)
-    start_by = repayment_time(ws, scenario, debt)
+    repayment = Repayment(scope, receipted.device, receipted.record.data_version_after)
+    debt, start_by = repayment.debt, repayment.start_by
     action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
     if action is DebtAction.repay:
-        repay(scope, device)
-        return retrain_debt(ws, scenario), "repaid in this run"
+        repaid = repay_debt(repayment)
+        return retrain_debt(ws, scenario), "repaid in this run", repaid.receipts
     if action is DebtAction.nothing:
-        return debt, None
+        return debt, None, []
     scheduled = schedule_repayment(ws, scenario, start_by)
     if scheduled is None:
         print(f"exact forgetting due by {debt.due:%Y-%m-%d %H:%M}Z: no repay-retrain-debt deployment is served, so "
               f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z (make serve "
               "schedules it)")
         return debt, (f"not scheduled (no repay-retrain-debt deployment is served): run `fedunlearn repay-debt "
-                      f"--scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z")
-    return debt, f"scheduled: flow run {scheduled} of {REPAY_DEPLOYMENT} at {start_by:%Y-%m-%d %H:%M}Z"
+                      f"--scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z"), []
+    return debt, f"scheduled: flow run {scheduled} of {REPAY_DEPLOYMENT} at {start_by:%Y-%m-%d %H:%M}Z", []
 
 
-def resume_end(scope: ScenarioScope, receipt: Receipt, device: torch.device) -> Finished:
+def resume_end(scope: ScenarioScope, receipted: Receipted) -> Settled:
     """The end steps of a batch an earlier run receipted and did not finish, said and done."""
     get_run_logger().warning("finishing %s, whose receipt an earlier run wrote before it stopped: its log, repaid "
-                             "receipts, retrain debt and status", receipt.batch_id)
-    return finish_batch(scope, receipt, device)
+                             "receipts, retrain debt and status", receipted.record.batch_id)
+    return finish_batch(scope, receipted)

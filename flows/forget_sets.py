@@ -8,21 +8,22 @@ version on the same samples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from prefect import get_run_logger
+from torch import nn
 
 from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator, evaluation_sets
 from fedunlearn.evaluation.forget_sets import RETRAINED, figures
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.requests.batch import BatchRecord, load_records
 from fedunlearn.unlearning.base import DeletionBatch
-from flows.audit import audit_references
+from fedunlearn.evaluation.audit import AuditResult, ReferenceSet
+from flows.audit import train_references
 from flows.results import ReferenceResult
 from stores.registry import RegisteredModel
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope
 from tasks.audit import audit, load_references
 from tasks.data import load_data
 from tasks.evaluation import build_evaluator, evaluate
@@ -30,41 +31,43 @@ from tasks.forget_sets import log_forget_set
 from tasks.models import backdoor_ids
 
 
-@dataclass
+@dataclass(frozen=True)
 class ForgetSetKit:
-    """What measures a model on one batch's forget set: its evaluation sets, evaluator and audit
-    references (None: none usable, the audit is left out), and the forget samples' labels before a
-    backdoor trigger relabelled them."""
+    """What measures a model on one batch's forget set: its evaluation sets, evaluator and the
+    audit's reference models (``audit_set``; None: none usable, the audit is left out), and the
+    forget samples' labels before a backdoor trigger relabelled them."""
 
     sets: EvaluationSets
     evaluator: Evaluator
-    references: Any
+    audit_set: ReferenceSet | None
     clean_forget_labels: np.ndarray | None
     seed: int
 
-    def audit(self, name: str, model) -> Any:
-        if self.references is None:
+    def audit(self, name: str, model: nn.Module) -> AuditResult | None:
+        if self.audit_set is None:
             return None
-        return audit(name, model, self.sets.forget, self.references, self.seed, self.clean_forget_labels)
+        return audit(name, model, self.sets.forget, self.audit_set, self.seed, self.clean_forget_labels)
 
 
-def forget_set_kit(ws: Workspace, record: BatchRecord, federation: Federation, batch: DeletionBatch,
-                   poisoned: list[str], device: str, train_references: bool = True) -> ForgetSetKit:
-    """The batch's evaluation sets, evaluator and audit references on ``federation`` (the data before
-    the batch). Without usable references, ``train_references`` trains a new set (a batch); otherwise
-    the audit is left out (a measurement after the batch, which must not retrain them)."""
-    forget_ids = {i for ids in batch.forget_ids.values() for i in ids.tolist()}
+def forget_set_kit(scope: ScenarioScope, record: BatchRecord, federation: Federation, deletion: DeletionBatch,
+                   poisoned: list[str], device: torch.device, train_audit_set: bool = True) -> ForgetSetKit:
+    """The batch's evaluation sets, evaluator and audit reference models on ``federation`` (the data
+    before the batch). Without a usable set, ``train_audit_set`` trains one on the current data
+    version (a batch); otherwise the audit is left out (a measurement after the batch, which must not
+    retrain them)."""
+    ws, scenario = scope.ws, scope.scenario
+    forget_ids = {i for ids in deletion.forget_ids.values() for i in ids.tolist()}
     clean_forget_labels = None
     if poisoned and forget_ids <= set(poisoned):  # the forget set carries the trigger: so must its non-members
-        clean = load_data(ws, record.scenario, federation.device, record.data_version_before)
-        clean_forget_labels = clean.forget_data(batch).y.cpu().numpy()
-    sets = evaluation_sets(federation, batch, clean_forget_labels=clean_forget_labels)
-    evaluator = build_evaluator(ws, record.scenario, federation, batch, bool(poisoned), sets)
-    references = load_references(ws, record.scenario, federation, record.deleted_ids())
-    if references is None and train_references:  # none yet, or too many saw held-out rows deleted since
-        audit_references(scenario=record.scenario, root=str(ws.root), device=device)
-        references = load_references(ws, record.scenario, federation, record.deleted_ids())
-    return ForgetSetKit(sets, evaluator, references, clean_forget_labels, ws.params.seed)
+        clean = load_data(ws, scenario, federation.device, record.data_version_before)
+        clean_forget_labels = clean.forget_data(deletion).y.cpu().numpy()
+    sets = evaluation_sets(federation, deletion, clean_forget_labels=clean_forget_labels)
+    evaluator = build_evaluator(ws, scenario, federation, deletion, bool(poisoned), sets)
+    audit_set = load_references(ws, scenario, federation, record.deleted_ids())
+    if audit_set is None and train_audit_set:  # none yet, or too many saw held-out rows deleted since
+        train_references(scope, device, record.data_version_after)
+        audit_set = load_references(ws, scenario, federation, record.deleted_ids())
+    return ForgetSetKit(sets, evaluator, audit_set, clean_forget_labels, ws.params.seed)
 
 
 def retrain_device(result: ReferenceResult) -> torch.device | None:
@@ -73,14 +76,13 @@ def retrain_device(result: ReferenceResult) -> torch.device | None:
     return torch.device(result.trained.device) if result.trained else None
 
 
-def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: list[str],
-                      device: torch.device) -> list[str]:
+def measure_retrained(scope: ScenarioScope, version: str, batch_ids: list[str], device: torch.device) -> list[str]:
     """The exact retrain ``version`` measured on the forget set of each of ``batch_ids`` (the batches
     whose debt it repays), each logged as that batch's figures; returns the batches measured. Per
     batch, not on their union: each batch's source and unlearned version were measured on its own
     forget set. A batch whose data before it cannot be read back (purged, or DVC's cache lost) is
     left unmeasured with a warning: the retrain serves and the receipts say so either way."""
-    log = get_run_logger()
+    ws, scenario, log = scope.ws, scope.scenario, get_run_logger()
     wanted = set(batch_ids)
     records = [r for r in load_records(ws.folders) if r.batch_id in wanted]
     if not records:
@@ -93,7 +95,7 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
                         version, record.batch_id)
             continue
         try:
-            done = measure_on(ws, record, model, device)
+            done = measure_on(scope, record, model, device)
         except Exception as err:  # a measurement after the fact: the repayment it follows stands
             log.warning("%s v%s not measured on the forget set of %s: %s: %s", scenario, version,
                         record.batch_id, type(err).__name__, err)
@@ -103,15 +105,16 @@ def measure_retrained(ws: Workspace, scenario: str, version: str, batch_ids: lis
     return measured
 
 
-def measure_on(ws: Workspace, record: BatchRecord, model: RegisteredModel, device: torch.device) -> bool:
+def measure_on(scope: ScenarioScope, record: BatchRecord, model: RegisteredModel, device: torch.device) -> bool:
     """``model`` (trained without the batch's samples) evaluated and audited on the batch's forget set;
     False when the batch deleted no training sample (no forget set)."""
+    ws = scope.ws
     poisoned = backdoor_ids(ws, record.scenario)
     federation = load_data(ws, record.scenario, device, record.data_version_before, backdoor_ids=poisoned)
-    batch = record.forget_set(federation.clients)
-    if batch is None:
+    deletion = record.forget_set(federation.clients)
+    if deletion is None:
         return False
-    kit = forget_set_kit(ws, record, federation, batch, poisoned, str(device), train_references=False)
+    kit = forget_set_kit(scope, record, federation, deletion, poisoned, device, train_audit_set=False)
     name = f"retrained-v{model.ref.version}"
     network = federation.model_from(model.state)
     evaluation = evaluate(kit.evaluator, name, network)

@@ -30,7 +30,8 @@ from tasks.backup import sync_state
 from tasks.debt import close_by_retrain
 from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
 from tasks.siblings import owe_siblings
-from tasks.progress import Owed, Unfinished, owed_batch, unfinished_end
+from fedunlearn.batch_decisions import Owed
+from tasks.progress import Unfinished, owed_batch, unfinished_end
 from tasks.requests import (append_ledger, close_batch, collect_inbox, file_applied_requests, open_batch,
                             quarantine_requests, recover_interrupted_batches, reproduce_versions)
 from tasks.validation import validate_requests

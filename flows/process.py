@@ -46,16 +46,16 @@ from fedunlearn.config import ForgettingPolicy, Runner
 from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
+from fedunlearn.receipts import receipt_path
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
-from flows.batch import Batch, Receipted
+from flows.batch import Batch, Receipted, Settled
 from flows.debt import repay
-from flows.finish import Finished, finish_batch, resume_end
-from flows.heartbeat import parent_heartbeat
+from flows.finish import finish_batch, resume_end
 from flows.ingest import summarize
 from flows.intake import Intake, apply_deletions, intake_requests
 from flows.promote import promote_and_receipt
@@ -63,7 +63,7 @@ from flows.results import AttemptLine, ProcessResult, Timings
 from flows.unlearn import unlearn_and_register
 from runtime.events import announce_processed
 from stores.workspace import ScenarioScope, Workspace
-from tasks.data import command_device
+from tasks.data import command_device, reproduce_data
 from tasks.debt import late_repayment
 from tasks.models import backdoor_ids, load_source_model
 from tasks.progress import attempts_registered
@@ -163,7 +163,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     if requests:
         submit_requests(scope, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
-            intra_op_threads(scope.config.threads), parent_heartbeat():
+            intra_op_threads(scope.config.threads):
         taken = intake_requests(scope, take_owed=True)
         clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scope.scenario, "quarantined",
@@ -176,22 +176,19 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
             batch = batch.applied(apply_deletions(ws, batch.record))
         clock.stage("apply-deletions")
         with stage(batch.record, "unlearn and register"), gpu_slot(batch.device):
-            unlearned = unlearn_and_register(batch)
+            unlearned = unlearn_and_register(scope, batch)
         clock.stage("unlearn-and-register")
         with stage(batch.record, "alias and receipt"):
-            receipted = promote_and_receipt(unlearned)
+            receipted = promote_and_receipt(scope, unlearned)
             publish_receipt(receipted.receipt)
         clock.stage("promote-and-receipt")
         with stage(batch.record, "end steps (log, debt, status)", receipted=True):
-            finished = finish_batch(scope, receipted.receipt, batch.device)
+            settled = finish_batch(scope, receipted)
         clock.stage("debt-and-status")
     print(receipted.receipt.markdown())
     timings = Timings(**clock.split())
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
-    return ProcessResult(**dict(summarize(scope, batch.record, taken)), **batch_result(ws, receipted),
-                         retrain_debt=finished.debt.line(ws.params.requests.max_retrain_debt),
-                         exact_run=finished.exact_run, siblings_owed=list(finished.siblings_owed),
-                         timings=timings, warnings=list(batch.warnings))
+    return processed(scope, taken, settled, timings)
 
 
 @dataclass(frozen=True)
@@ -246,7 +243,7 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
     with stage(record, "reading the source model"):
         registered = attempts_registered(ws, record.scenario, record.batch_id)
         source = load_source_model(ws, record.scenario, record.data_version_before, recorded_source(registered))
-    return Batch(ws, record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
+    return Batch(record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
                  choice.gates, choice.retrain_reference, registered, source, tuple(backdoor_ids(ws, record.scenario)),
                  runner=choice.runner, warnings=(in_process,) if in_process else ())
 
@@ -258,28 +255,34 @@ def print_timings(timings: Timings) -> None:
                                                    for name, seconds in timings.orchestration_by_stage.items()))
 
 
-def batch_result(ws: Workspace, receipted: Receipted) -> dict[str, Any]:
-    """The fields of ``ProcessResult`` its receipt gives: method, certificate, attempts, models, tier."""
-    receipt, path = receipted.receipt, receipted.path
-    return {"method": receipt.method, "certificate": receipt.guarantee, "promoted": receipt.promoted,
-            "attempts": [AttemptLine(attempt=a.attempt, method=a.method, note=a.note,
-                                     verdict=a.gates.verdict if a.gates else None,
-                                     interim=a.gates.interim if a.gates else None) for a in receipt.attempts],
-            "models": dict(receipt.models), "receipt": ws.relative(path), "forgetting": receipt.forgetting,
-            "exact_due": receipt.exact_due.isoformat() if receipt.exact_due else None}
+def processed(scope: ScenarioScope, taken: Intake, settled: Settled, timings: Timings) -> ProcessResult:
+    """The flow's result, from the batch settled: what intake did, the batch's attempts, the version
+    promoted, the receipt (and where it is written), the forgetting tier and the retrain debt left."""
+    receipted = settled.receipted
+    receipt = receipted.receipt
+    return ProcessResult(
+        **dict(summarize(scope, receipted.record, taken)), method=receipt.method, certificate=receipt.guarantee,
+        promoted=receipt.promoted, attempts=[AttemptLine.of(a) for a in receipt.attempts], models=dict(receipt.models),
+        receipt=scope.ws.relative(receipted.path), receipt_written=receipt, forgetting=receipt.forgetting,
+        exact_due=receipt.exact_due.isoformat() if receipt.exact_due else None,
+        retrain_debt=settled.debt.line(scope.ws.params.requests.max_retrain_debt), exact_run=settled.exact_run,
+        siblings_owed=list(settled.siblings_owed), timings=timings, warnings=list(receipted.warnings))
 
 
-def finish_earlier(scope: ScenarioScope, taken: Intake, device: str | None) -> Finished | None:
+def finish_earlier(scope: ScenarioScope, taken: Intake, device: str | None) -> Settled | None:
     """The end steps of a batch an earlier run receipted and stopped before finishing, first: they come
     before any new batch, as they would have in a run never killed."""
-    if taken.unfinished is None:
+    unfinished = taken.unfinished
+    if unfinished is None:
         return None
-    with stage(taken.unfinished.record, "end steps (log, debt, status)", receipted=True):
-        return resume_end(scope, taken.unfinished.receipt, command_device(scope.ws, device))
+    with stage(unfinished.record, "end steps (log, debt, status)", receipted=True):
+        return resume_end(scope, Receipted(unfinished.record, unfinished.receipt,
+                                           receipt_path(scope.ws.root, unfinished.record.batch_id),
+                                           command_device(scope.ws, device)))
 
 
 def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None,
-                       ended: Finished | None = None) -> ProcessResult:
+                       ended: Settled | None = None) -> ProcessResult:
     """No batch to run: what intake did, the end steps of a batch an earlier run left (``ended``: what
     they did about the debt), and the retrain debt repaid if it could not wait."""
     if taken.retrain_open:
@@ -297,7 +300,7 @@ def close_owed(scope: ScenarioScope, device: str | None) -> str:
     get_run_logger().warning("%s owes forgetting for several batches (deletions applied under another scenario of "
                              "its dataset among them) and no model can be unlearned to its current data: retraining "
                              "exactly", scope.scenario)
-    repaid = repay(scope, command_device(scope.ws, device))
+    repaid = repay(scope, command_device(scope.ws, device), reproduce_data(scope.ws, scope.scenario))
     return f"repaid in this run: it closes {', '.join(repaid.repaid)}"
 
 
@@ -312,7 +315,7 @@ def repay_if_late(scope: ScenarioScope, device: str | None) -> str | None:
     get_run_logger().warning("the retrain debt of %s is past its latest safe start (%s): repaying it now", scenario,
                              f"{start_by:%Y-%m-%d %H:%M}Z")
     try:
-        repay(scope, command_device(ws, device))
+        repay(scope, command_device(ws, device), reproduce_data(ws, scenario))
     except Exception as err:
         meaning = next((c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
                         if isinstance(err, c)), BatchFailed)

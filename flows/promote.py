@@ -8,7 +8,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.batch_decisions import receipt_for, tier_fields
+from fedunlearn.batch_decisions import racing_retrain, receipt_for, tier_fields
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.tiers import Tier
 from fedunlearn.faults import failpoint
@@ -17,7 +17,7 @@ from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.model import utc_now
 from flows.batch import Receipted, Unlearned
 from stores.registry import version_ref
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 from tasks.backup import sync_state
 from tasks.debt import FORGETTING_TAG, safe_start
 from tasks.erasure import capture_fingerprints, scan_stores
@@ -28,22 +28,21 @@ from tasks.siblings import serving_siblings
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
-    """An exact retrain on the batch's data version that the batch did not make (`fedunlearn retrain`
-    while the batch ran): it forgets exactly what the batch's interim version forgets approximately, so
-    it serves, and the batch owes nothing. The batch's own reference (``--retrain``) stays a reference."""
-    found = [v for v in ws.registry.versions(record.scenario, role="retrained", data_version=record.data_version_after)
-             if v.tags.get("batch_id") != record.batch_id]
-    return version_ref(max(found, key=lambda v: int(v.version))) if found else None
+    """``batch_decisions.racing_retrain`` among the retrained versions on the batch's data version."""
+    found = {str(v.version): v for v in ws.registry.versions(record.scenario, role="retrained",
+                                                             data_version=record.data_version_after)}
+    racing = racing_retrain({k: v.tags.get("batch_id") for k, v in found.items()}, record.batch_id)
+    return version_ref(found[racing]) if racing else None
 
 
 @task(name="promote-and-receipt", task_run_name="promote-and-receipt", cache_policy=NO_CACHE)
-def promote_and_receipt(unlearned: Unlearned) -> Receipted:
+def promote_and_receipt(scope: ScenarioScope, unlearned: Unlearned) -> Receipted:
     """Alias ``current`` to the attempt chosen (its version tagged with its tier, ``forgetting``), the
     erasure scan of every store (now that the batch registered its versions and logged its runs),
     the receipt. With a default DVC remote the data versions and the state are on it before the
     alias moves (and again once the receipt is logged: ``flows.finish``)."""
     batch, unlearning = unlearned.batch, unlearned.unlearning
-    ws, record, forgetting = batch.ws, batch.record, batch.forgetting
+    ws, record, forgetting = scope.ws, batch.record, batch.forgetting
     scenario, batch_id = record.scenario, record.batch_id
     chosen = unlearning.chosen
     # With a default DVC remote, the new data version and the ledger are there before `current` moves
@@ -76,4 +75,4 @@ def promote_and_receipt(unlearned: Unlearned) -> Receipted:
     # From here the batch is receipted; what it still owes (repaid receipts, log, debt, status) is the
     # next stage's, which a re-run after a crash here completes (flows.finish).
     failpoint("after-receipt")
-    return Receipted(batch, receipt, path)
+    return Receipted(record, receipt, path, batch.device, batch.warnings)

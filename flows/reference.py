@@ -11,16 +11,18 @@ schedule.
 
 from __future__ import annotations
 
+import torch
 from prefect import flow
 
+from fedunlearn.batch_decisions import reference_to_reuse, retrain_closes_open
+from fedunlearn.device import intra_op_threads
 from flows.forget_sets import measure_retrained, retrain_device
-from flows.heartbeat import parent_heartbeat
 from flows.results import ReferenceResult
-from flows.train import train_federated
+from flows.train import Training, train_model
 from tasks.data import command_device, reproduce_data
 from tasks.debt import close_by_retrain, open_batches
 from tasks.models import move_alias
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 # Closing batches waits for a deletion batch that holds the workspace's lock, as batches wait for each other.
@@ -44,28 +46,41 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
         close_open: let the retrain serve (alias current) and close batches applied without unlearning.
     """
     ws = Workspace.open(root)
-    data_version = reproduce_data(ws, scenario)
-    existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)
-    if existing:
-        version = str(existing[-1].version)
-        move_alias(ws, scenario, "retrained", version)
-        print(f"data version {data_version} already has its reference: {scenario} v{version}")
-        result = ReferenceResult(scenario=scenario, data_version=data_version, model_version=version, reused=True)
-    else:
-        with parent_heartbeat():
-            trained = train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained",
-                                      batch_id=batch_id)
-            result = ReferenceResult.of_training(trained)
-    if close_open and batch_id is None and open_batches(ws, scenario):
-        with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
-            # Asked again under the lock: a batch that held it meanwhile moved the data, or finished (and
-            # chose what serves) the batch it found open. Then this retrain is a reference, nothing more.
-            if ws.data_version(scenario) == result.data_version and open_batches(ws, scenario):
-                closed = close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
-                                          "retrain-reference")
-                result = result.model_copy(update={"closed": closed})
-                measure_retrained(ws, scenario, result.model_version, closed,
-                                  retrain_device(result) or command_device(ws, device))
-                print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied "
-                      f"without unlearning {', '.join(closed)} (receipts written)")
+    scope, chosen = ScenarioScope(ws, scenario), command_device(ws, device)
+    with intra_op_threads(scope.config.threads):
+        result = reference_for(scope, chosen, reproduce_data(ws, scenario), batch_id)
+        if close_open and batch_id is None and open_batches(ws, scenario):
+            result = close_open_batches(scope, result, chosen)
     return result
+
+
+def reference_for(scope: ScenarioScope, device: torch.device, data_version: str,
+                  batch_id: str | None = None) -> ReferenceResult:
+    """The reference of ``data_version`` (the current one, which the caller holds): the one it already
+    has (``batch_decisions.reference_to_reuse``), else an exact retrain on ``device``, tagged with
+    ``batch_id`` when a deletion batch asked for it."""
+    ws, scenario = scope.ws, scope.scenario
+    existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)
+    version = reference_to_reuse([str(v.version) for v in existing])
+    if version is None:
+        return ReferenceResult.of_training(train_model(scope, device, data_version,
+                                                       Training(role="retrained", batch_id=batch_id)))
+    move_alias(ws, scenario, "retrained", version)
+    print(f"data version {data_version} already has its reference: {scenario} v{version}")
+    return ReferenceResult(scenario=scenario, data_version=data_version, model_version=version, reused=True)
+
+
+def close_open_batches(scope: ScenarioScope, result: ReferenceResult, device: torch.device) -> ReferenceResult:
+    """The retrain serves and closes the batches applied without unlearning, under the batch lock."""
+    ws, scenario = scope.ws, scope.scenario
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
+        # Asked again under the lock: a batch that held it meanwhile moved the data, or finished (and
+        # chose what serves) the batch it found open. Then this retrain is a reference, nothing more.
+        if not retrain_closes_open(result.data_version, ws.data_version(scenario), len(open_batches(ws, scenario))):
+            return result
+        closed = [r.batch_id for r in close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
+                                                       "retrain-reference")]
+        measure_retrained(scope, result.model_version, closed, retrain_device(result) or device)
+        print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied without "
+              f"unlearning {', '.join(closed)} (receipts written)")
+        return result.model_copy(update={"closed": closed})

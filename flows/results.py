@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, RootModel, model_serializer
+from pydantic import BaseModel, Field, RootModel, model_serializer
 
-from fedunlearn.receipts import ModelRef
+from fedunlearn.receipts import AttemptRecord, ModelRef, Receipt
 from fedunlearn.requests.batch import QuarantineNote
 from fedunlearn.requests.erasure import ErasureReport
 
@@ -94,6 +94,8 @@ class RepayResult(FlowResult):
     repaid: list[str]
     version: str | None = None
     retired: list[str] = []  # the versions retired once the repayment forgot their requests exactly
+    # The receipts it wrote (repaid, or closed), for the caller that ran it; the serialised result names the batches.
+    receipts: list[Receipt] = Field(default=[], exclude=True, repr=False)
 
 
 class IngestResult(FlowResult):
@@ -131,6 +133,12 @@ class AttemptLine(BaseModel):
     verdict: str | None = None
     interim: bool | None = None
 
+    @classmethod
+    def of(cls, record: AttemptRecord) -> AttemptLine:
+        gates = record.gates
+        return cls(attempt=record.attempt, method=record.method, note=record.note,
+                   verdict=gates.verdict if gates else None, interim=gates.interim if gates else None)
+
 
 class Timings(BaseModel):
     """Where a flow's time went: compute (data, unlearning, evaluation) against orchestration."""
@@ -157,7 +165,9 @@ class ProcessResult(IngestResult):
     promoted: bool | None = None
     attempts: list[AttemptLine] = []
     models: dict[str, ModelRef | None] = {}
-    receipt: str | None = None
+    receipt: str | None = None  # where it is written, relative to the workspace
+    # The receipt itself, for the command that ran the flow; the serialised result names its file only.
+    receipt_written: Receipt | None = Field(default=None, exclude=True, repr=False)
     forgetting: str | None = None
     exact_due: str | None = None
     retrain_debt: str | None = None

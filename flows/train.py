@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+import torch
 from prefect import flow, get_run_logger
 from pydantic import Field
 
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.certify.certificate import EXACT_RETRAIN, NOT_CERTIFIED
-from fedunlearn.config import Runner, ScenarioConfig
+from fedunlearn.config import Runner
 from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
@@ -38,12 +39,26 @@ from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_da
 from stores.registry import ModelWeights
 from tasks.shards import SHARDS_ARTIFACT, clear_checkpoints, reusable_shards, save_checkpoint, shard_lineage
 from tasks.training import map_with_prefect, train_through_flower
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 
 
 RUNNER_FIELD = ("the engine that trains: in-process (our loop), flower (a local Flower deployment: a SuperLink and a "
                 "SuperNode per client on 127.0.0.1) or flower-simulation (Flower's simulation engine); Flower runs HFL "
                 "scenarios only. Empty: the scenario's runner in params.yaml, else in-process")
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a training is for: ``role`` original, or retrained (the exact reference of the data
+    version, alias retrained) for ``batch_id``; each client update a task run (``client_tasks``); the
+    request SPEC whose samples get the backdoor trigger; the engine asked for (empty: the scenario's
+    for an original, in-process for a retrain)."""
+
+    role: Literal["original", "retrained"] = "original"
+    batch_id: str | None = None
+    client_tasks: bool = True
+    backdoor_request: str | None = None
+    runner: Runner | None = None
 
 
 @flow(name="train-federated", log_prints=True)
@@ -67,45 +82,66 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
         role: original, or retrained (the exact reference of the data version, alias retrained).
         batch_id: the deletion batch a retrained version is the reference for.
     """
-    started = time.perf_counter()
-    logger = get_run_logger()
     ws = Workspace.open(root)
-    cfg, engine = training_setup(ws, scenario, rounds, local_epochs, bool(backdoor_request), runner, role)
-    with intra_op_threads(cfg.threads):
-        data_version = reproduce_data(ws, scenario)
-        validate_partition(ws, scenario)
-        dev = command_device(ws, device)
-        poisoned = backdoor_ids(ws, scenario) if role == "retrained" else []
-        federation = load_data(ws, scenario, dev, map_updates=map_with_prefect if client_tasks else map_inline,
-                               backdoor_ids=poisoned)
-        tags = {"role": role, "scenario": scenario, "data_version": data_version,
-                "certificate": EXACT_RETRAIN if role == "retrained" else NOT_CERTIFIED,  # nothing unlearned
-                "runtime": runtime_tag(engine),
-                **({"batch_id": batch_id} if batch_id else {})}
-        if backdoor_request:
-            spec = parse_request(backdoor_request)
-            batch = spec.resolve(federation.clients, federation.num_classes, ws.params.seed)
-            poisoned = [i for ids in batch.forget_ids.values() for i in ids.tolist()]
-            federation.clients = poison_clients(federation.clients, batch.forget_ids)
-            print(f"backdoor trigger on {len(poisoned)} samples of clients {batch.affected_clients}")
-        if poisoned:
-            tags["backdoor"] = backdoor_request or "inherited"
+    scope = ScenarioScope(ws, scenario).with_training(rounds, local_epochs)
+    job = Training(role, batch_id, client_tasks, backdoor_request, runner)
+    check_training(scope, job, local_epochs)
+    with intra_op_threads(scope.config.threads):
+        return train_model(scope, command_device(ws, device), reproduce_data(ws, scenario), job)
 
-        run_id = start_run(ws, scenario, f"train-{scenario}", {
-            "scenario": scenario, "dataset": cfg.dataset, "setting": cfg.setting, "model": cfg.model,
-            "seed": ws.params.seed, "device": str(dev), "data_version": data_version,
-            **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
-            **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
-        # Training takes minutes: a failure in it (or a full disk at registration) ends the run as FAILED.
-        with run_failed_on_error(ws, run_id):
-            log_data_version(ws, run_id, scenario, data_version, DATA_CONTEXTS[role])
-            ref, metrics = train_and_register(ws, scenario, federation, tags, run_id, poisoned, training_description(
-                scenario, cfg, data_version, role, batch_id, len(poisoned)))
-    logger.info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, role, metrics.test_acc)
+
+def check_training(scope: ScenarioScope, job: Training, local_epochs: int | None = None) -> None:
+    """What cannot be trained as asked is refused before any work."""
+    if job.backdoor_request and scope.config.setting == "vfl":
+        raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL); in VFL each party "
+                         "holds only a slice of it")
+    check_flower_training(training_runner(job.runner, scope.config.runner, job.role), scope.scenario,
+                          scope.config.setting, backdoor=bool(job.backdoor_request), local_epochs=local_epochs)
+
+
+def train_model(scope: ScenarioScope, device: torch.device, data_version: str,
+                job: Training = Training()) -> TrainResult:
+    """``scope``'s federated model trained from scratch on ``data_version`` (the workspace's current
+    one, which the caller holds) on ``device`` and registered with alias ``job.role``; each step a
+    task run of the caller's flow (a command's, or the deletion batch's exact retrain)."""
+    started = time.perf_counter()
+    ws, scenario, cfg = scope.ws, scope.scenario, scope.config
+    engine = training_runner(job.runner, cfg.runner, job.role)
+    validate_partition(ws, scenario)
+    poisoned = backdoor_ids(ws, scenario) if job.role == "retrained" else []
+    federation = load_data(ws, scenario, device, map_updates=map_with_prefect if job.client_tasks
+                           else map_inline, backdoor_ids=poisoned)
+    tags = {"role": job.role, "scenario": scenario, "data_version": data_version,
+            "certificate": EXACT_RETRAIN if job.role == "retrained" else NOT_CERTIFIED,  # nothing unlearned
+            "runtime": runtime_tag(engine), **({"batch_id": job.batch_id} if job.batch_id else {})}
+    if job.backdoor_request:
+        poisoned = put_backdoor(federation, job.backdoor_request, ws.params.seed)
+    if poisoned:
+        tags["backdoor"] = job.backdoor_request or "inherited"
+    run_id = start_run(ws, scenario, f"train-{scenario}", {
+        "scenario": scenario, "dataset": cfg.dataset, "setting": cfg.setting, "model": cfg.model,
+        "seed": ws.params.seed, "device": str(device), "data_version": data_version,
+        **{f"partition.{k}": v for k, v in cfg.partition.model_dump().items()},
+        **{f"train.{k}": v for k, v in cfg.train.model_dump().items()}}, tags)
+    # Training takes minutes: a failure in it (or a full disk at registration) ends the run as FAILED.
+    with run_failed_on_error(ws, run_id):
+        log_data_version(ws, run_id, scenario, data_version, DATA_CONTEXTS[job.role])
+        ref, metrics = train_and_register(scope, federation, tags, run_id, poisoned, training_description(
+            scenario, cfg, data_version, job.role, job.batch_id, len(poisoned)))
+    get_run_logger().info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, job.role,
+                          metrics.test_acc)
     return TrainResult(scenario=scenario, data_version=data_version, test_acc=metrics.test_acc,
-                       model_version=ref.version, run_id=run_id, device=str(dev),
+                       model_version=ref.version, run_id=run_id, device=str(device),
                        wall_seconds=time.perf_counter() - started, backdoor_samples=len(poisoned),
                        runtime=tags["runtime"])
+
+
+def put_backdoor(federation: Federation, request: str, seed: int) -> list[str]:
+    """The 4×4 trigger on the samples ``request`` names; returns their IDs."""
+    batch = parse_request(request).resolve(federation.clients, federation.num_classes, seed)
+    federation.clients = poison_clients(federation.clients, batch.forget_ids)
+    print(f"backdoor trigger on {batch.num_forget} samples of clients {batch.affected_clients}")
+    return [i for ids in batch.forget_ids.values() for i in ids.tolist()]
 
 
 @dataclass
@@ -122,38 +158,21 @@ def runtime_runner(tags: dict[str, str]) -> Runner:
     return next(r for r in Runner if runtime_tag(r) == tags["runtime"])
 
 
-def flower_trained(ws: Workspace, scenario: str, runner: Runner,
+def flower_trained(scope: ScenarioScope, runner: Runner,
                    on_round: Callable[[TrainingRound], None]) -> FlowerTrained:
     """The scenario trained through Flower: its rounds run in Flower's processes, ``on_round`` sees
     each one's model afterwards; the registered version's metrics are computed below as for ours."""
-    state, runtime, cost = train_through_flower(ws, scenario, flower_engine(runner), ws.scenario(scenario).train.rounds,
-                                                on_round)
+    state, runtime, cost = train_through_flower(scope.ws, scope.scenario, flower_engine(runner),
+                                                scope.config.train.rounds, on_round)
     print(f"trained through Flower ({runtime}) in {cost.wall_seconds:.1f} s")
     return FlowerTrained(state, cost)
 
 
-def training_setup(ws: Workspace, scenario: str, rounds: int | None, local_epochs: int | None, backdoor: bool,
-                   runner: Runner | None, role: str) -> tuple[ScenarioConfig, Runner]:
-    """The scenario's configuration with the command's overrides, and the engine that trains it;
-    what cannot be trained as asked is refused before any work."""
-    cfg = ws.scenario(scenario)
-    overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
-    if overrides:
-        ws.params.scenarios[scenario] = cfg.model_copy(update={"train": cfg.train.model_copy(update=overrides)})
-        cfg = ws.scenario(scenario)
-    if backdoor and cfg.setting == "vfl":
-        raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL); in VFL each party "
-                         "holds only a slice of it")
-    engine = training_runner(runner, cfg.runner, role)
-    check_flower_training(engine, scenario, cfg.setting, backdoor=backdoor, local_epochs=local_epochs)
-    return cfg, engine
-
-
-def train_and_register(ws: Workspace, scenario: str, federation: Federation, tags: dict[str, str], run_id: str,
+def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[str, str], run_id: str,
                        poisoned: list[str], description: str) -> tuple[ModelRef, VersionMetrics]:
     """Train from scratch, each round's metrics on ``run_id``, and register the result with alias
     ``tags["role"]``."""
-    cfg = ws.scenario(scenario)
+    ws, scenario, cfg = scope.ws, scope.scenario, scope.config
     with ws.registry.step_metrics(run_id) as log_round:
         def report(step: TrainingRound) -> None:
             test_acc = accuracy(federation.model_from(step.state), federation.test)
@@ -167,7 +186,7 @@ def train_and_register(ws: Workspace, scenario: str, federation: Federation, tag
             trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report)
         else:
             trained, shard_texts = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
-                                    else flower_trained(ws, scenario, runtime_runner(tags), report)), {}
+                                    else flower_trained(scope, runtime_runner(tags), report)), {}
     model = federation.model_from(trained.state)
     # Every registered version's run carries the same metric keys (``VersionMetrics``); no forget set
     # yet: forget accuracy and MIA AUC are NaN, which a deletion batch replaces when this model is its

@@ -6,22 +6,24 @@ exact retrain. Attempts an earlier run registered are read back, not redone."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from torch import nn
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, Route, attempts_for_route, attempts_in_order,
-                                        exact_certificate, metrics_of, receipt_without_model, route,
-                                        stops)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, attempts_for_route,
+                                        attempts_in_order, exact_certificate, metrics_of, receipt_without_model,
+                                        route, stops)
 from fedunlearn.benchmark import runner
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
-from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
+from fedunlearn.certify.gates import GateOutcome, judge_source
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.errors import BatchCannotSucceed
+from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.evaluation.forget_sets import RETRAINED, SOURCE, figures
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
@@ -33,11 +35,11 @@ from fedunlearn.runner_choice import IN_PROCESS_RUNTIME, flower_engine
 from fedunlearn.unlearning.base import DeletionBatch, Outcome
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
 from flows.batch import Batch, Unlearned
-from flows.forget_sets import forget_set_kit
-from flows.reference import retrain_reference as retrain_reference_flow
-from flows.train import train_federated
+from flows.forget_sets import ForgetSetKit, forget_set_kit
+from flows.reference import reference_for
+from flows.train import Training, train_model
 from stores.registry import ModelWeights, RegisteredModel
-from stores.workspace import Workspace
+from stores.workspace import ScenarioScope, Workspace
 from tasks.audit import audit, log_audit, log_source_audit
 from tasks.data import load_data, read_federation
 from tasks.erasure import capture_fingerprints, scan_stores
@@ -58,206 +60,269 @@ def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
     return federation
 
 
-@dataclass
-class BatchContext:
-    """What every attempt of a batch is judged with: the source, the data before the batch, the
-    evaluator and audit references, the source's own evaluation and audit, the reference if any."""
+@dataclass(frozen=True)
+class Judged:
+    """A version measured on the batch's forget set: the model, its evaluation and its audit."""
 
-    ws: Workspace
-    record: BatchRecord
-    source: RegisteredModel
-    federation: Federation
-    batch: Any
-    sets: Any
-    setup: Any
-    evaluator: Any
-    references: Any
-    clean_forget_labels: Any
-    source_eval: Evaluation
-    source_audit: Any
-    registered: Mapping[int, Any]
-    gates: PromotionGates
-    device: str
-    reference: RegisteredModel | None = None
-    reference_eval: Evaluation | None = None
-    reference_audit: Any = None
-    engine: str | None = None  # Flower's engine for the method attempts; None: in-process
+    model: RegisteredModel
+    evaluation: Evaluation
+    audit: AuditResult | None = None
+
+
+@dataclass(frozen=True)
+class Judging:
+    """One batch's unlearning as its steps share it: the scope and the batch, and what every attempt is
+    judged with, each read once, when first asked for — the data before the batch (``federation``,
+    holding the source's weights) and its forget set, the batch's route, the evaluation sets,
+    evaluator and audit reference models (``kit``), the source model judged on them, and the forget
+    set the methods unlearn (what the source is measured to remember)."""
+
+    scope: ScenarioScope
+    batch: Batch
+
+    @property
+    def ws(self) -> Workspace:
+        return self.scope.ws
 
     @property
     def scenario(self) -> str:
-        return self.record.scenario
+        return self.scope.scenario
 
-    def audit(self, name: str, model) -> Any:
-        return audit(name, model, self.sets.forget, self.references, self.ws.params.seed, self.clean_forget_labels)
+    @property
+    def record(self) -> BatchRecord:
+        return self.batch.record
+
+    @cached_property
+    def federation(self) -> Federation:
+        batch = self.batch
+        return with_weights(load_data(self.ws, self.scenario, batch.device, batch.record.data_version_before,
+                                      backdoor_ids=list(batch.poisoned)), batch.source)
+
+    @cached_property
+    def forget(self) -> DeletionBatch | None:
+        """The training samples the batch deleted, per client; None: only held-out samples."""
+        return self.record.forget_set(self.federation.clients)
+
+    @cached_property
+    def route(self) -> Route:
+        """``batch_decisions.route`` on what the batch deleted and how the scenario's features are fit."""
+        forget, record = self.forget, self.record
+        taken = route(refits_on_holdout_deletion(read_manifest(self.scenario, self.ws.root)),
+                      any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
+                      sum(len(c) for c in self.federation.clients))
+        if taken in (Route.exact_only, Route.retrain_for_new_features):
+            get_run_logger().warning("%s deletes held-out samples, on which %s's feature transform is fit: every "
+                                     "sample's features moved, so the batch retrains exactly", record.batch_id,
+                                     self.scenario)
+        return taken
+
+    @cached_property
+    def kit(self) -> ForgetSetKit:
+        """The evaluation sets, evaluator and audit reference models (trained first if the scenario has
+        none usable)."""
+        return forget_set_kit(self.scope, self.record, self.federation, self.forget, list(self.batch.poisoned),
+                              self.batch.device)
+
+    @cached_property
+    def source(self) -> Judged:
+        """The source model evaluated and audited on the batch's forget set."""
+        source, kit, federation = self.batch.source, self.kit, self.federation
+        if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
+            federation.calibration = kit.audit_set.calibration_rows(federation.test)
+        return self.judge(f"source-v{source.ref.version}", source)
+
+    @cached_property
+    def setup(self) -> runner.BenchmarkSetup:
+        """What the methods unlearn: a removal method acts on what the source is measured to remember,
+        and leaves the rest as a retrain would."""
+        record = self.record
+        forget = self.forget.with_remembered(self.source.audit.removal_targets())
+        return runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", self.federation, forget,
+                                     bool(self.batch.poisoned), self.kit.sets)
+
+    def audit(self, name: str, model: nn.Module) -> AuditResult:
+        kit = self.kit
+        return audit(name, model, kit.sets.forget, kit.audit_set, self.ws.params.seed, kit.clean_forget_labels)
+
+    def judge(self, name: str, model: RegisteredModel) -> Judged:
+        network = self.federation.model_from(model.state)
+        return Judged(model, evaluate(self.kit.evaluator, name, network), self.audit(name, network))
+
+
+@dataclass(frozen=True)
+class Escalated:
+    """The escalation done: its attempts, the last one's certificate and cost, and the data version's
+    exact reference as it stands at the end (the one found, or the retrain that ended the chain)."""
+
+    attempts: list[AttemptRecord]
+    certificate: Certificate | None
+    cost: CostRecord
+    reference: Judged | None
 
 
 @task(name="unlearn-and-register", task_run_name="unlearn-and-register", cache_policy=NO_CACHE)
-def unlearn_and_register(batch: Batch) -> Unlearned:
+def unlearn_and_register(scope: ScenarioScope, batch: Batch) -> Unlearned:
     """The batch's attempts in order, each registered and gated, until one may serve under its
     forgetting policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts registered
     by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
     source remembers tries the methods that can remove it first (``attempts_in_order``)."""
-    ws, record, source, poisoned = batch.ws, batch.record, batch.source, list(batch.poisoned)
-    federation = with_weights(load_data(ws, batch.scenario, batch.device, record.data_version_before,
-                                        backdoor_ids=poisoned), source)
-    forget = record.forget_set(federation.clients)
-    taken = route(refits_on_holdout_deletion(read_manifest(batch.scenario, ws.root)),
-                  any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
-                  sum(len(c) for c in federation.clients))
-    if taken in (Route.exact_only, Route.retrain_for_new_features):
-        get_run_logger().warning("%s deletes held-out samples, on which %s's feature transform is fit: every "
-                                 "sample's features moved, so the batch retrains exactly", batch.record.batch_id,
-                                 batch.scenario)
+    judging = Judging(scope, batch)
+    taken = judging.route
     if taken is Route.retrain_for_new_features:
-        return Unlearned(batch, retrain_for_new_features(batch, source))
+        return Unlearned(batch, retrain_for_new_features(judging))
     if taken is Route.keep_source:
-        return Unlearned(batch, keep_source(batch, source))
+        return Unlearned(batch, keep_source(judging))
     if taken is Route.no_model:
-        close_without_model(batch, source)
-    ctx = batch_context(batch, source, federation, forget, poisoned)
+        close_without_model(judging)
+    reference = batch_reference(judging)
+    source_gates = judge_the_source(judging, reference)
+    escalated = escalate(judging, ordered_attempts(judging, taken), reference)
+    return Unlearned(batch, batch_outcome(judging, escalated, source_gates))
+
+
+def batch_reference(judging: Judging) -> Judged | None:
+    """The new data version's exact reference, retrained first when the batch asked for it
+    (``--retrain``), evaluated on the batch's forget set; None when it has none."""
+    batch, record = judging.batch, judging.batch.record
+    judging.source  # the source judged (and audit references trained if none) before a retrain, as ever
     if batch.retrain_reference:
-        retrain_reference_flow(scenario=batch.scenario, root=str(ws.root), device=batch.device_name,
-                               batch_id=batch.record.batch_id)
-    ctx.reference = find_reference(ws, batch.scenario, record.data_version_after)
-    if ctx.reference is not None:
-        ctx.reference_eval = evaluate(ctx.evaluator, "retrained", federation.model_from(ctx.reference.state))
-    source_gates = judge_source(ctx.source_eval, reference=ctx.reference_eval, gates=batch.gates,
-                                source_audit=ctx.source_audit.as_check(), canaries=ctx.source_audit.canaries)
-    log_source_audit(ws, source.ref.run_id, batch.record.batch_id, ctx.source_audit, source_gates)
+        reference_for(judging.scope, batch.device, record.data_version_after, record.batch_id)
+    found = find_reference(judging.ws, judging.scenario, record.data_version_after)
+    if found is None:
+        return None
+    return Judged(found, evaluate(judging.kit.evaluator, "retrained", judging.federation.model_from(found.state)))
+
+
+def judge_the_source(judging: Judging, reference: Judged | None) -> GateOutcome:
+    """The source judged by the checks a candidate meets (``gates.judge_source``), logged on its run."""
+    source = judging.source
+    gates = judge_source(source.evaluation, reference=reference.evaluation if reference else None,
+                         gates=judging.batch.gates, source_audit=source.audit.as_check(),
+                         canaries=source.audit.canaries)
+    log_source_audit(judging.ws, source.model.ref.run_id, judging.record.batch_id, source.audit, gates)
+    return gates
+
+
+def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
+    """The route's attempts, in the order ``batch_decisions.attempts_in_order`` gives on what the
+    source's audit measured."""
+    batch, source_audit = judging.batch, judging.source.audit
     planned = attempts_for_route(taken, list(batch.attempts))
-    ordered = attempts_in_order(planned, ws.scenario(batch.scenario).setting, ctx.source_audit.remembered(),
+    ordered = attempts_in_order(planned, judging.scope.config.setting, source_audit.remembered(),
                                 batch.chosen_by_user)
     if ordered != planned:
         get_run_logger().info("the source model remembers the forget set (per sample: %s; audit AUC %.3f): %s first, "
                               "where the seed methods' gradient is close to zero",
-                              ctx.source_audit.per_sample_summary(), ctx.source_audit.auc, ordered[0].method)
-    attempts, certificate, cost = escalate(ctx, ordered, batch.forgetting)
-    return Unlearned(batch, batch_outcome(ctx, attempts, certificate, cost, source_gates))
+                              source_audit.per_sample_summary(), source_audit.auc, ordered[0].method)
+    return ordered
 
 
-def batch_context(of: Batch, source: RegisteredModel, federation: Federation, batch: DeletionBatch,
-                  poisoned: list[str]) -> BatchContext:
-    """The evaluation sets, evaluator and audit references of the batch (references trained first if
-    the scenario has none usable), and the source model evaluated and audited on them."""
-    ws, record = of.ws, of.record
-    kit = forget_set_kit(ws, record, federation, batch, poisoned, of.device_name)
-    sets, evaluator, references = kit.sets, kit.evaluator, kit.references
-    source_model = federation.model_from(source.state)
-    source_eval = evaluate(evaluator, f"source-v{source.ref.version}", source_model)
-    if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
-        federation.calibration = references.calibration_rows(federation.test)
-    source_audit = audit(f"source-v{source.ref.version}", source_model, sets.forget, references, ws.params.seed,
-                         kit.clean_forget_labels)
-    # A removal method acts on what the source is measured to remember, and leaves the rest as a retrain would.
-    batch = batch.with_remembered(source_audit.removal_targets())
-    setup = runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, batch, bool(poisoned), sets)
-    return BatchContext(ws, record, source, federation, batch, sets, setup, evaluator, references,
-                        kit.clean_forget_labels, source_eval, source_audit, of.registered, of.gates, of.device_name,
-                        engine=flower_engine(of.runner))
-
-
-def escalate(ctx: BatchContext, planned: list[Attempt],
-             forgetting: ForgettingPolicy) -> tuple[list[AttemptRecord], Certificate | None, CostRecord]:
+def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None) -> Escalated:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
-    attempts, certificate, cost = [], None, CostRecord()
+    attempts, certificate, cost, forgetting = [], None, CostRecord(), judging.batch.forgetting
     for number, attempt in enumerate(planned):
         if attempt.exact:
-            record, certificate, cost = try_exact(ctx, attempt, number, len(planned))
+            record, certificate, reference = try_exact(judging, attempt, number, len(planned), reference)
             attempts.append(record)
+            cost = registered_cost(reference.model)
             break
-        record, certificate, cost = try_method(ctx, attempt, number, len(planned))
+        record, certificate, cost = try_method(judging, attempt, number, len(planned), reference)
         attempts.append(record)
         gate = record.gates
-        if stops(gate, forgetting, exact_in_hand=ctx.reference is not None):
+        if stops(gate, forgetting, exact_in_hand=reference is not None):
             break
         get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
                                  attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)
                                  if forgetting is ForgettingPolicy.interim else "")
-    return attempts, certificate, cost
+    return Escalated(attempts, certificate, cost, reference)
 
 
-def try_exact(ctx: BatchContext, attempt: Attempt, number: int,
-              steps: int) -> tuple[AttemptRecord, Certificate, CostRecord]:
+def try_exact(judging: Judging, attempt: Attempt, number: int, steps: int,
+              reference: Judged | None) -> tuple[AttemptRecord, Certificate, Judged]:
     """The escalation's last step: the reference of the new data version, or an exact retrain now;
     audited, described, no gate needed. It becomes the batch's reference."""
-    ws, scenario, batch_id = ctx.ws, ctx.scenario, ctx.record.batch_id
-    exact = ctx.reference or exact_retrain(ws, scenario, batch_id, ctx.device)
+    ws, scenario, record = judging.ws, judging.scenario, judging.record
+    if reference is None:
+        reference = judging.judge("retrained", exact_retrain(judging.scope, record, judging.batch.device))
+    else:
+        reference = replace(reference, audit=judging.audit("retrained",
+                                                           judging.federation.model_from(reference.model.state)))
+    exact, verdict = reference.model, reference.audit
     tag_attempt(ws, scenario, exact.ref.version, number)
-    exact_model = ctx.federation.model_from(exact.state)
-    exact_eval = ctx.reference_eval or evaluate(ctx.evaluator, "retrained", exact_model)
-    verdict = ctx.audit("retrained", exact_model)
     log_audit(ws, exact.ref.run_id, verdict)
-    ctx.reference_audit = verdict
     describe_version(ws, scenario, exact.ref.version, batch_description(
-        ctx.record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
+        record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
         note=f"none needed (exact retrain; audit {verdict.verdict})"))
-    ctx.reference, ctx.reference_eval = exact, exact_eval
-    record = AttemptRecord(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
-                           metrics=metrics_of(exact_eval, None),
-                           note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
-                                f"{verdict.verdict})")
-    return record, exact_certificate(scenario, batch_id, "the escalation's last step"), registered_cost(exact)
+    step = AttemptRecord(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
+                         metrics=metrics_of(reference.evaluation, None),
+                         note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
+                              f"{verdict.verdict})")
+    return step, exact_certificate(scenario, record.batch_id, "the escalation's last step"), reference
 
 
-def try_method(ctx: BatchContext, attempt: Attempt, number: int,
-               steps: int) -> tuple[AttemptRecord, Certificate, CostRecord]:
+def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
+               reference: Judged | None) -> tuple[AttemptRecord, Certificate, CostRecord]:
     """One unlearning attempt (or the one an earlier run registered, read back): evaluated, audited,
     registered, gated against the source or the reference, described."""
-    ws, scenario, name = ctx.ws, ctx.scenario, f"{attempt.method}-{number}"
-    if number in ctx.registered:
-        ref, outcome, certificate = read_attempt(ws, scenario, ctx.registered[number])
+    ws, scenario, name, source = judging.ws, judging.scenario, f"{attempt.method}-{number}", judging.source
+    earlier = judging.batch.registered.get(number)
+    if earlier is not None:
+        ref, outcome, certificate = read_attempt(ws, scenario, earlier)
     else:
-        outcome, certificate = compute_attempt(ctx, attempt, number)
-    model = ctx.federation.model_from(outcome.state)
-    evaluation = evaluate(ctx.evaluator, name, model)
-    verdict = ctx.audit(name, model)
-    if number not in ctx.registered:
-        ref = register_attempt(ws, ctx.record, ctx.source, ctx.federation, attempt, number, outcome, certificate,
-                               evaluation, steps)
+        outcome, certificate = compute_attempt(judging, attempt, number)
+    model = judging.federation.model_from(outcome.state)
+    evaluation = evaluate(judging.kit.evaluator, name, model)
+    verdict = judging.audit(name, model)
+    if earlier is None:
+        ref = register_attempt(ws, judging.record, source.model, judging.federation, attempt, number, outcome,
+                               certificate, evaluation, steps)
         log_audit(ws, ref.run_id, verdict)
         failpoint("after-registration")
-    gate = apply_gates(name, evaluation, certificate.guarantee, ctx.source_eval, ctx.reference_eval, ctx.gates,
-                       verdict, ctx.source_audit)
+    gate = apply_gates(name, evaluation, certificate.guarantee, source.evaluation,
+                       reference.evaluation if reference else None, judging.batch.gates, verdict, source.audit)
     describe_version(ws, scenario, ref.version, batch_description(
-        ctx.record, number, steps, attempt.method, attempt.options, certificate.guarantee, ctx.source.ref.version,
-        gate))
-    record = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
-                           certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
-    return record, certificate, outcome.cost
+        judging.record, number, steps, attempt.method, attempt.options, certificate.guarantee,
+        source.model.ref.version, gate))
+    step = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
+                         certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
+    return step, certificate, outcome.cost
 
 
-def compute_attempt(ctx: BatchContext, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
+def compute_attempt(judging: Judging, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
     """The attempt's model, through Flower on a Flower runner where the method has a Flower version;
     otherwise in-process, and on a Flower runner the batch says so (the user asked for Flower)."""
-    if ctx.engine is not None and attempt.method in flower_methods():
-        return unlearn_through_flower(ctx.ws, ctx.record, ctx.setup, ctx.source.state, attempt.method,
-                                      ctx.source_eval.test_acc, attempt.options, ctx.engine)
-    if ctx.engine is not None:
+    source, engine = judging.source, flower_engine(judging.batch.runner)
+    if engine is not None and attempt.method in flower_methods():
+        return unlearn_through_flower(judging.ws, judging.record, judging.setup, source.model.state, attempt.method,
+                                      source.evaluation.test_acc, attempt.options, engine)
+    if engine is not None:
         get_run_logger().warning("attempt %d (%s) runs in-process: %s has no Flower version (Flower engine %s)",
-                                 number + 1, attempt.method, attempt.method, ctx.engine)
-    return unlearn_in_gpu_slot(ctx.setup, ctx.source.state, attempt.method, ctx.source_eval.test_acc,
+                                 number + 1, attempt.method, attempt.method, engine)
+    return unlearn_in_gpu_slot(judging.setup, source.model.state, attempt.method, source.evaluation.test_acc,
                                attempt.options)
 
 
-def batch_outcome(ctx: BatchContext, attempts: list[AttemptRecord], certificate: Certificate | None, cost: CostRecord,
-                  source_gates: GateOutcome) -> BatchUnlearning:
-    reference, reference_metrics = ctx.reference, None
-    log_on_forget_set(ctx, ctx.source.ref, SOURCE, ctx.source_eval, ctx.source_audit)
+def batch_outcome(judging: Judging, escalated: Escalated, source_gates: GateOutcome) -> BatchUnlearning:
+    source, reference, reference_metrics = judging.source, escalated.reference, None
+    log_on_forget_set(judging, source, SOURCE)
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
-        verdict = ctx.reference_audit or ctx.audit("retrained", ctx.federation.model_from(reference.state))
-        log_on_forget_set(ctx, reference.ref, RETRAINED, ctx.reference_eval, verdict)
-        reference_metrics = VersionMetrics.of(ctx.reference_eval, registered_cost(reference))
-    return BatchUnlearning(ctx.source.ref, VersionMetrics.of(ctx.source_eval, None), attempts, certificate, cost,
-                        {str(c): len(ids) for c, ids in ctx.batch.forget_ids.items()},
-                        reference.ref if reference else None, reference_metrics, source_gates)
+        if reference.audit is None:
+            reference = replace(reference, audit=judging.audit(
+                "retrained", judging.federation.model_from(reference.model.state)))
+        log_on_forget_set(judging, reference, RETRAINED)
+        reference_metrics = VersionMetrics.of(reference.evaluation, registered_cost(reference.model))
+    return BatchUnlearning(source.model.ref, VersionMetrics.of(source.evaluation, None), escalated.attempts,
+                           escalated.certificate, escalated.cost,
+                           {str(c): len(ids) for c, ids in judging.setup.batch.forget_ids.items()},
+                           reference.model.ref if reference else None, reference_metrics, source_gates)
 
 
-def log_on_forget_set(ctx: BatchContext, ref: ModelRef, part: str, evaluation: Evaluation, verdict) -> None:
+def log_on_forget_set(judging: Judging, judged: Judged, part: str) -> None:
     """The batch's own measurement of its source or reference on its forget set, where ``compare``
     and MLflow's compare view read it beside the unlearned version's (no second evaluation)."""
-    log_forget_set(ctx.ws, ctx.scenario, ref, ctx.record.batch_id, part, figures(evaluation, verdict),
-                   len(ctx.sets.forget), verdict.verdict)
+    log_forget_set(judging.ws, judging.scenario, judged.model.ref, judging.record.batch_id, part,
+                   figures(judged.evaluation, judged.audit), len(judging.kit.sets.forget), judged.audit.verdict)
 
 
 def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation,
@@ -289,11 +354,12 @@ def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel
                                 else "pending"))
 
 
-def read_attempt(ws: Workspace, scenario: str, version) -> tuple[ModelRef, Outcome, Certificate]:
+def read_attempt(ws: Workspace, scenario: str, earlier: RegisteredAttempt) -> tuple[ModelRef, Outcome, Certificate]:
     """An attempt as an earlier run registered it: its weights, cost and certificate. A resumed
     batch judges this model, not a new one (a method with fresh noise would otherwise be judged on
     weights nobody registered)."""
-    registered = ws.registry.load(scenario, str(version.version))
+    version = earlier.ref
+    registered = ws.registry.load(scenario, version.version)
     certificate = Certificate.from_json(ws.registry.text(version.run_id, "certificate.json"))
     metrics = registered.metrics
     cost = CostRecord(metrics.get("wall_seconds", math.nan), metrics.get("flops", math.nan),
@@ -307,13 +373,13 @@ def tag_attempt(ws: Workspace, scenario: str, version: str, number: int) -> None
     tag_version(ws, scenario, version, "attempt", str(number))
 
 
-def exact_retrain(ws: Workspace, scenario: str, batch_id: str, device: str) -> RegisteredModel:
-    """The escalation's last step: the batch's new data version trained from scratch (``train-federated``,
-    role and alias ``retrained``). Only called when that version has no reference yet, so the
-    retrain-reference flow's reuse check would have nothing to reuse: its sub-flow is skipped (each
-    sub-flow's start is API calls against the Prefect server)."""
-    train_federated(scenario=scenario, root=str(ws.root), device=device, role="retrained", batch_id=batch_id)
-    return retrained_model(ws, scenario, ws.data_version(scenario))
+def exact_retrain(scope: ScenarioScope, record: BatchRecord, device: torch.device) -> RegisteredModel:
+    """The escalation's last step: the batch's new data version trained from scratch (``train_model``,
+    role and alias ``retrained``). Only called when that version has no reference yet, so
+    ``reference_for``'s reuse check would have nothing to reuse."""
+    trained = train_model(scope, device, record.data_version_after, Training(role="retrained",
+                                                                            batch_id=record.batch_id))
+    return scope.ws.registry.load(scope.scenario, trained.model_version)
 
 
 def registered_cost(model: RegisteredModel) -> CostRecord:
@@ -322,13 +388,13 @@ def registered_cost(model: RegisteredModel) -> CostRecord:
                       int(model.metrics.get("comm_bytes", 0) or 0))
 
 
-def retrain_for_new_features(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
+def retrain_for_new_features(judging: Judging) -> BatchUnlearning:
     """A batch that deleted only held-out samples of a scenario whose feature transform is fit on
     the held-out split: no model of the earlier data version fits the new one's features (nor may
     it keep statistics of the deleted samples), so the new data version gets an exact retrain."""
-    ws, record = batch.ws, batch.record
+    ws, record, source = judging.ws, judging.record, judging.batch.source
     exact = retrained_model(ws, record.scenario, record.data_version_after) or exact_retrain(
-        ws, record.scenario, record.batch_id, batch.device_name)
+        judging.scope, record, judging.batch.device)
     tag_attempt(ws, record.scenario, exact.ref.version, 0)
     why = "held-out samples deleted: the feature transform fit on them changed"
     cost = registered_cost(exact)
@@ -338,19 +404,19 @@ def retrain_for_new_features(batch: Batch, source: RegisteredModel) -> BatchUnle
                                                                                  why), cost, {}, exact.ref)
 
 
-def keep_source(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
+def keep_source(judging: Judging) -> BatchUnlearning:
     """A batch that deleted only held-out test samples: no model was trained on them, so the source
     model is, unchanged, the model of the new data version — registered as its version with the
     source's guarantee (an original or retrained source is exactly what retraining gives)."""
-    ws, record, registered = batch.ws, batch.record, batch.registered
+    batch, ws = judging.batch, judging.ws
+    record, registered, source = batch.record, batch.registered, batch.source
     exact = source.ref.role in ("original", "retrained")
     guarantee = EXACT_RETRAIN if exact else source.tags.get("certificate", EXACT_RETRAIN)
     certificate = Certificate(method=UNCHANGED, guarantee=guarantee, claimed=guarantee, scenario=record.scenario,
                               batch_id=record.batch_id, notes=["only held-out samples were deleted: the model "
                                                                "never trained on them"])
     if 0 in registered:
-        ref = ModelRef(version=str(registered[0].version), role="unlearned",
-                       data_version=record.data_version_after, run_id=registered[0].run_id)
+        ref = registered[0].ref
     else:
         federation = read_federation(ws, record.scenario, torch.device("cpu"), record.data_version_after)
         federation = with_weights(federation, source)
@@ -363,11 +429,12 @@ def keep_source(batch: Batch, source: RegisteredModel) -> BatchUnlearning:
                         CostRecord(0.0, 0.0, 0), {})
 
 
-def close_without_model(batch: Batch, source: RegisteredModel) -> None:
+def close_without_model(judging: Judging) -> None:
     """The batch deleted every training sample: no model can be trained or unlearned on what is left.
     The deletion stands (ledger, data version); alias ``current`` — a model trained on the deleted
     samples — is removed; a receipt says so, so no later run retries the batch."""
-    ws, record, scenario = batch.ws, batch.record, batch.scenario
+    batch, ws, scenario = judging.batch, judging.ws, judging.scenario
+    record, source = batch.record, batch.source
     remove_alias(ws, scenario, "current")
     erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
                           batch.found_clean)

@@ -10,7 +10,6 @@ fresh temporary one each.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
@@ -132,54 +131,23 @@ def commit_stage(root: Path, stage: str) -> None:
         dvc_logger.setLevel(quiet)
 
 
-# What this process last reproduced, per (workspace, scenario): the fingerprint of the stages' inputs
-# and outputs right after, and the data version. A deletion batch asks for the current data version
-# several times (its new version, the audit references, the retrain and its training sub-flow); while
-# nothing changed, the later calls have nothing to do.
-# Kept rather than `dvc status`: each call would open the repository and check the stages' files again.
-_REPRODUCED: dict[tuple[Path, str], tuple[tuple, str]] = {}
-
-
-def _stage_fingerprint(root: Path, scenario: str, dataset: str) -> tuple:
-    """The content of the stages' small inputs and of dvc.lock, and the size, modification and change
-    times and inode of every output file: an input edited, an output touched or a data version
-    committed since changes it."""
-    inputs = [root / name for name in ("params.yaml", "dvc.yaml", "dvc.lock")] + [root / LEDGER_PATH]
-    fingerprint: list[tuple] = [(str(path), hashlib.blake2b(path.read_bytes()).digest() if path.is_file() else None)
-                                for path in inputs]
-    for directory in (root / RAW_DIR / dataset, root / PARTITIONS_DIR / scenario):
-        for path in sorted(directory.rglob("*")) if directory.is_dir() else [directory]:
-            try:
-                found = path.stat()
-            except FileNotFoundError:
-                fingerprint.append((str(path), None))
-                continue
-            fingerprint.append((str(path), found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns))
-    return tuple(fingerprint)
-
-
 def reproduce(root: Path, scenario: str) -> str:
     """What ``dvc repro partition@<scenario>`` does (its prepare stage included), with the stages run
     in this process; returns the data version. The stage functions are the commands in dvc.yaml
     (``python -m fedunlearn.stages``), so ``dvc repro`` from a shell writes the same bytes. ``dvc
     commit`` then hashes the outputs into dvc.lock and the cache, as ``dvc repro`` would: ``dvc
-    status`` is clean. Called again in the same process with nothing changed since, it returns the
-    same version at once."""
+    status`` is clean. A command reproduces once, where its flow starts, and hands the data version
+    down: nothing below asks for it again."""
     # Kept rather than `dvc repro`: DVC runs each stage's command in a new interpreter.
     root = Path(root).resolve()
     params = load_params(root / "params.yaml")
     dataset = params.scenario(scenario).dataset
-    known = _REPRODUCED.get((root, scenario))
-    if known is not None and known[0] == _stage_fingerprint(root, scenario, dataset):
-        return known[1]
     with CORE.measure():  # the new data version is the core library's work; DVC's bookkeeping is not
         gone = read_deleted_ids(root / LEDGER_PATH)
         prepare_dataset(dataset, params, root, gone)
         partition_scenario(scenario, params, root)
     _commit_stages(root, scenario)
-    version = data_version(root, scenario)
-    _REPRODUCED[(root, scenario)] = (_stage_fingerprint(root, scenario, dataset), version)
-    return version
+    return data_version(root, scenario)
 
 
 def data_version(root: Path, scenario: str) -> str:
@@ -262,6 +230,14 @@ class Workspace:
     def scenario(self, name: str) -> ScenarioConfig:
         return self.params.scenario(name)
 
+    def with_scenario(self, name: str, config: ScenarioConfig) -> "Workspace":
+        """This workspace as a command sees it with ``name`` configured as ``config`` (its overrides,
+        e.g. ``--rounds``): a new value sharing the registry; params.yaml and this value unchanged."""
+        changed = Workspace(self.root, self.params.model_copy(update={"scenarios": {**self.params.scenarios,
+                                                                                   name: config}}))
+        changed._registry = self._registry
+        return changed
+
     @property
     def folders(self) -> RequestFolders:
         return RequestFolders.create(self.root)
@@ -312,3 +288,11 @@ class ScenarioScope:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", self.ws.scenario(self.scenario))  # frozen: set once, here
+
+    def with_training(self, rounds: int | None = None, local_epochs: int | None = None) -> "ScenarioScope":
+        """The scope with the command's training overrides (empty: the scenario's own)."""
+        overrides = {k: v for k, v in {"rounds": rounds, "local_epochs": local_epochs}.items() if v is not None}
+        if not overrides:
+            return self
+        config = self.config.model_copy(update={"train": self.config.train.model_copy(update=overrides)})
+        return ScenarioScope(self.ws.with_scenario(self.scenario, config), self.scenario)

@@ -21,20 +21,9 @@ from stores.workspace import Workspace, checkout_from_cache
 
 
 def command_device(ws: Workspace, device: str | None) -> torch.device:
-    """The device a command computes on, chosen once where its first flow starts (``device``, else
-    params.yaml's). A sub-flow handed a concrete device by its parent flow takes it as chosen: the
-    parent resolved it, and choosing again could disagree with the stages already run (``auto`` or
-    nothing handed down is still resolved here)."""
-    if device and device != "auto" and handed_down():
-        return torch.device(device)
+    """The device a command computes on, chosen once where its flow starts (``device``, else
+    params.yaml's); everything below takes the ``torch.device`` it returns."""
     return resolve_device(device or ws.params.device)
-
-
-def handed_down() -> bool:
-    """This code runs in a sub-flow: a flow run that another flow run started."""
-    from prefect.runtime import flow_run
-
-    return bool(flow_run.parent_flow_run_id)
 
 
 @task(name="reproduce-data", cache_policy=NO_CACHE, retries=1)

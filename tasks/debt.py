@@ -16,8 +16,8 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Scheduled
 
-from fedunlearn.batch_decisions import receipt_closed_by_retrain
-from fedunlearn.certify.tiers import exact_due, latest_safe_time, repay_now
+from fedunlearn.batch_decisions import late_start, receipt_closed_by_retrain
+from fedunlearn.certify.tiers import exact_due, latest_safe_time
 from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrain, read_receipt, read_receipts,
                                  write_receipt)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
@@ -92,11 +92,8 @@ def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
 
 
 def late_repayment(ws: Workspace, scenario: str, now: datetime | None = None) -> datetime | None:
-    """The latest safe start of the exact retrain that repays ``scenario``'s debt, once it has passed:
-    from then on a schedule cannot be trusted to serve in time (none runs without a served deployment),
-    so whoever finds this repays at once or says so. None while there is time, or nothing is owed."""
-    start_by = repayment_time(ws, scenario, retrain_debt(ws, scenario))
-    return start_by if repay_now(start_by, now or utc_now()) else None
+    """``batch_decisions.late_start`` of ``scenario``'s retrain debt as the receipts record it."""
+    return late_start(repayment_time(ws, scenario, retrain_debt(ws, scenario)), now or utc_now())
 
 
 @task(name="schedule-exact-retrain", cache_policy=NO_CACHE)
@@ -117,15 +114,15 @@ def schedule_repayment(ws: Workspace, scenario: str, start_at: datetime) -> str 
 
 
 @task(name="repay-debt-receipts", cache_policy=NO_CACHE)
-def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[str]:
-    """The receipts the exact retrain ``version`` (now ``current``) repays say so; returns their batches."""
+def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[Receipt]:
+    """The receipts the exact retrain ``version`` (now ``current``) repays say so; returns them as written."""
     repaid = []
     ws.registry.set_version_tag(scenario, version, FORGETTING_TAG, "exact")
     for receipt in retrain_debt(ws, scenario).receipts:
         receipt.exactly_forgotten = ExactForgetting(at=utc_now(), version=version, by=by)
         receipt.exact_shards = exact_statement(ws, scenario, version)
         write_receipt(ws.root, receipt)
-        repaid.append(receipt.batch_id)
+        repaid.append(receipt)
     if repaid:  # the exact-forgetting statements go into the Merkle log under a newly signed head
         publish_tree_head(ws.root, ws.registry.version(scenario, version).run_id)
     return repaid
@@ -139,10 +136,11 @@ def open_batches(ws: Workspace, scenario: str) -> list[BatchRecord]:
 
 
 @task(name="close-batches-by-retrain", cache_policy=NO_CACHE)
-def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -> list[str]:
+def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -> list[Receipt]:
     """The exact retrain ``version`` (trained on the current data version, which every applied batch
     is out of) serves: alias ``current`` moves to it, tagged exact, and each open batch gets its
-    receipt — forgotten exactly, erasure scanned. For a caller that holds the batch lock."""
+    receipt — forgotten exactly, erasure scanned; returns those receipts. For a caller that holds the
+    batch lock."""
     closed = []
     ws.registry.set_version_tag(scenario, version.version, FORGETTING_TAG, "exact")
     ws.registry.set_alias(scenario, "current", version.version)
@@ -156,9 +154,9 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
         receipt.exact_shards = exact_statement(ws, scenario, version.version)
         write_receipt(ws.root, receipt)
         note_forgotten(ws, receipt)
-        closed.append(record.batch_id)
+        closed.append(receipt)
     if closed:
         publish_tree_head(ws.root, version.run_id)
-    for batch_id in closed:  # their end steps are done (the caller settles the debt that is left)
-        mark_finished(ws, batch_id)
+    for receipt in closed:  # their end steps are done (the caller settles the debt that is left)
+        mark_finished(ws, receipt.batch_id)
     return closed

@@ -25,69 +25,51 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from fedunlearn.batch_decisions import SOURCE_TAG, NoModelFits, Owed, OwedFacts, RegisteredAttempt, owed
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.receipts import Receipt, read_receipt
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, in_journal_order, load_records, record_path
 from fedunlearn.requests.model import utc_now
 from tasks.models import SOURCE_ALIASES
+from stores.registry import version_ref
 from stores.workspace import Workspace, cached
 
 
-def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int, object]:
+def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int, RegisteredAttempt]:
     """The batch's registered attempts (unlearned versions and, for an exact retrain, the retrained
     version tagged with the batch), by attempt number."""
-    found = {}
-    for version in ws.registry.versions(scenario, batch_id=batch_id):
-        if "attempt" in version.tags:
-            found[int(version.tags["attempt"])] = version
-    return found
-
-
-@dataclass(frozen=True)
-class Owed:
-    """What a run owes ``scenario`` before it takes new requests: a ``batch`` to finish, or the alias
-    whose model, registered on the current data version since the batches applied without unlearning,
-    ``closes_open`` them (the caller closes them: ``close_by_retrain``), or an exact retrain that closes
-    them (``retrain_open``: no model can be unlearned to the current data, and a sibling scenario's
-    deletions are among them — forgetting this scenario owes without anyone having asked for a
-    retrain), or nothing."""
-
-    batch: BatchRecord | None = None
-    closes_open: str | None = None
-    retrain_open: bool = False  # several batches owed, a sibling's among them, and no model fits the first
+    return {int(v.tags["attempt"]): RegisteredAttempt(version_ref(v), v.tags.get(SOURCE_TAG))
+            for v in ws.registry.versions(scenario, batch_id=batch_id) if "attempt" in v.tags}
 
 
 @task(name="find-owed-batch", cache_policy=NO_CACHE)
 def owed_batch(ws: Workspace, scenario: str) -> Owed:
-    """What a run of ``scenario`` owes (``Owed``); it reads the stores and changes nothing. The last
-    batch is the last one the ledger applied (``in_journal_order``), whatever the clock said when it ran."""
+    """What a run of ``scenario`` owes (``batch_decisions.owed``, on what the stores say); it reads
+    the stores and changes nothing. The last batch is the last one the ledger applied
+    (``in_journal_order``), whatever the clock said when it ran."""
     records = [r for r in in_journal_order(load_records(ws.folders), ws.ledger.entries()) if r.scenario == scenario]
-    unfinished = [r for r in records if r.status is not BatchStatus.COMPLETE]
-    if unfinished:
-        return Owed(unfinished[0])
-    if not records or read_receipt(ws.root, records[-1].batch_id) is not None:
-        return Owed()
-    last, current = records[-1], ws.data_version(scenario)
-    if last.data_version_after != current:
-        return Owed()
-    if ws.registry.versions(scenario, batch_id=last.batch_id):
-        return Owed(last)  # killed after registering a version for it: the resumed batch goes on to its receipt
-    registered = {alias: v for alias in SOURCE_ALIASES if (v := ws.registry.by_alias(scenario, alias)) is not None}
+    unfinished = next((r for r in records if r.status is not BatchStatus.COMPLETE), None)
+    last = records[-1] if records and unfinished is None else None
+    receipted = last is not None and read_receipt(ws.root, last.batch_id) is not None
+    asked = last is not None and not receipted  # the rest is read only when the decision needs it
+    registered = {alias: v for alias in SOURCE_ALIASES if asked and (v := ws.registry.by_alias(scenario, alias))}
     on = {alias: v.tags.get("data_version") for alias, v in registered.items()}
-    if current in on.values():  # a model was registered on the current data (e.g. `fedunlearn retrain`): it serves
-        return Owed(closes_open=next(a for a, d in on.items() if d == current))
-    if last.data_version_before in on.values() and cached(ws.root, last.data_version_before):
-        return Owed(last)
-    if any(r.sibling and read_receipt(ws.root, r.batch_id) is None for r in records):
-        return Owed(retrain_open=True)
-    listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
-    raise BatchCannotSucceed(
-        f"the data of {scenario} moved on to data version {current} (by {last.batch_id}, applied without "
-        f"unlearning) and no registered model can be unlearned to it: " +
-        ("the data before that batch is no longer in the DVC cache (purged)" if last.data_version_before in on.values()
-         else f"no version is on the data before it ({listing or 'none registered'})") +
-        f". Register a model on the current data version with `fedunlearn retrain --scenario {scenario}`, then run "
-        f"`fedunlearn process --scenario {scenario}` again")
+    facts = OwedFacts(
+        unfinished, last, receipted, asked and bool(ws.registry.versions(scenario, batch_id=last.batch_id)),
+        ws.data_version(scenario) if asked else "", on,
+        lambda: cached(ws.root, last.data_version_before),
+        any(r.sibling and read_receipt(ws.root, r.batch_id) is None for r in records) if asked else False)
+    try:
+        return owed(facts)
+    except NoModelFits as none:
+        listing = ", ".join(f"{alias}=v{registered[alias].version} (data version {d})" for alias, d in on.items())
+        raise BatchCannotSucceed(
+            f"the data of {scenario} moved on to data version {facts.current} (by {none.last.batch_id}, applied "
+            f"without unlearning) and no registered model can be unlearned to it: " +
+            ("the data before that batch is no longer in the DVC cache (purged)" if none.purged
+             else f"no version is on the data before it ({listing or 'none registered'})") +
+            f". Register a model on the current data version with `fedunlearn retrain --scenario {scenario}`, then "
+            f"run `fedunlearn process --scenario {scenario}` again") from None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.benchmark import cache as benchmark_cache
-from fedunlearn.receipts import owes_retrain, read_receipts, write_receipt
+from fedunlearn.receipts import Receipt, owes_retrain, read_receipts, write_receipt
 from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import load_records
 from fedunlearn.retirement import BatchFacts, RetirementPlan, VersionFacts, batches_from, plan_retirement
@@ -75,6 +75,7 @@ class Retired:
     benchmark_originals: dict[str, str] = field(default_factory=dict)  # artifacts/originals/<key>.pt -> batch
     copies_deleted: list[str] = field(default_factory=list)  # files of scratch stores that held retired weights
     check: erasure.ErasureReport | None = None  # every store scanned for the retired weights
+    receipts: dict[str, Receipt] = field(default_factory=dict)  # batch -> its receipt as the notes rewrote it
 
     def line(self, scenario: str) -> str:
         if not self.versions:
@@ -102,7 +103,7 @@ def retire_forgotten(ws: Workspace, scenario: str) -> Retired:
     for version, batch_id in plan.retire.items():
         ws.registry.retire(scenario, version, batch_id)
         done.versions[version] = batch_id
-    note_on_receipts(ws, scenario, plan)
+    done.receipts = note_on_receipts(ws, scenario, plan)
     done.benchmark_originals = retire_benchmark_originals(ws, scenario, bool(done.versions))
     if done.versions or done.benchmark_originals:
         done.copies_deleted = delete_copies(ws)
@@ -168,9 +169,10 @@ def weights_check(ws: Workspace) -> erasure.ErasureReport:
     return report
 
 
-def note_on_receipts(ws: Workspace, scenario: str, plan: RetirementPlan) -> None:
-    """Each receipt names the versions that learnt its requests and are retired, or held."""
-    versions = {str(v.version): v for v in ws.registry.versions(scenario)}
+def note_on_receipts(ws: Workspace, scenario: str, plan: RetirementPlan) -> dict[str, Receipt]:
+    """Each receipt names the versions that learnt its requests and are retired, or held; returns
+    those it rewrote, by batch."""
+    versions, noted = {str(v.version): v for v in ws.registry.versions(scenario)}, {}
     for receipt in read_receipts(ws.root, scenario):
         owing = [n for n, owed in plan.owed.items() if receipt.batch_id in owed]
         retired = sorted((n for n in owing if versions[n].tags.get(RETIREMENT_TAG) in (RETIRING, RETIRED)), key=int)
@@ -178,6 +180,8 @@ def note_on_receipts(ws: Workspace, scenario: str, plan: RetirementPlan) -> None
         if (retired, held) != (receipt.retired, receipt.held):
             receipt.retired, receipt.held = retired, held
             write_receipt(ws.root, receipt)
+            noted[receipt.batch_id] = receipt
+    return noted
 
 
 def log_retirements(ws: Workspace, scenario: str, versions: dict[str, str]) -> None:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace
 
 import pytest
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, DebtAction, Route, attempts_for_route,
-                                        attempts_in_order, certificate_record, debt_action, exact_certificate,
-                                        metrics_of, receipt_closed_by_retrain, receipt_for, receipt_without_model,
-                                        recorded_source, route, speedup, stops, tier_fields)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, DebtAction, NoModelFits, Owed, OwedFacts,
+                                        RegisteredAttempt, Route, attempts_for_route, attempts_in_order,
+                                        certificate_record, debt_action, exact_certificate, late_start, metrics_of,
+                                        owed, racing_retrain, receipt_closed_by_retrain, receipt_for,
+                                        receipt_without_model, recorded_source, reference_to_reuse,
+                                        retrain_closes_open, route, speedup, stops, tier_fields)
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.config import ForgettingPolicy
@@ -57,11 +58,66 @@ def test_route_of_a_batch(refits, held_out, forget, training, expected):
 
 
 def test_a_resumed_batch_unlearns_from_the_source_its_registered_attempts_name():
-    registered = {0: SimpleNamespace(tags={"method": "puf-special"}),
-                  1: SimpleNamespace(tags={"source_version": "7"})}
+    registered = {0: RegisteredAttempt(ref("4", "retrained")), 1: RegisteredAttempt(ref("5", "unlearned"), "7")}
     assert recorded_source(registered) == "7"
-    assert recorded_source({0: SimpleNamespace(tags={})}) is None
+    assert recorded_source({0: RegisteredAttempt(ref("4", "retrained"))}) is None
     assert recorded_source({}) is None
+
+
+def test_late_start_is_the_passed_start_and_nothing_while_there_is_time():
+    start_by = DUE - timedelta(hours=30)
+    assert late_start(start_by, start_by + timedelta(minutes=1)) == start_by
+    assert late_start(start_by, start_by) == start_by
+    assert late_start(start_by, start_by - timedelta(minutes=1)) is None
+    assert late_start(None, DUE) is None  # nothing owed
+
+
+def test_a_data_version_keeps_its_reference_and_the_last_one_is_kept():
+    assert reference_to_reuse(["3", "12", "9"]) == "12"  # by number, not as text
+    assert reference_to_reuse([]) is None
+
+
+@pytest.mark.parametrize("retrained_on, current, open_batches, expected", [
+    ("v1", "v1", 2, True),
+    ("v1", "v2", 2, False),  # a batch moved the data while the retrain ran: a reference, nothing more
+    ("v1", "v1", 0, False),  # a batch closed them meanwhile
+])
+def test_a_retrain_closes_the_open_batches_only_on_the_current_data(retrained_on, current, open_batches, expected):
+    assert retrain_closes_open(retrained_on, current, open_batches) is expected
+
+
+def test_a_racing_retrain_serves_and_the_batch_own_reference_does_not():
+    assert racing_retrain({"4": "b1", "6": None, "11": "b0"}, "b1") == "11"
+    assert racing_retrain({"4": "b1"}, "b1") is None  # the batch's own --retrain reference
+    assert racing_retrain({}, "b1") is None
+
+
+LAST = record()
+
+
+def owed_facts(**changes) -> OwedFacts:
+    base = dict(unfinished=None, last=LAST, last_receipted=False, last_has_versions=False, current="v1",
+                aliases_on={"current": "v0", "original": "v0"}, before_cached=lambda: True,
+                sibling_open=False)
+    return OwedFacts(**{**base, **changes})
+
+
+def test_the_owed_batch_tree_every_branch():
+    unfinished = LAST.model_copy(update={"batch_id": "b2", "status": BatchStatus.VERSIONED})
+    assert owed(owed_facts(unfinished=unfinished)) == Owed(unfinished)
+    assert owed(owed_facts(last=None)) == Owed()
+    assert owed(owed_facts(last_receipted=True)) == Owed()
+    assert owed(owed_facts(current="v2")) == Owed()  # the data moved on since the last batch
+    assert owed(owed_facts(last_has_versions=True)) == Owed(LAST)  # killed after registering
+    assert owed(owed_facts(aliases_on={"current": "v0", "original": "v1"})) == Owed(closes_open="original")
+    assert owed(owed_facts()) == Owed(LAST)  # a model on the data before it, cached: unlearned
+    assert owed(owed_facts(before_cached=lambda: False, sibling_open=True)) == Owed(retrain_open=True)
+    with pytest.raises(NoModelFits) as purged:
+        owed(owed_facts(before_cached=lambda: False))
+    assert purged.value.purged and purged.value.last.batch_id == "b1"
+    with pytest.raises(NoModelFits) as none_fits:
+        owed(owed_facts(aliases_on={"original": "v9"}))
+    assert not none_fits.value.purged
 
 
 @pytest.mark.parametrize("passed, interim, policy, expected", [

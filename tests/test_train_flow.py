@@ -124,33 +124,24 @@ def resolved(monkeypatch) -> list[str]:
     return names
 
 
-def test_a_sub_flow_takes_the_device_its_parent_chose(workspace, prefect_server, resolved):
-    from prefect import flow
-
-    import tasks.data as data
-    from fedunlearn.device import resolve_device
-    from stores.workspace import Workspace
-
-    # arrange
-    ws = Workspace.open(workspace)
-    auto_device = str(resolve_device("auto"))
-
-    @flow(name="device-child")
-    def child(device: str | None) -> str:
-        return str(data.command_device(ws, device))
-
-    @flow(name="device-parent")
-    def parent(device: str | None) -> tuple[str, str, str]:
-        chosen = data.command_device(ws, device)
-        return str(chosen), child(str(chosen)), child("auto")
+def test_the_flow_chooses_the_device_once_and_training_takes_it(workspace, prefect_server, resolved):
+    """One flow per command: ``train-federated`` resolves the device where it starts; the training
+    below takes the ``torch.device`` (no sub-flow resolves it again), and the command's ``--rounds``
+    reaches the training without touching the workspace's params."""
+    from flows.train import train_federated
+    from stores.workspace import ScenarioScope, Workspace
 
     # act
-    chosen, handed_down, auto = parent("cpu")
+    result = train_federated(scenario=SCENARIO, root=str(workspace), rounds=1, device="cpu", client_tasks=False)
 
     # assert
-    # The parent's choice is made once; a concrete device handed down is taken as chosen, `auto` is not.
-    assert (chosen, handed_down, auto) == ("cpu", "cpu", auto_device)
-    assert resolved == ["cpu", "auto"]
+    ws = Workspace.open(workspace)
+    run = ws.registry.client.get_run(result.run_id)
+    assert result.device == "cpu" and resolved == ["cpu"]
+    assert run.data.params["train.rounds"] == "1" and run.data.params["device"] == "cpu"
+    scope = ScenarioScope(ws, SCENARIO)
+    assert scope.with_training(rounds=1).config.train.rounds == 1
+    assert scope.config.train.rounds == ws.params.scenario(SCENARIO).train.rounds != 1  # the scope it came from
 
 
 def test_outside_any_flow_the_device_is_resolved(workspace, resolved):
