@@ -1,6 +1,6 @@
 """The two stages that ``ingest-deletions`` and ``process-deletions`` share, each a task run under
-which its steps' task runs nest (as sub-flows, each stage's creation and two state changes would be
-blocking calls to the Prefect server; a task run's are events):
+which its steps' task runs nest (a task run's creation and state changes are events, not blocking
+calls to the Prefect server):
 
     intake-requests   ledger checked against the journals ─▶ interrupted batches finished ─▶ the
                       batch an earlier run receipted without its end steps (process: finished first)

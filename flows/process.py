@@ -14,14 +14,15 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          ─▶ the batch recorded finished
 
 The flow opens the workspace and names the scenario once (``ScenarioScope``); the batch is one value
-(``flows.batch.Batch``) built from it — its record, the device chosen once for the command, the
+(``flows.batch.Batch``) built beside it — its record, the device chosen once for the command, the
 forgetting policy, the attempts, and what the stores hold of it (attempts registered, source model),
-read once here — and each stage returns the next (applied, ``Unlearned``, ``Receipted``): no stage
-opens the workspace or reads the journal again.
-Each stage is a task run with its steps' task runs (and ``unlearn-and-register``'s flows: training,
-audit references) nested under it: a sub-flow's creation and state changes are blocking calls to
-the Prefect server, a task run's are events. The stages live in ``flows.intake``,
-``flows.unlearn`` and ``flows.promote``; the batch's decisions in ``fedunlearn.batch_decisions``.
+read once here — and each stage takes the whole of one value and returns the next (applied,
+``Unlearned``, ``Receipted``, ``Settled``), from which the result is made: no stage opens the
+workspace or reads the journal again. Each stage is a task run with its steps' task runs nested
+under it — a batch's exact retrain and audit set too: no flow starts another (a flow run's creation
+and state changes are blocking calls to the Prefect server, a task run's are events). The stages
+live in ``flows.intake``, ``flows.unlearn``, ``flows.promote`` and ``flows.finish``; the batch's
+decisions in ``fedunlearn.batch_decisions``.
 
 Every setting runs through it: HFL (PUF-Special by default), VFL (FedORA; a client request is
 quarantined — VFL parties hold features of every sample, not samples), DFL (certified DFU, its

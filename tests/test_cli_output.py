@@ -175,24 +175,28 @@ def test_a_held_back_or_exact_version_says_why_on_the_same_line():
     assert exact.serve_line() == "alias `current` → v2: an exact retrain without the deleted samples: nothing owed"
 
 
-def test_the_batch_description_prints_the_serve_line_as_plain_text(tmp_path):
+def test_the_batch_description_prints_the_serve_line_as_plain_text():
+    """The command prints the receipt the flow's result carries (nothing read back from disk); the
+    serialised result names the receipt's file, as it always did."""
     from cli.common import describe_batch
     from flows.results import AttemptLine, ProcessResult, Timings
 
     interim = receipt(promoted=True, forgetting="interim")
-    write_receipt(tmp_path, interim)
     result = ProcessResult(
         scenario="mnist5k-hfl", resumed=[], quarantined=[], already_applied=[], left_pending=[], waiting={},
         status="ok", batch_id=interim.batch_id, method="puf-special", certificate="empirical only", promoted=True,
         attempts=[AttemptLine(attempt=0, method="puf-special", verdict="inconclusive", interim=True)],
-        models=dict(interim.models), receipt=f"data/receipts/{interim.batch_id}.json", forgetting="interim",
-        exact_due=DUE.isoformat(), retrain_debt="retrain debt: 1 request(s)", exact_run="not scheduled",
+        models=dict(interim.models), receipt=f"data/receipts/{interim.batch_id}.json", receipt_written=interim,
+        forgetting="interim", exact_due=DUE.isoformat(), retrain_debt="retrain debt: 1 request(s)",
+        exact_run="not scheduled",
         timings=Timings(flow_seconds=10, core_seconds=8, orchestration_seconds=2, orchestration_share=0.2))
-    lines = describe_batch(result, tmp_path).splitlines()
+    lines = describe_batch(result).splitlines()
     assert lines[1] == ("alias current -> v2 (puf-special, empirical only): serves on the interim tier — no check "
                         "failed (mia_auc_excess, forget_audit inconclusive); exact forgetting due by 2026-12-27 07:42Z")
     assert lines[2] == "exact retrain: not scheduled" and "**" not in "\n".join(lines)
-    assert json.loads(result.model_dump_json())["forgetting"] == "interim"  # the flow result's keys are unchanged
+    dumped = json.loads(result.model_dump_json())
+    assert dumped["forgetting"] == "interim" and dumped["receipt"] == f"data/receipts/{interim.batch_id}.json"
+    assert "receipt_written" not in dumped  # the flow result's keys are unchanged
 
 
 def test_an_interim_version_shows_the_reading_that_decided_never_a_strict_fail_beside_no_check_failed():
