@@ -109,13 +109,14 @@ def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns
             messages.append(message % args)
 
     monkeypatch.setattr(unlearn, "get_run_logger", lambda: Logger())
-    ctx = argparse.Namespace(engine="deployment", ws=None, record=None, setup=None,
-                             source=argparse.Namespace(state={}), source_eval=argparse.Namespace(test_acc=0.9))
+    ctx = argparse.Namespace(batch=argparse.Namespace(runtime=Runtime.flower), ws=None, record=None, setup=None,
+                             source=argparse.Namespace(model=argparse.Namespace(state={}),
+                                                       evaluation=argparse.Namespace(test_acc=0.9)))
     unlearn.compute_attempt(ctx, Attempt(method="puf-special"), 0)
     unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
     assert calls == ["flower puf-special", "in-process ga"]
     assert messages == ["attempt 3 (ga) runs in-process: ga has no Flower version (Flower engine deployment)"]
-    ctx.engine = None
+    ctx.batch.runtime = Runtime.in_process
     unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
     assert calls[-1] == "in-process ga" and len(messages) == 1  # the in-process runner: nothing to warn of
 
