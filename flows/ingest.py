@@ -20,7 +20,6 @@ from prefect import flow, get_run_logger
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.folders import LOCK_TIMEOUT_S
 from fedunlearn.requests.model import DeletionRequestModel
-from flows.heartbeat import parent_heartbeat
 from flows.intake import Intake, apply_deletions, intake_requests
 from flows.results import IngestResult
 from tasks.requests import submit_requests
@@ -41,7 +40,7 @@ def ingest_deletions(scenario: str = "mnist5k-hfl", root: str = ".", purge: bool
     scope = ScenarioScope(ws, scenario)  # an unknown scenario stops here
     if requests:
         submit_requests(scope, requests)
-    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"), parent_heartbeat():
+    with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn ingest --scenario {scenario}"):
         taken = intake_requests(scope, purge=purge)
         record = apply_deletions(ws, taken.batch).record if taken.batch else None
     summary = summarize(scope, record, taken)
