@@ -10,7 +10,7 @@ from cli.common import DEFAULT_SCENARIO, prepare_flow_run, require_scenario
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.device import DEVICE_CHOICES
-from fedunlearn.runner_choice import ENGINE_RUNNERS, TASK_RUNNERS, split_train_runner
+from fedunlearn.runtime_choice import ENGINE_RUNNERS, TASK_RUNNERS, split_train_runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +55,7 @@ def train(args: argparse.Namespace, root: Path) -> dict:
     require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     if args.request:
         parse_request(args.request)  # a SPEC that does not parse: one line, exit 2
-    from flows.runners import make_task_runner
+    from flows.task_runners import make_task_runner
     from flows.train import train_federated
     from stores.workspace import init_workspace
 

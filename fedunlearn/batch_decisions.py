@@ -22,8 +22,8 @@ from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.certify.tiers import Tier, exact_due, repay_now, serves, tier_of
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
-from fedunlearn.federation.cost import CostRecord
-from fedunlearn.receipts import NO_MODEL, AttemptRecord, ExactForgetting, ModelRef, Receipt
+from fedunlearn.federation.cost import Cost
+from fedunlearn.receipts import NO_MODEL, EscalationStep, ExactForgetting, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, is_exact_retrain, removal_first
 
@@ -101,9 +101,9 @@ class BatchUnlearning:
 
     source: ModelRef
     source_metrics: VersionMetrics
-    attempts: list[AttemptRecord]
+    attempts: list[EscalationStep]
     certificate: Certificate | None  # the chosen attempt's; serialised only in the receipt
-    cost: CostRecord
+    cost: Cost
     forgotten_per_client: dict[str, int]
     reference: ModelRef | None = None
     reference_metrics: VersionMetrics | None = None
@@ -111,11 +111,11 @@ class BatchUnlearning:
     evaluations: dict[str, Evaluation] = field(default_factory=dict, repr=False)
 
     @property
-    def chosen(self) -> AttemptRecord:
+    def chosen(self) -> EscalationStep:
         return self.attempts[-1]
 
 
-def metrics_of(evaluation: Evaluation | None, cost: CostRecord | None) -> dict[str, float | None]:
+def metrics_of(evaluation: Evaluation | None, cost: Cost | None) -> dict[str, float | None]:
     """An attempt's metrics for the receipt: NaN (not measured) as None."""
     return {k: (None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
             for k, v in VersionMetrics.of(evaluation, cost).to_dict().items()}

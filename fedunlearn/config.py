@@ -66,7 +66,7 @@ class TopologyConfig(_Strict):
     seed: int | None = Field(None, description="Erdős–Rényi seed (None: the params' global seed)")
 
 
-class Runner(str, Enum):
+class Runtime(str, Enum):
     """What computes a scenario's federated training and unlearning: our own loop (``in-process``,
     the default and the tests' engine), or the Flower app (``fedunlearn_flower``) on a local
     deployment (``flower``: a SuperLink and a SuperNode per client on 127.0.0.1) or on Flower's
@@ -88,7 +88,7 @@ class ScenarioConfig(_Strict):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads while the benchmark and the deletion "
                                 "batches compute (None: torch's default, one per core); 1 suits models whose steps "
                                 "are too small for a second thread to pay off")
-    runner: Runner = Field(Runner.in_process, description="the engine of training and unlearning: in-process (our "
+    runner: Runtime = Field(Runtime.in_process, description="the engine of training and unlearning: in-process (our "
                            "loop), flower (a local Flower deployment) or flower-simulation; Flower is HFL only")
     shards: int = Field(1, ge=1, description="K: the clients split into K shards, each training its own FedAvg model, "
                         "served as their ensemble; exact forgetting retrains only the shards that held a deleted sample "
@@ -108,7 +108,7 @@ class ScenarioConfig(_Strict):
             raise ValueError("canaries (canary_fraction > 0) apply to HFL/DFL partitions only")
         if self.setting == "dfl" and self.topology is None:
             self.topology = TopologyConfig()
-        if self.shards > 1 and (self.setting != "hfl" or self.runner != Runner.in_process
+        if self.shards > 1 and (self.setting != "hfl" or self.runner != Runtime.in_process
                                 or self.shards > self.partition.num_clients):
             raise ValueError(f"shards: {self.shards} needs an HFL scenario trained in-process with at least as many "
                              f"clients ({self.partition.num_clients}); use shards: 1 otherwise")

@@ -37,7 +37,7 @@ class ModelRef(BaseModel):
     run_id: str | None = None
 
 
-class AttemptRecord(BaseModel):
+class EscalationStep(BaseModel):
     """One step of the batch's escalation: a method run (or exact retrain), the version it
     registered, its certificate class and, when it was gated, the gates' outcome."""
 
@@ -98,7 +98,7 @@ class Receipt(BaseModel):
                     "(alias 'current' after the batch)")
     certificate: dict[str, Any] | None = None
     gates: GateOutcome | None = None
-    attempts: list[AttemptRecord] = Field(default_factory=list, description="the escalation chain, in order; the "
+    attempts: list[EscalationStep] = Field(default_factory=list, description="the escalation chain, in order; the "
                                                                             "last one is the version promoted")
     promoted: bool = Field(description="alias 'current' moved to a version of the batch's new data version")
     metrics: dict[str, dict[str, float | None]] = Field(description="per model (source, unlearned, retrained)")

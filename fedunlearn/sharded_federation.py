@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 from torch import nn
 
-from fedunlearn.federation.batch import DeletionBatch
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.forget_set import ForgetSet
+from fedunlearn.federation.cost import Cost
 from fedunlearn.federation.local import State
 from fedunlearn.federation.stacked_fedavg import StackedFedAvg
 from fedunlearn.unlearning.base import FederatedState, Outcome
@@ -108,15 +108,15 @@ class ShardedFederation(FederatedState):
                               shard_seed(self.seed, self.count, index), self.device, self.num_classes,
                               self.map_updates, self.calibration)
 
-    def touched(self, batch: DeletionBatch) -> list[int]:
+    def touched(self, batch: ForgetSet) -> list[int]:
         """The shards holding a sample ``batch`` deletes."""
         return sorted({self.shard_of[c] for c in batch.forget_ids})
 
-    def shard_batch(self, batch: DeletionBatch, index: int) -> DeletionBatch:
+    def shard_batch(self, batch: ForgetSet, index: int) -> ForgetSet:
         """``batch``'s samples held in shard ``index``, keyed by the shard's local client index."""
         local = {c: i for i, c in enumerate(self.members(index))}
         clients = [local[c] for c in batch.clients or [] if c in local] or None
-        return DeletionBatch(batch.kind, {local[c]: ids for c, ids in batch.forget_ids.items() if c in local},
+        return ForgetSet(batch.kind, {local[c]: ids for c, ids in batch.forget_ids.items() if c in local},
                              clients if batch.kind != "class" else batch.clients, batch.labels, batch.batch_id,
                              batch.remembered)
 
@@ -133,7 +133,7 @@ class ShardedFederation(FederatedState):
             hasher.update(data.x.cpu().numpy().tobytes())
         return hasher.hexdigest()[:16]
 
-    def unlearn_by_shard(self, method: "UnlearningMethod", batch: DeletionBatch) -> Outcome:
+    def unlearn_by_shard(self, method: "UnlearningMethod", batch: ForgetSet) -> Outcome:
         """``method`` on each shard ``batch`` touches, as a federation of that shard alone; every
         other shard model is kept as it is. The outcome's state is the new ensemble."""
         states, live = self.shard_states(), [bool(v) for v in self.state["live"].tolist()]
@@ -153,7 +153,7 @@ class ShardedFederation(FederatedState):
 def merged_outcome(state: State, outcomes: Mapping[int, Outcome], touched: list[int]) -> Outcome:
     """One outcome of the touched shards' outcomes: costs added, histories and notes by shard, each
     assumption held only where it held in every shard, the numbers by shard (flat for one shard)."""
-    cost = sum((o.cost for o in outcomes.values()), CostRecord())
+    cost = sum((o.cost for o in outcomes.values()), Cost())
     assumptions: dict[str, bool] = {}
     for outcome in outcomes.values():
         for name, ok in outcome.certificate_inputs.get("assumptions", {}).items():

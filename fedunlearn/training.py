@@ -29,7 +29,7 @@ import torch
 
 from fedunlearn.config import Params
 from fedunlearn.data.store import load_horizontal
-from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import Cost, communication_bytes, training_flops
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State
 from fedunlearn.federation.stacked_fedavg import StackedFedAvg, StackedRound
@@ -61,7 +61,7 @@ class TrainedModel:
     (VFL) or the nodes' average (DFL, whose local models are ``node_states``)."""
 
     state: State
-    cost: CostRecord
+    cost: Cost
     history: list[dict[str, Any]] = field(default_factory=list)
     node_states: list[State | None] | None = None
     shard_origins: dict[int, str] | None = None  # a federation in shards: "trained" or "reused", by shard
@@ -146,13 +146,13 @@ class _ShardRounds:
 
 
 def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mapping[int, State],
-                 on_shard: Callable[[int, State], None] | None) -> tuple[State, CostRecord, dict[int, str]]:
+                 on_shard: Callable[[int, State], None] | None) -> tuple[State, Cost, dict[int, str]]:
     """Each shard not in ``reuse`` trained from scratch by FedAvg on its own clients, in turn; the
     ensemble state (a shard without data left out), the cost and each shard's origin."""
     states: list[State | None] = [reuse.get(k) for k in range(federation.count)]
     origins = {k: "reused" if k in reuse else "trained" for k in range(federation.count)}
     live = [any(len(c) for c in federation.shard(k, {}).clients) for k in range(federation.count)]
-    cost = CostRecord()
+    cost = Cost()
     if federation.stacks:
         for index, (state, spent) in train_stacked(federation, [k for k in range(federation.count) if k not in reuse],
                                                    watcher, states).items():
@@ -191,7 +191,7 @@ def prepare_unlearning(federation: Federation) -> dict[str, float]:
 
 
 def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _Watcher,
-                  states: list[State | None]) -> dict[int, tuple[State, CostRecord]]:
+                  states: list[State | None]) -> dict[int, tuple[State, Cost]]:
     """Shards ``indices`` trained together (``StackedFedAvg``), each costed as ``fedavg_rounds`` costs
     its rounds; ``watcher`` sees the ensemble (``states`` filled in) after each round."""
     if not indices:
@@ -210,7 +210,7 @@ def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _W
 
     history = StackedFedAvg([s.engine() for s in shards]).fit([s.clients for s in shards], on_round=show)
     per_sample = shards[0].flops_per_sample()
-    return {k: (history[-1].states[j], CostRecord(
+    return {k: (history[-1].states[j], Cost(
         flops=training_flops(per_sample, sum(r.samples[j] for r in history), shards[j].train_config.local_epochs),
         comm_bytes=communication_bytes(num_params(history[-1].states[j]), [r.participants[j] for r in history])))
             for j, k in enumerate(indices)}

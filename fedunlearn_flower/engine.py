@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 
 from fedunlearn.errors import InputError
-from fedunlearn.federation.batch import DeletionBatch
-from fedunlearn.federation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
+from fedunlearn.federation.forget_set import ForgetSet
+from fedunlearn.federation.cost import Cost, communication_bytes, flops_per_sample, training_flops
 from fedunlearn.federation.local import State
 from fedunlearn.training import TrainingRound
 from fedunlearn.unlearning.base import num_params
@@ -38,7 +38,7 @@ def run_flower(job: Job, runner: str, *, superlink: str | None = None) -> tuple[
 
 def train_with_flower(root: str | Path, scenario: str, out_dir: str | Path, *, runner: str = "simulation",
                       superlink: str | None = None, rounds: int | None = None,
-                      on_round: Callable[[TrainingRound], None] | None = None) -> tuple[State, str, CostRecord]:
+                      on_round: Callable[[TrainingRound], None] | None = None) -> tuple[State, str, Cost]:
     """The scenario trained by FedAvg through Flower (``rounds``: None for the scenario's), its
     runtime tag and its cost. ``on_round`` sees each round's model and training loss, numbered from
     1 as the in-process trainer's does, once the run has ended (the rounds ran in Flower's processes)."""
@@ -52,18 +52,18 @@ def train_with_flower(root: str | Path, scenario: str, out_dir: str | Path, *, r
                                                   result.seconds)
 
 
-def training_cost(scenario: Scenario, rounds: list[dict], state: State, seconds: float) -> CostRecord:
+def training_cost(scenario: Scenario, rounds: list[dict], state: State, seconds: float) -> Cost:
     """PUF Appendix B's cost of the rounds the ServerApp recorded, counted as the in-process trainer
     counts its own (``fedunlearn.unlearning.base.fedavg_rounds``): F·E·Σ n_i FLOPs over the sampled
     clients' samples, 2·P·B·|S_t| bytes a round; the wall time is the run's, the engine's start and stop
     included."""
     per_sample = flops_per_sample(scenario.model_fn().to(CPU), tuple(scenario.manifest["input_shape"]))
     flops = training_flops(per_sample, sum(int(r["samples"]) for r in rounds), scenario.config.train.local_epochs)
-    return CostRecord(seconds, flops, communication_bytes(num_params(state), [int(r["clients"]) for r in rounds]))
+    return Cost(seconds, flops, communication_bytes(num_params(state), [int(r["clients"]) for r in rounds]))
 
 
 def unlearn_with_flower(root: str | Path, scenario: str, out_dir: str | Path, state: State, method: str,
-                        params: dict, batch: DeletionBatch, *, runner: str = "simulation",
+                        params: dict, batch: ForgetSet, *, runner: str = "simulation",
                         superlink: str | None = None) -> tuple[State, dict, str]:
     """``state`` with ``batch`` forgotten by ``method`` through Flower: the model, the run's notes
     and its runtime tag."""

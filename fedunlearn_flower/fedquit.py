@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import aggregate
 from fedunlearn.federation.local import State
 from fedunlearn.unlearning.fedquit import FedQUIT as InProcessFedQUIT
@@ -66,7 +66,7 @@ class FedQUIT:
                                        suppress=suppress, temperature=temperature, lr=lr,
                                        recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm)
 
-    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+    def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The unlearning rounds, then recovery; the unlearned model and what was run."""
         source, forget, quitting = state, forget_lists(batch), quitting_lists(batch)
@@ -98,9 +98,9 @@ class FedQUIT:
         return [c for c in sorted(set(sampled) | set(quitting)) if retained.get(c, 0) or c in quitting]
 
 
-def quitting_lists(batch: DeletionBatch) -> dict[int, list[str]]:
+def quitting_lists(batch: ForgetSet) -> dict[int, list[str]]:
     """Per client, the forget IDs the quitting term applies to: ``quitting_targets``' rule
-    (``DeletionBatch.is_remembered``) on the IDs; clients left none are left out."""
+    (``ForgetSet.is_remembered``) on the IDs; clients left none are left out."""
     chosen = {c: ids[batch.is_remembered(ids)] for c, ids in batch.forget_ids.items()}
     return {c: [str(i) for i in ids.tolist()] for c, ids in chosen.items() if len(ids)}
 

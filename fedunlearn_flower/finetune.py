@@ -10,7 +10,7 @@ and the server samples as the in-process engine does.
 
 from __future__ import annotations
 
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import State
 from fedunlearn.unlearning.finetune import FineTune as InProcessFineTune
 from fedunlearn_flower.fedavg import FedAvg
@@ -31,7 +31,7 @@ class FineTune:
         InProcessFineTune(rounds=rounds)  # its validation: one definition of what is accepted
         self.rounds = rounds
 
-    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+    def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """``rounds`` FedAvg rounds on the retained data; the model and what was run."""
         forget = forget_lists(batch)

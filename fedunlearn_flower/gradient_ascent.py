@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import aggregate
 from fedunlearn.federation.local import State
 from fedunlearn.unlearning.gradient_ascent import GradientAscent as InProcessGradientAscent
@@ -64,7 +64,7 @@ class GradientAscent:
                                               stop_loss=stop_loss, radius=radius, radius_fraction=radius_fraction,
                                               recovery_rounds=recovery_rounds)
 
-    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+    def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The reference, the targets' ascent, then recovery; the unlearned model and what was run."""
         forget = forget_lists(batch)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import State
 from fedunlearn.unlearning.krylov import add_to_parameters, conjugate_gradient, flatten_parameters
 from fedunlearn_flower.fedavg import FedAvg
@@ -68,7 +68,7 @@ class HFKCU:
         self.weights = weights
         self.finetune_rounds = finetune_rounds
 
-    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+    def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         forget = forget_lists(batch)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedunlearn.data.store import PARTITIONS_DIR
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import ClientUpdate
 from fedunlearn.federation.local import State, Tensors, accuracy
 from fedunlearn.unlearning.puf import puf_aggregate
@@ -44,7 +44,7 @@ class _PUF:
         self.max_recovery_rounds = max_recovery_rounds
         self.target_test_acc = target_test_acc
 
-    def step(self, federation: Federation, state: State, batch: DeletionBatch, training: FedAvg) -> State:
+    def step(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg) -> State:
         """The unlearning round alone (Eq. 7–9): the model before recovery."""
         round_idx = training.rounds  # the round after training: fresh shuffling seeds, as in-process
         forget = forget_lists(batch)
@@ -53,7 +53,7 @@ class _PUF:
         remaining = self._remaining(federation, state, batch, training, round_idx)
         return puf_aggregate(state, remaining, targets, eta_u=self.eta_u, eta_r=self.eta_r)
 
-    def run(self, federation: Federation, state: State, batch: DeletionBatch,
+    def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The unlearning round, then recovery; the unlearned model and what was run."""
         state = self.step(federation, state, batch, training)
@@ -69,7 +69,7 @@ class _PUF:
         return state, {"target_clients": sorted(forget), "recovery_rounds": rounds, "eta_u": self.eta_u,
                        "unlearn_epochs": self.unlearn_epochs}
 
-    def _remaining(self, federation: Federation, state: State, batch: DeletionBatch, training: FedAvg,
+    def _remaining(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:
         return []
 
@@ -123,7 +123,7 @@ class PUFRegular(_PUF):
                          target_test_acc=target_test_acc)
         self.eta_r = eta_r
 
-    def _remaining(self, federation: Federation, state: State, batch: DeletionBatch, training: FedAvg,
+    def _remaining(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:
         """A FedAvg sample (``client_fraction``) of the clients without forget data, on all their data."""
         sizes = {c: 0 if c in batch.forget_ids else n for c, n in federation.sizes.items()}
@@ -133,7 +133,7 @@ class PUFRegular(_PUF):
         return updates
 
 
-def forget_lists(batch: DeletionBatch) -> dict[int, list[str]]:
+def forget_lists(batch: ForgetSet) -> dict[int, list[str]]:
     """The batch's forget IDs per client, as a message's configuration carries them."""
     return {int(c): [str(i) for i in ids.tolist()] for c, ids in batch.forget_ids.items()}
 

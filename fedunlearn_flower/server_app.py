@@ -19,7 +19,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.errors import InputError
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import RoundResult
 from fedunlearn.federation.local import State
 from fedunlearn_flower.fedavg import FedAvg
@@ -40,7 +40,7 @@ ROUND = "round-{}.pt"  # the global model after training round n (from 1), for t
 @dataclass
 class Job:
     """What the ServerApp runs. ``rounds``: training rounds (None: the scenario's; 0: no training,
-    start from ``state``). ``method`` with ``params`` and ``batch`` (``DeletionBatch.to_dict``):
+    start from ``state``). ``method`` with ``params`` and ``batch`` (``ForgetSet.to_dict``):
     the unlearning after it; ``step_only`` stops PUF after its unlearning round (no recovery)."""
 
     root: str
@@ -94,7 +94,7 @@ def _run(grid: Grid, job: Job, out: Path) -> dict:
         notes["rounds"] = rounds.records
         _save(out / TRAINED, state)
     if job.method:
-        algorithm, batch = ALGORITHMS[job.method](**job.params), DeletionBatch.from_dict(job.batch)
+        algorithm, batch = ALGORITHMS[job.method](**job.params), ForgetSet.from_dict(job.batch)
         if job.step_only:
             if not hasattr(algorithm, "step"):
                 raise InputError(f"{job.method} has no separate unlearning round: step_only applies to PUF")

@@ -16,7 +16,7 @@ import torch
 from prefect import flow
 
 from flows.results import AuditReferencesResult
-from tasks.audit import ROLE, audit_model, register_references, train_audit_references
+from tasks.audit import ROLE, audit_model, register_audit_set, train_audit_models
 from tasks.data import command_device, load_data, reproduce_data
 from tasks.models import log_data_version
 from stores.workspace import ScenarioScope, Workspace
@@ -34,16 +34,16 @@ def audit_references(scenario: str = "mnist5k-hfl", root: str = ".",
     """
     ws = Workspace.open(root)
     scope = ScenarioScope(ws, scenario)
-    return train_references(scope, command_device(ws, device), reproduce_data(ws, scenario))
+    return train_audit_set(scope, command_device(ws, device), reproduce_data(ws, scenario))
 
 
-def train_references(scope: ScenarioScope, device: torch.device, data_version: str) -> AuditReferencesResult:
+def train_audit_set(scope: ScenarioScope, device: torch.device, data_version: str) -> AuditReferencesResult:
     """``scope``'s audit references trained on the held-out split of ``data_version`` (the current
     one, which the caller holds) and registered; each step a task run of the caller's flow."""
     ws, scenario = scope.ws, scope.scenario
     federation = load_data(ws, scenario, device)
-    references = train_audit_references(ws, federation)
-    version = register_references(ws, scenario, references, data_version)
+    references = train_audit_models(ws, federation)
+    version = register_audit_set(ws, scenario, references, data_version)
     # Its data: the held-out split of this data version (the lineage every version's run records).
     log_data_version(ws, ws.registry.version(audit_model(scenario), version).run_id, scenario, data_version, ROLE)
     print(f"{len(references)} audit references of {scenario} on {len(federation.test)} held-out samples in "

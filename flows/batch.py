@@ -15,7 +15,7 @@ import torch
 
 from fedunlearn.batch_decisions import BatchUnlearning, RegisteredAttempt
 from fedunlearn.certify.gates import PromotionGates
-from fedunlearn.config import ForgettingPolicy, Runner
+from fedunlearn.config import ForgettingPolicy, Runtime
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.erasure import Fingerprints
@@ -44,7 +44,7 @@ class Batch:
     reorder them), the gates, whether to retrain the reference first, the attempts an earlier run
     registered, the source model it unlearns from and the samples its lineage was trained with the
     backdoor trigger on (``poisoned``; all three read at entry), once applied, the deleted rows'
-    bytes, the engine of the unlearning attempts (``runner``) and what the batch warns its user of
+    bytes, the runtime of the unlearning attempts (``runtime``) and what the batch warns its user of
     (``warnings``)."""
 
     record: BatchRecord
@@ -59,7 +59,7 @@ class Batch:
     poisoned: tuple[str, ...] = ()
     fingerprints: Fingerprints | None = None
     found_clean: dict[bytes, set[tuple]] = field(default_factory=dict, compare=False, repr=False)
-    runner: Runner = Runner.in_process
+    runtime: Runtime = Runtime.in_process
     warnings: tuple[str, ...] = ()
 
     def applied(self, done: Applied) -> Batch:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from fedunlearn.benchmark import runner
+from fedunlearn.benchmark import yardstick
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.records import ResultRow
@@ -82,22 +82,22 @@ def compare_methods(setup, scenario: str, spec, original, reused: bool, chosen: 
                          setup.batch.num_forget, *retrain, notes)
 
     retrain_outcome, retrain_certificate = unlearn(setup, original.state, "retrain", None,
-                                                   method_options.get("retrain", {}), runner.BENCHMARK_TIMINGS)
+                                                   method_options.get("retrain", {}), yardstick.BENCHMARK_TIMINGS)
     retrained = evaluate(evaluator, "retrain", retrain_model := setup.fed_state.model_from(retrain_outcome.state))
     print(f"retrain: test_acc={retrained.test_acc:.4f} in {retrain_outcome.cost.wall_seconds:.1f} s")
     against = (retrain_outcome.cost, retrained)
 
     original_eval = evaluate(evaluator, "original", setup.fed_state.model_from(original.state), retrain_model)
     compared = Compared(
-        [row("original", original_eval, original.cost, runner.original_certificate(setup), {"reused": reused},
+        [row("original", original_eval, original.cost, yardstick.original_certificate(setup), {"reused": reused},
              (None, retrained)),
          row("retrain", retrained, retrain_outcome.cost, retrain_certificate, retrain_outcome.notes, against)],
         {"original": original_eval, "retrain": retrained},
         {"original (training)": original.history, "retrain": retrain_outcome.history},
-        {"original": runner.original_certificate(setup), "retrain": retrain_certificate}, retrained.test_acc)
+        {"original": yardstick.original_certificate(setup), "retrain": retrain_certificate}, retrained.test_acc)
     for name in chosen:
         outcome, certificate = unlearn(setup, original.state, name, retrained.test_acc,
-                                       method_options.get(name, {}), runner.BENCHMARK_TIMINGS)
+                                       method_options.get(name, {}), yardstick.BENCHMARK_TIMINGS)
         evaluation = evaluate(evaluator, name, setup.fed_state.model_from(outcome.state), retrain_model)
         compared.rows.append(row(name, evaluation, outcome.cost, certificate, outcome.notes, against))
         compared.evaluations[name], compared.histories[name] = evaluation, outcome.history
@@ -141,7 +141,7 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
         data_version = reproduce_data(ws, scenario)
         validate_partition(ws, scenario)
         dev = command_device(ws, device)
-        setup = runner.build_setup(scenario, load_data(ws, scenario, dev), spec, backdoor=backdoor)
+        setup = yardstick.build_setup(scenario, load_data(ws, scenario, dev), spec, backdoor=backdoor)
         print(f"request {spec.text}: {setup.batch.num_forget} samples to forget at clients "
               f"{setup.batch.affected_clients}; methods: retrain, {', '.join(chosen)}")
 

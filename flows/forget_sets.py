@@ -18,13 +18,13 @@ from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator, evaluatio
 from fedunlearn.evaluation.forget_sets import RETRAINED, figures
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.requests.batch import BatchRecord, load_records
-from fedunlearn.unlearning.base import DeletionBatch
-from fedunlearn.evaluation.audit import AuditResult, ReferenceSet
-from flows.audit import train_references
+from fedunlearn.unlearning.base import ForgetSet
+from fedunlearn.evaluation.audit import AuditResult, AuditSet
+from flows.audit import train_audit_set
 from flows.results import ReferenceResult
 from stores.registry import RegisteredModel
 from stores.workspace import ScenarioScope
-from tasks.audit import audit, load_references
+from tasks.audit import audit, load_audit_set
 from tasks.data import load_data
 from tasks.evaluation import build_evaluator, evaluate
 from tasks.forget_sets import log_forget_set
@@ -39,7 +39,7 @@ class ForgetSetKit:
 
     sets: EvaluationSets
     evaluator: Evaluator
-    audit_set: ReferenceSet | None
+    audit_set: AuditSet | None
     clean_forget_labels: np.ndarray | None
     seed: int
 
@@ -49,10 +49,10 @@ class ForgetSetKit:
         return audit(name, model, self.sets.forget, self.audit_set, self.seed, self.clean_forget_labels)
 
 
-def forget_set_kit(scope: ScenarioScope, record: BatchRecord, federation: Federation, deletion: DeletionBatch,
-                   poisoned: list[str], device: torch.device, train_audit_set: bool = True) -> ForgetSetKit:
+def forget_set_kit(scope: ScenarioScope, record: BatchRecord, federation: Federation, deletion: ForgetSet,
+                   poisoned: list[str], device: torch.device, may_train: bool = True) -> ForgetSetKit:
     """The batch's evaluation sets, evaluator and audit reference models on ``federation`` (the data
-    before the batch). Without a usable set, ``train_audit_set`` trains one on the current data
+    before the batch). Without a usable set, ``may_train`` trains one on the current data
     version (a batch); otherwise the audit is left out (a measurement after the batch, which must not
     retrain them)."""
     ws, scenario = scope.ws, scope.scenario
@@ -63,10 +63,10 @@ def forget_set_kit(scope: ScenarioScope, record: BatchRecord, federation: Federa
         clean_forget_labels = clean.forget_data(deletion).y.cpu().numpy()
     sets = evaluation_sets(federation, deletion, clean_forget_labels=clean_forget_labels)
     evaluator = build_evaluator(ws, scenario, federation, deletion, bool(poisoned), sets)
-    audit_set = load_references(ws, scenario, federation, record.deleted_ids())
-    if audit_set is None and train_audit_set:  # none yet, or too many saw held-out rows deleted since
-        train_references(scope, device, record.data_version_after)
-        audit_set = load_references(ws, scenario, federation, record.deleted_ids())
+    audit_set = load_audit_set(ws, scenario, federation, record.deleted_ids())
+    if audit_set is None and may_train:  # none yet, or too many saw held-out rows deleted since
+        train_audit_set(scope, device, record.data_version_after)
+        audit_set = load_audit_set(ws, scenario, federation, record.deleted_ids())
     return ForgetSetKit(sets, evaluator, audit_set, clean_forget_labels, ws.params.seed)
 
 
@@ -114,7 +114,7 @@ def measure_on(scope: ScenarioScope, record: BatchRecord, model: RegisteredModel
     deletion = record.forget_set(federation.clients)
     if deletion is None:
         return False
-    kit = forget_set_kit(scope, record, federation, deletion, poisoned, device, train_audit_set=False)
+    kit = forget_set_kit(scope, record, federation, deletion, poisoned, device, may_train=False)
     name = f"retrained-v{model.ref.version}"
     network = federation.model_from(model.state)
     evaluation = evaluate(kit.evaluator, name, network)

@@ -43,14 +43,14 @@ from pydantic import Field
 
 from fedunlearn.batch_decisions import recorded_source
 from fedunlearn.certify.gates import PromotionGates
-from fedunlearn.config import ForgettingPolicy, Runner
+from fedunlearn.config import ForgettingPolicy, Runtime
 from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
 from fedunlearn.receipts import receipt_path
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
 from fedunlearn.requests.model import DeletionRequestModel
-from fedunlearn.runner_choice import check_flower_training, choose_runner, flower_attempts, in_process_fallbacks
+from fedunlearn.runtime_choice import check_flower_training, choose_runtime, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
 from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
@@ -139,7 +139,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                       gates: PromotionGates | None = None, method_options: dict[str, Any] | None = None,
                       escalation: list[Attempt] | None = None, device: str | None = None,
                       forgetting_policy: ForgettingPolicy | None = None,
-                      runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> ProcessResult:
+                      runner: Runtime | None = Field(None, description=RUNNER_FIELD)) -> ProcessResult:
     """Forget every pending deletion request of ``scenario`` as one batch; with none, nothing changes.
 
     Args:
@@ -159,7 +159,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     scope = ScenarioScope(ws, scenario)
     choice = Choice(MethodChoice(method), method_options or {}, escalation, gates or PromotionGates(),
                     retrain_reference, ForgettingPolicy(forgetting_policy or ws.params.forgetting_policy),
-                    choose_runner(runner, scope.config.runner))
+                    choose_runtime(runner, scope.config.runner))
     check_runner(choice, scope)  # an unknown name, or one the engine lacks, fails before anything is taken
     if requests:
         submit_requests(scope, requests)
@@ -204,7 +204,7 @@ class Choice:
     gates: PromotionGates
     retrain_reference: bool
     forgetting: ForgettingPolicy
-    runner: Runner = Runner.in_process
+    runtime: Runtime = Runtime.in_process
 
     @property
     def by_user(self) -> bool:
@@ -217,9 +217,9 @@ def check_runner(choice: Choice, scope: ScenarioScope) -> None:
     request is taken, so a wrong ``--runner`` leaves the inbox as it was."""
     setting = scope.config.setting
     first = Attempt(method=choose_method(choice.method, setting), options=choice.method_options)
-    check_flower_training(choice.runner, scope.scenario, setting)
+    check_flower_training(choice.runtime, scope.scenario, setting)
     if not first.exact:
-        flower_attempts(choice.runner, [first], flower_methods(), True)
+        flower_attempts(choice.runtime, [first], flower_methods(), True)
 
 
 def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str | None) -> Batch:
@@ -237,8 +237,8 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
                 else default_escalation(setting, record.kind, first))
     # Strict only for attempts the user named (an escalation): a chosen --method is the first attempt,
     # checked as such, and the default chain's fallbacks after it may run in-process where Flower lacks them.
-    kept = flower_attempts(choice.runner, attempts, flower_methods(), bool(choice.escalation))
-    in_process = in_process_fallbacks(choice.runner, kept, flower_methods())
+    kept = flower_attempts(choice.runtime, attempts, flower_methods(), bool(choice.escalation))
+    in_process = in_process_fallbacks(choice.runtime, kept, flower_methods())
     if in_process:
         get_run_logger().warning("%s", in_process)
     with stage(record, "reading the source model"):
@@ -246,7 +246,7 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
         source = load_source_model(ws, record.scenario, record.data_version_before, recorded_source(registered))
     return Batch(record, command_device(ws, device), choice.forgetting, tuple(kept), choice.by_user,
                  choice.gates, choice.retrain_reference, registered, source, tuple(backdoor_ids(ws, record.scenario)),
-                 runner=choice.runner, warnings=(in_process,) if in_process else ())
+                 runtime=choice.runtime, warnings=(in_process,) if in_process else ())
 
 
 def print_timings(timings: Timings) -> None:

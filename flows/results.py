@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, RootModel, model_serializer
 
-from fedunlearn.receipts import AttemptRecord, ModelRef, Receipt
+from fedunlearn.receipts import EscalationStep, ModelRef, Receipt
 from fedunlearn.requests.batch import QuarantineNote
 from fedunlearn.requests.erasure import ErasureReport
 
@@ -134,7 +134,7 @@ class AttemptLine(BaseModel):
     interim: bool | None = None
 
     @classmethod
-    def of(cls, record: AttemptRecord) -> AttemptLine:
+    def of(cls, record: EscalationStep) -> AttemptLine:
         gates = record.gates
         return cls(attempt=record.attempt, method=record.method, note=record.note,
                    verdict=gates.verdict if gates else None, interim=gates.interim if gates else None)

@@ -19,16 +19,16 @@ from pydantic import Field
 
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.certify.certificate import EXACT_RETRAIN, NOT_CERTIFIED
-from fedunlearn.config import Runner
+from fedunlearn.config import Runtime
 from fedunlearn.device import intra_op_threads
 from fedunlearn.evaluation.backdoor import attack_success_rate, poison_clients
 from fedunlearn.evaluation.evaluator import concat
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.federation.local import map_inline
 from fedunlearn.federation.protocol import Federation
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import Cost
 from fedunlearn.receipts import ModelRef
-from fedunlearn.runner_choice import check_flower_training, flower_engine, runtime_tag, training_runner
+from fedunlearn.runtime_choice import check_flower_training, flower_engine, runtime_tag, training_runtime
 from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import TrainedModel, TrainingRound, train
 from flows.results import TrainResult
@@ -58,7 +58,7 @@ class Training:
     batch_id: str | None = None
     client_tasks: bool = True
     backdoor_request: str | None = None
-    runner: Runner | None = None
+    runtime: Runtime | None = None
 
 
 @flow(name="train-federated", log_prints=True)
@@ -66,7 +66,7 @@ def train_federated(scenario: str = "mnist5k-hfl", root: str = ".", rounds: int 
                     local_epochs: int | None = None, client_tasks: bool = True,
                     device: str | None = None, backdoor_request: str | None = None,
                     role: Literal["original", "retrained"] = "original", batch_id: str | None = None,
-                    runner: Runner | None = Field(None, description=RUNNER_FIELD)) -> TrainResult:
+                    runner: Runtime | None = Field(None, description=RUNNER_FIELD)) -> TrainResult:
     """Train the scenario's federated model (any setting) from scratch on the current data version
     and register it (tag ``runtime`` naming the engine). Backdoor samples still in the data carry the
     trigger again when a retrain reproduces the lineage.
@@ -95,7 +95,7 @@ def check_training(scope: ScenarioScope, job: Training, local_epochs: int | None
     if job.backdoor_request and scope.config.setting == "vfl":
         raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL); in VFL each party "
                          "holds only a slice of it")
-    check_flower_training(training_runner(job.runner, scope.config.runner, job.role), scope.scenario,
+    check_flower_training(training_runtime(job.runtime, scope.config.runner, job.role), scope.scenario,
                           scope.config.setting, backdoor=bool(job.backdoor_request), local_epochs=local_epochs)
 
 
@@ -106,7 +106,7 @@ def train_model(scope: ScenarioScope, device: torch.device, data_version: str,
     task run of the caller's flow (a command's, or the deletion batch's exact retrain)."""
     started = time.perf_counter()
     ws, scenario, cfg = scope.ws, scope.scenario, scope.config
-    engine = training_runner(job.runner, cfg.runner, job.role)
+    engine = training_runtime(job.runtime, cfg.runner, job.role)
     validate_partition(ws, scenario)
     poisoned = backdoor_ids(ws, scenario) if job.role == "retrained" else []
     federation = load_data(ws, scenario, device, map_updates=map_with_prefect if job.client_tasks
@@ -149,16 +149,16 @@ class FlowerTrained:
     """A model Flower trained, in the shape ``train`` returns (no per-node states in HFL)."""
 
     state: dict
-    cost: CostRecord
+    cost: Cost
     node_states: None = None
 
 
-def runtime_runner(tags: dict[str, str]) -> Runner:
+def runtime_runner(tags: dict[str, str]) -> Runtime:
     """The runner a version's ``runtime`` tag names."""
-    return next(r for r in Runner if runtime_tag(r) == tags["runtime"])
+    return next(r for r in Runtime if runtime_tag(r) == tags["runtime"])
 
 
-def flower_trained(scope: ScenarioScope, runner: Runner,
+def flower_trained(scope: ScenarioScope, runner: Runtime,
                    on_round: Callable[[TrainingRound], None]) -> FlowerTrained:
     """The scenario trained through Flower: its rounds run in Flower's processes, ``on_round`` sees
     each one's model afterwards; the registered version's metrics are computed below as for ours."""

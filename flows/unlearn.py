@@ -17,7 +17,7 @@ from torch import nn
 from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, attempts_for_route,
                                         attempts_in_order, exact_certificate, metrics_of, receipt_without_model,
                                         route, stops)
-from fedunlearn.benchmark import runner
+from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, judge_source
 from fedunlearn.config import ForgettingPolicy
@@ -27,12 +27,12 @@ from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.evaluation.forget_sets import RETRAINED, SOURCE, figures
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import Cost
 from fedunlearn.federation.protocol import Federation
-from fedunlearn.receipts import AttemptRecord, ModelRef
+from fedunlearn.receipts import EscalationStep, ModelRef
 from fedunlearn.requests.batch import BatchRecord, record_path
-from fedunlearn.runner_choice import IN_PROCESS_RUNTIME, flower_engine
-from fedunlearn.unlearning.base import DeletionBatch, Outcome
+from fedunlearn.runtime_choice import IN_PROCESS_RUNTIME, flower_engine
+from fedunlearn.unlearning.base import ForgetSet, Outcome
 from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
 from flows.batch import Batch, Unlearned
 from flows.forget_sets import ForgetSetKit, forget_set_kit
@@ -56,7 +56,7 @@ def with_weights(federation: Federation, model: RegisteredModel) -> Federation:
     federation.state = model.state
     if model.weights.node_states is not None or model.weights.budget is not None:
         federation.node_states = model.weights.node_states
-        federation.ledger = model.weights.budget
+        federation.budget = model.weights.budget
     return federation
 
 
@@ -99,7 +99,7 @@ class Judging:
                                       backdoor_ids=list(batch.poisoned)), batch.source)
 
     @cached_property
-    def forget(self) -> DeletionBatch | None:
+    def forget(self) -> ForgetSet | None:
         """The training samples the batch deleted, per client; None: only held-out samples."""
         return self.record.forget_set(self.federation.clients)
 
@@ -132,12 +132,12 @@ class Judging:
         return self.judge(f"source-v{source.ref.version}", source)
 
     @cached_property
-    def setup(self) -> runner.BenchmarkSetup:
+    def setup(self) -> yardstick.BenchmarkSetup:
         """What the methods unlearn: a removal method acts on what the source is measured to remember,
         and leaves the rest as a retrain would."""
         record = self.record
         forget = self.forget.with_remembered(self.source.audit.removal_targets())
-        return runner.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", self.federation, forget,
+        return yardstick.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", self.federation, forget,
                                      bool(self.batch.poisoned), self.kit.sets)
 
     def audit(self, name: str, model: nn.Module) -> AuditResult:
@@ -154,9 +154,9 @@ class Escalated:
     """The escalation done: its attempts, the last one's certificate and cost, and the data version's
     exact reference as it stands at the end (the one found, or the retrain that ended the chain)."""
 
-    attempts: list[AttemptRecord]
+    attempts: list[EscalationStep]
     certificate: Certificate | None
-    cost: CostRecord
+    cost: Cost
     reference: Judged | None
 
 
@@ -219,7 +219,7 @@ def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
 
 def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None) -> Escalated:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
-    attempts, certificate, cost, forgetting = [], None, CostRecord(), judging.batch.forgetting
+    attempts, certificate, cost, forgetting = [], None, Cost(), judging.batch.forgetting
     for number, attempt in enumerate(planned):
         if attempt.exact:
             record, certificate, reference = try_exact(judging, attempt, number, len(planned), reference)
@@ -238,7 +238,7 @@ def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None)
 
 
 def try_exact(judging: Judging, attempt: Attempt, number: int, steps: int,
-              reference: Judged | None) -> tuple[AttemptRecord, Certificate, Judged]:
+              reference: Judged | None) -> tuple[EscalationStep, Certificate, Judged]:
     """The escalation's last step: the reference of the new data version, or an exact retrain now;
     audited, described, no gate needed. It becomes the batch's reference."""
     ws, scenario, record = judging.ws, judging.scenario, judging.record
@@ -253,7 +253,7 @@ def try_exact(judging: Judging, attempt: Attempt, number: int, steps: int,
     describe_version(ws, scenario, exact.ref.version, batch_description(
         record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
         note=f"none needed (exact retrain; audit {verdict.verdict})"))
-    step = AttemptRecord(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
+    step = EscalationStep(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
                          metrics=metrics_of(reference.evaluation, None),
                          note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
                               f"{verdict.verdict})")
@@ -261,7 +261,7 @@ def try_exact(judging: Judging, attempt: Attempt, number: int, steps: int,
 
 
 def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
-               reference: Judged | None) -> tuple[AttemptRecord, Certificate, CostRecord]:
+               reference: Judged | None) -> tuple[EscalationStep, Certificate, Cost]:
     """One unlearning attempt (or the one an earlier run registered, read back): evaluated, audited,
     registered, gated against the source or the reference, described."""
     ws, scenario, name, source = judging.ws, judging.scenario, f"{attempt.method}-{number}", judging.source
@@ -283,7 +283,7 @@ def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
     describe_version(ws, scenario, ref.version, batch_description(
         judging.record, number, steps, attempt.method, attempt.options, certificate.guarantee,
         source.model.ref.version, gate))
-    step = AttemptRecord(attempt=number, method=attempt.method, options=attempt.options, version=ref,
+    step = EscalationStep(attempt=number, method=attempt.method, options=attempt.options, version=ref,
                          certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
     return step, certificate, outcome.cost
 
@@ -291,7 +291,7 @@ def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
 def compute_attempt(judging: Judging, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
     """The attempt's model, through Flower on a Flower runner where the method has a Flower version;
     otherwise in-process, and on a Flower runner the batch says so (the user asked for Flower)."""
-    source, engine = judging.source, flower_engine(judging.batch.runner)
+    source, engine = judging.source, flower_engine(judging.batch.runtime)
     if engine is not None and attempt.method in flower_methods():
         return unlearn_through_flower(judging.ws, judging.record, judging.setup, source.model.state, attempt.method,
                                       source.evaluation.test_acc, attempt.options, engine)
@@ -335,7 +335,7 @@ def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel
     tags = {"role": "unlearned", "scenario": name, "method": attempt.method, "batch_id": record.batch_id,
             "attempt": str(number), "data_version": record.data_version_after, "certificate": certificate.guarantee,
             "source_version": source.ref.version, "runtime": outcome.notes.get("runtime", IN_PROCESS_RUNTIME)}
-    budget = getattr(outcome, "ledger", None)
+    budget = getattr(outcome, "budget", None)
     if budget is not None:
         tags.update(budget_used=f"{budget['used']:.6g}", budget_left=f"{budget['left']:.6g}")
     weights = ModelWeights(outcome.state, getattr(outcome, "node_states", None), budget)
@@ -362,7 +362,7 @@ def read_attempt(ws: Workspace, scenario: str, earlier: RegisteredAttempt) -> tu
     registered = ws.registry.load(scenario, version.version)
     certificate = Certificate.from_json(ws.registry.text(version.run_id, "certificate.json"))
     metrics = registered.metrics
-    cost = CostRecord(metrics.get("wall_seconds", math.nan), metrics.get("flops", math.nan),
+    cost = Cost(metrics.get("wall_seconds", math.nan), metrics.get("flops", math.nan),
                       int(metrics.get("comm_bytes", 0) or 0))
     outcome = Outcome(registered.state, cost, notes={"resumed": f"registered as v{version.version} before the run "
                                                                 "was interrupted"})
@@ -382,9 +382,9 @@ def exact_retrain(scope: ScenarioScope, record: BatchRecord, device: torch.devic
     return scope.ws.registry.load(scope.scenario, trained.model_version)
 
 
-def registered_cost(model: RegisteredModel) -> CostRecord:
+def registered_cost(model: RegisteredModel) -> Cost:
     """The cost a registered version's run logged."""
-    return CostRecord(model.metrics.get("wall_seconds", math.nan), model.metrics.get("flops", math.nan),
+    return Cost(model.metrics.get("wall_seconds", math.nan), model.metrics.get("flops", math.nan),
                       int(model.metrics.get("comm_bytes", 0) or 0))
 
 
@@ -398,7 +398,7 @@ def retrain_for_new_features(judging: Judging) -> BatchUnlearning:
     tag_attempt(ws, record.scenario, exact.ref.version, 0)
     why = "held-out samples deleted: the feature transform fit on them changed"
     cost = registered_cost(exact)
-    attempt = AttemptRecord(attempt=0, method=EXACT_RETRAIN_METHOD, version=exact.ref, certificate=EXACT_RETRAIN,
+    attempt = EscalationStep(attempt=0, method=EXACT_RETRAIN_METHOD, version=exact.ref, certificate=EXACT_RETRAIN,
                             metrics=metrics_of(None, cost), note=f"exact retrain: {why}")
     return BatchUnlearning(source.ref, VersionMetrics(), [attempt], exact_certificate(record.scenario, record.batch_id,
                                                                                  why), cost, {}, exact.ref)
@@ -421,12 +421,12 @@ def keep_source(judging: Judging) -> BatchUnlearning:
         federation = read_federation(ws, record.scenario, torch.device("cpu"), record.data_version_after)
         federation = with_weights(federation, source)
         ref = register_attempt(ws, record, source, federation, Attempt(method=UNCHANGED), 0,
-                               Outcome(source.state, CostRecord(0.0, 0.0, 0)), certificate, None)
-    attempt = AttemptRecord(attempt=0, method=UNCHANGED, version=ref, certificate=guarantee,
-                            metrics=metrics_of(None, CostRecord(0.0, 0.0, 0)),
+                               Outcome(source.state, Cost(0.0, 0.0, 0)), certificate, None)
+    attempt = EscalationStep(attempt=0, method=UNCHANGED, version=ref, certificate=guarantee,
+                            metrics=metrics_of(None, Cost(0.0, 0.0, 0)),
                             note="only held-out samples deleted: nothing to unlearn")
     return BatchUnlearning(source.ref, VersionMetrics(), [attempt], certificate,
-                        CostRecord(0.0, 0.0, 0), {})
+                        Cost(0.0, 0.0, 0), {})
 
 
 def close_without_model(judging: Judging) -> None:

@@ -60,10 +60,10 @@ from fedunlearn.data.store import RAW_DIR, canary_ids, partition_scenario, read_
 from fedunlearn.evaluation.audit import (
     AuditResult,
     CanaryRule,
-    ReferenceSet,
+    AuditSet,
     audit_forgetting,
     matched_nonmember_rows,
-    train_references,
+    train_audit_set,
 )
 from fedunlearn.evaluation.evaluator import (
     Evaluator,
@@ -71,7 +71,7 @@ from fedunlearn.evaluation.evaluator import (
     train_shadow_model,
 )
 from fedunlearn.evaluation.mia import logit_scaled_confidence
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import Tensors, sgd_epochs
 from fedunlearn.training import load_federation, train
 
@@ -90,18 +90,18 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
 
 
 def draw_batch(kind: str, seed: int, clients: list, client_order: np.ndarray,
-               canaries: list[str] | None = None) -> DeletionBatch:
+               canaries: list[str] | None = None) -> ForgetSet:
     """``kind``: a number of samples drawn uniformly from all clients' training samples,
     ``client`` (the seed-th client of a seeded order: a different client per seed) or
     ``canaries<N>`` (N drawn uniformly from the partition's ``canaries``)."""
     if kind == CLIENT:
-        return DeletionBatch.for_clients([int(client_order[seed % len(client_order)])], clients)
+        return ForgetSet.for_clients([int(client_order[seed % len(client_order)])], clients)
     if kind.startswith(CANARIES):
         chosen = np.random.default_rng([seed, 0xCA4A]).choice(canaries, size=int(kind[len(CANARIES):]), replace=False)
-        return DeletionBatch.for_sample_ids(chosen, clients)
+        return ForgetSet.for_sample_ids(chosen, clients)
     ids = np.concatenate([c.sample_ids for c in clients])
     chosen = np.random.default_rng([seed, int(kind), 0xA0D17]).choice(ids, size=int(kind), replace=False)
-    return DeletionBatch.for_sample_ids(chosen, clients)
+    return ForgetSet.for_sample_ids(chosen, clients)
 
 
 def auc(members: np.ndarray, nonmembers: np.ndarray) -> float:
@@ -111,7 +111,7 @@ def auc(members: np.ndarray, nonmembers: np.ndarray) -> float:
     return float((greater + 0.5 * ties) / (len(members) * len(nonmembers)))
 
 
-def label_diagnostics(target, forget, references: ReferenceSet, seed: int) -> dict[str, float]:
+def label_diagnostics(target, forget, references: AuditSet, seed: int) -> dict[str, float]:
     """A check on the audit's label matching, outside the audit: the total variation distance
     between the forget set's label mix and the matched non-members' (0 when pool B holds enough
     samples of every label), and the label-stratified AUC — per label, the forget samples' score
@@ -139,7 +139,7 @@ def canary_setup(params, scenario: str, root: Path) -> tuple[CanaryRule | None, 
     return CanaryRule(params.seed, fraction, int(manifest["num_classes"])), canary_ids(manifest)
 
 
-def weak_unlearning(federation, state: dict, batch: DeletionBatch, epochs: int, seed: int):
+def weak_unlearning(federation, state: dict, batch: ForgetSet, epochs: int, seed: int):
     """A too-weak method: the source model fine-tuned for ``epochs`` epochs on the retained data only,
     centrally (SGD at the scenario's lr, momentum and batch size): it keeps most of what it memorised."""
     model = federation.model_from(state)
@@ -152,7 +152,7 @@ def weak_unlearning(federation, state: dict, batch: DeletionBatch, epochs: int, 
     return model
 
 
-def over_forgetting(federation, state: dict, batch: DeletionBatch, epochs: int, seed: int, margin: float = 30.0):
+def over_forgetting(federation, state: dict, batch: ForgetSet, epochs: int, seed: int, margin: float = 30.0):
     """An over-forgetting stand-in: the exact retrain trained ``epochs`` more epochs on the retained
     data (the scenario's SGD) while every step also pushes each forget sample's labelled-class
     logit ``margin`` below its best other class (a hinge that does not fade as the probability
@@ -320,7 +320,7 @@ class Setup:
     params: Any
     federation: Any
     original: Any
-    references: ReferenceSet
+    references: AuditSet
     shadow: Any
     canaries: list[str]
     client_order: np.ndarray
@@ -338,13 +338,13 @@ def build_setup(args: argparse.Namespace, params, root: Path, device) -> Setup:
     t = time.perf_counter()
     original = train(federation)
     timings: dict[str, Any] = {"original_seconds": time.perf_counter() - t}
-    references = train_references(federation.test,
+    references = train_audit_set(federation.test,
                                   lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
     references.canaries, canaries = canary_setup(params, args.scenario, root)
     timings["references"] = {"K": len(references), "seconds": references.seconds, "epochs": params.audit.epochs}
     t = time.perf_counter()
-    any_batch = DeletionBatch.for_clients([0], federation.clients)
+    any_batch = ForgetSet.for_clients([0], federation.clients)
     shadow = train_shadow_model(federation, evaluation_sets(federation, any_batch).shadow_in)
     timings["shadow_seconds"] = time.perf_counter() - t
     client_order = np.random.default_rng([params.seed, 0xC11E]).permutation(

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedunlearn.benchmark import runner
+from fedunlearn.benchmark import yardstick
 from fedunlearn.benchmark.spec import parse_request
 from fedunlearn.certify.certificate import certificate_for
 from fedunlearn.config import load_params
@@ -46,17 +46,17 @@ def one_seed(args, seed: int, threads: int, settings: dict[str, dict]) -> list[d
     torch.use_deterministic_algorithms(True)
     params = load_params(args.root / "params.yaml").model_copy(update={"seed": seed})
     federation = load_federation(args.scenario, params, args.root, torch.device("cpu"))
-    setup = runner.build_setup(args.scenario, federation, parse_request(args.request))
+    setup = yardstick.build_setup(args.scenario, federation, parse_request(args.request))
     original = train(setup.fed_state).state
     kind, setting = setup.batch.kind, setup.fed_state.setting
-    retrain = runner.run_method(setup, original, get_method("retrain", setting=setting, kind=kind),
-                                timings=runner.BENCHMARK_TIMINGS)
+    retrain = yardstick.run_method(setup, original, get_method("retrain", setting=setting, kind=kind),
+                                timings=yardstick.BENCHMARK_TIMINGS)
     rows = []
     for deterministic in (True, False):
         torch.use_deterministic_algorithms(deterministic)
         for label, options in settings.items():
             method = get_method(args.method, setting=setting, kind=kind, **options)
-            outcome = runner.run_method(setup, original, method, timings=runner.BENCHMARK_TIMINGS)
+            outcome = yardstick.run_method(setup, original, method, timings=yardstick.BENCHMARK_TIMINGS)
             rows.append({"setting": label, "seed": seed, "threads": threads, "deterministic": deterministic,
                          **measure(setup, outcome.state), "certificate": certificate_for(method, outcome).guarantee,
                          "speedup": retrain.cost.wall_seconds / outcome.cost.wall_seconds})
@@ -64,7 +64,7 @@ def one_seed(args, seed: int, threads: int, settings: dict[str, dict]) -> list[d
     return rows
 
 
-def measure(setup: runner.BenchmarkSetup, state) -> dict:
+def measure(setup: yardstick.BenchmarkSetup, state) -> dict:
     model = setup.fed_state.model_from(state)
     test = correctness(model, setup.sets.test)
     figures = {"forget_acc": float(correctness(model, setup.sets.forget).mean()), "test_acc": float(test.mean())}

@@ -48,7 +48,7 @@ from fedunlearn.config import load_params  # noqa: E402
 from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, correctness, evaluation_sets  # noqa: E402
-from fedunlearn.federation.batch import DeletionBatch  # noqa: E402
+from fedunlearn.federation.forget_set import ForgetSet  # noqa: E402
 from fedunlearn.unlearning.escalation import Attempt, default_method, default_escalation  # noqa: E402
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
@@ -70,7 +70,7 @@ def grid(methods: list[str], extra: dict[str, list[dict[str, Any]]]) -> list[tup
     return [(m, options) for m in methods if m in supported for options in chosen.get(m, [{}])]
 
 
-def draw_forget_set(kind: str, seed: int, setup) -> DeletionBatch:
+def draw_forget_set(kind: str, seed: int, setup) -> ForgetSet:
     """``mixed<C>+<O>``: C canaries and O ordinary training samples, seeded; else ``draw_batch``'s kinds."""
     federation = setup.federation
     if not kind.startswith(MIXED):
@@ -81,7 +81,7 @@ def draw_forget_set(kind: str, seed: int, setup) -> DeletionBatch:
     plain = ids[~np.isin(ids, setup.canaries)]
     chosen = np.concatenate([rng.choice(setup.canaries, size=canaries, replace=False),
                              rng.choice(plain, size=ordinary, replace=False)])
-    return DeletionBatch.for_sample_ids(chosen, federation.clients)
+    return ForgetSet.for_sample_ids(chosen, federation.clients)
 
 
 def part_accuracies(model, forget, canaries: list[str]) -> dict[str, float]:

@@ -49,7 +49,7 @@ from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, evaluation_sets  # noqa: E402
 from fedunlearn.evaluation.per_sample import REMEMBERED  # noqa: E402
-from fedunlearn.federation.batch import DeletionBatch  # noqa: E402
+from fedunlearn.federation.forget_set import ForgetSet  # noqa: E402
 from fedunlearn.training import train  # noqa: E402
 
 KINDS = ("canaries", "ordinary")
@@ -82,7 +82,7 @@ def judged(candidate_model, setup, batch, evaluator, sets, source_eval, audit_so
 
 def run_draw(setup, models: dict[str, Any], kind: str, chosen: np.ndarray, gates: PromotionGates) -> dict[str, Any]:
     federation = setup.federation
-    batch = DeletionBatch.for_sample_ids(chosen, federation.clients)
+    batch = ForgetSet.for_sample_ids(chosen, federation.clients)
     sets = evaluation_sets(federation, batch)
     evaluator = Evaluator(federation, batch, sets=sets, shadow_model=setup.shadow)
     source_eval = evaluator.evaluate(models["noop"])
@@ -98,7 +98,7 @@ def run_world(args: argparse.Namespace, params, root: Path, world: int, scratch:
     setup = build_setup(args, seeded_partition(args, params, root, world, scratch), scratch, device)
     federation, sizes = setup.federation, [int(s) for s in args.sizes.split(",")]
     pool = world_pool(setup, max(sizes) + args.spare, world)
-    everything = DeletionBatch.for_sample_ids(np.concatenate(list(pool.values())), federation.clients)
+    everything = ForgetSet.for_sample_ids(np.concatenate(list(pool.values())), federation.clients)
     t = time.perf_counter()
     retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(everything), state={}))
     over = over_forgetting(federation, retrained.state, everything, args.over_forget_epochs, world)

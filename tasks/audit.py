@@ -18,8 +18,8 @@ from torch import nn
 
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.data.store import read_manifest
-from fedunlearn.evaluation.audit import (AuditResult, CanaryRule, ReferenceSet, audit_forgetting, plot_audit,
-                                         restore_references, train_references)
+from fedunlearn.evaluation.audit import (AuditResult, CanaryRule, AuditSet, audit_forgetting, plot_audit,
+                                         restore_references, train_audit_set)
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.timing import CORE, core_compute
@@ -41,13 +41,13 @@ def fresh_model(federation: Federation) -> nn.Module:
 
 @task(name="train-audit-references", cache_policy=NO_CACHE)
 @core_compute
-def train_audit_references(ws: Workspace, federation: Federation) -> ReferenceSet:
-    return train_references(federation.test, lambda: fresh_model(federation), config=ws.params.audit,
+def train_audit_models(ws: Workspace, federation: Federation) -> AuditSet:
+    return train_audit_set(federation.test, lambda: fresh_model(federation), config=ws.params.audit,
                             seed=ws.params.seed)
 
 
 @task(name="register-audit-references", cache_policy=NO_CACHE)
-def register_references(ws: Workspace, scenario: str, references: ReferenceSet, data_version: str) -> str:
+def register_audit_set(ws: Workspace, scenario: str, references: AuditSet, data_version: str) -> str:
     """One version of ``<scenario>-audit``: every reference's weights and the IDs it was built from
     (held-out sample IDs: identifiers, never rows)."""
     registry = ws.registry
@@ -77,7 +77,7 @@ def canary_rule(ws: Workspace, scenario: str) -> CanaryRule | None:
 
 
 @task(name="load-audit-references", cache_policy=NO_CACHE)
-def load_references(ws: Workspace, scenario: str, federation: Federation, deleted: set[str]) -> ReferenceSet | None:
+def load_audit_set(ws: Workspace, scenario: str, federation: Federation, deleted: set[str]) -> AuditSet | None:
     """The scenario's latest reference set against ``federation``'s held-out split, without the
     references that trained on rows deleted since or by this batch (``deleted``), which also leave
     its pool (None: none registered, or too few references left); with the scenario's canary rule,
@@ -111,7 +111,7 @@ def load_references(ws: Workspace, scenario: str, federation: Federation, delete
 
 @task(name="audit-forgetting", cache_policy=NO_CACHE, task_run_name="audit-{name}")
 @core_compute
-def audit(name: str, model: nn.Module, forget: Tensors, references: ReferenceSet, seed: int,
+def audit(name: str, model: nn.Module, forget: Tensors, references: AuditSet, seed: int,
           clean_forget_labels: np.ndarray | None = None) -> AuditResult:
     return audit_forgetting(model, forget, references, seed=seed, clean_forget_labels=clean_forget_labels)
 

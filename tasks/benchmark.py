@@ -9,7 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.benchmark import cache, runner
+from fedunlearn.benchmark import cache, yardstick
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.training import TrainedModel
 from tasks.unlearning import GPU_TAG, build_method
@@ -17,22 +17,22 @@ from stores.workspace import Workspace
 
 
 @task(name="train-original", cache_policy=NO_CACHE, tags=[GPU_TAG])
-def train_or_reuse_original(ws: Workspace, setup: runner.BenchmarkSetup, data_version: str,
+def train_or_reuse_original(ws: Workspace, setup: yardstick.BenchmarkSetup, data_version: str,
                             model: str) -> tuple[TrainedModel, bool]:
     """Returns the original model and whether it was reused from an earlier run."""
     key = cache.original_key(setup, data_version, model)
     cached = cache.load_original(ws.root, key, setup.fed_state.device)
     if cached is not None:
         return cached, True
-    trained = runner.train_original(setup)
+    trained = yardstick.train_original(setup)
     cache.save_original(ws.root, key, trained, setup.scenario, data_version)
     return trained, False
 
 
 @task(name="audit-ulira", cache_policy=NO_CACHE, tags=[GPU_TAG], task_run_name="ulira-{name}")
-def audit_ulira(setup: runner.BenchmarkSetup, name: str, retrain_test_acc: float | None, options: dict[str, Any],
+def audit_ulira(setup: yardstick.BenchmarkSetup, name: str, retrain_test_acc: float | None, options: dict[str, Any],
                 num_pairs: int):
-    return runner.ulira(setup, lambda: build_method(name, setup.fed_state.setting, "sample", retrain_test_acc,
+    return yardstick.ulira(setup, lambda: build_method(name, setup.fed_state.setting, "sample", retrain_test_acc,
                                                     options), num_pairs)
 
 

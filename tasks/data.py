@@ -14,7 +14,7 @@ from fedunlearn.evaluation.backdoor import poison_clients
 from fedunlearn.federation.local import MapUpdates, map_inline
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.training import load_federation
-from fedunlearn.unlearning.base import DeletionBatch
+from fedunlearn.unlearning.base import ForgetSet
 from stores import validation
 from fedunlearn.timing import core_compute
 from stores.workspace import Workspace, checkout_from_cache
@@ -64,5 +64,5 @@ def read_federation(ws: Workspace, scenario: str, device: torch.device, data_ver
         present = [i for c in federation.clients for i in c.sample_ids.tolist() if i in poisoned]
         if present:
             federation.clients = poison_clients(federation.clients,
-                                                DeletionBatch.for_sample_ids(present, federation.clients).forget_ids)
+                                                ForgetSet.for_sample_ids(present, federation.clients).forget_ids)
     return federation

@@ -17,7 +17,7 @@ from fedunlearn.evaluation.records import Evaluation
 from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.federation import local
 from fedunlearn.federation.protocol import Federation
-from fedunlearn.unlearning.base import DeletionBatch
+from fedunlearn.unlearning.base import ForgetSet
 from fedunlearn.timing import core_compute
 from stores.workspace import Workspace
 
@@ -27,7 +27,7 @@ SHADOW_DIR = "shadow-models"
 
 @task(name="build-evaluator", cache_policy=NO_CACHE)
 @core_compute
-def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch: DeletionBatch,
+def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch: ForgetSet,
                     backdoor: bool = False, sets: EvaluationSets | None = None) -> Evaluator:
     """The batch's evaluator, its shadow model read from the workspace's cache when one was trained
     on the same rows and settings before (``evaluator.shadow_key``), else trained and kept there.

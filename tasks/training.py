@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import Cost
 from fedunlearn.federation.fedavg import ClientUpdate
 from fedunlearn.training import TrainingRound
 from fedunlearn import timing
@@ -81,7 +81,7 @@ def map_with_prefect(update_fn: Callable[..., Any], jobs: list[dict]) -> list[An
 
 @task(name="train-through-flower", cache_policy=NO_CACHE)
 def train_through_flower(ws: Workspace, scenario: str, engine: str, rounds: int | None,
-                         on_round: Callable[[TrainingRound], None] | None = None) -> tuple[dict, str, CostRecord]:
+                         on_round: Callable[[TrainingRound], None] | None = None) -> tuple[dict, str, Cost]:
     """The scenario trained by FedAvg through Flower's ``engine`` (``deployment`` or ``simulation``)
     on the workspace's current data version: the model, its ``runtime`` tag and its cost (FLOPs and
     bytes counted as the in-process trainer's; the wall time includes the engine's start and stop).

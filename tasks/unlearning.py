@@ -15,10 +15,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
-from fedunlearn.benchmark import runner
+from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import Certificate
 from fedunlearn.faults import failpoint
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import Cost
 from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.base import Outcome, UnlearningMethod
@@ -45,13 +45,13 @@ def build_method(name: str, setting: str, kind: str, target_test_acc: float | No
 
 @task(name="unlearn", cache_policy=NO_CACHE, tags=[GPU_TAG], task_run_name="unlearn-{name}")
 @core_compute
-def unlearn(setup: runner.BenchmarkSetup, original: dict, name: str, target_test_acc: float | None,
+def unlearn(setup: yardstick.BenchmarkSetup, original: dict, name: str, target_test_acc: float | None,
             options: dict[str, Any], timings: int = 1) -> tuple[Outcome, Certificate]:
-    """``timings``: see ``runner.run_method`` (the benchmark times short runs several times)."""
+    """``timings``: see ``yardstick.run_method`` (the benchmark times short runs several times)."""
     method = build_method(name, setup.fed_state.setting, setup.batch.kind, target_test_acc, options)
-    outcome = runner.run_method(setup, original, method, timings)
+    outcome = yardstick.run_method(setup, original, method, timings)
     failpoint("during-unlearning")
-    return outcome, runner.method_certificate(setup, method, outcome)
+    return outcome, yardstick.method_certificate(setup, method, outcome)
 
 
 # The same task for a caller that holds the GPU slot itself (``gpu_slot``): untagged, or it would wait for
@@ -93,7 +93,7 @@ def flower_methods() -> dict[str, set[str]]:
 
 
 @task(name="unlearn-through-flower", cache_policy=NO_CACHE, task_run_name="unlearn-{name}-through-flower")
-def unlearn_through_flower(ws: Workspace, record: BatchRecord, setup: runner.BenchmarkSetup, original: dict,
+def unlearn_through_flower(ws: Workspace, record: BatchRecord, setup: yardstick.BenchmarkSetup, original: dict,
                            name: str, target_test_acc: float | None, options: dict[str, Any],
                            engine: str) -> tuple[Outcome, Certificate]:
     """``unlearn``'s attempt computed by the Flower app on ``engine``: its clients read the data
@@ -110,7 +110,7 @@ def unlearn_through_flower(ws: Workspace, record: BatchRecord, setup: runner.Ben
         start = time.perf_counter()
         state, notes, runtime = unlearn_with_flower(root, record.scenario, Path(tmp) / "run", original, name,
                                                     params, setup.batch, runner=engine)
-    outcome = Outcome(state, CostRecord(wall_seconds=time.perf_counter() - start, flops=float("nan")),
+    outcome = Outcome(state, Cost(wall_seconds=time.perf_counter() - start, flops=float("nan")),
                       notes={**notes, "runtime": runtime})
     method = build_method(name, setup.fed_state.setting, setup.batch.kind, target_test_acc, options)
-    return outcome, runner.method_certificate(setup, method, outcome)
+    return outcome, yardstick.method_certificate(setup, method, outcome)

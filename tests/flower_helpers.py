@@ -12,7 +12,7 @@ import torch
 
 from fedunlearn.config import load_params
 from fedunlearn.data.store import load_horizontal, partition_scenario, prepare_dataset
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import FedAvg
 from fedunlearn.unlearning import FederatedState, get_method
 
@@ -44,13 +44,13 @@ def in_process(root: Path, rounds: int) -> FederatedState:
     return fed
 
 
-def sample_batch(root: Path, client: int = 1, count: int = 10) -> DeletionBatch:
+def sample_batch(root: Path, client: int = 1, count: int = 10) -> ForgetSet:
     """The first ``count`` samples of ``client``: a sample request."""
     ids = load_horizontal(SCENARIO, root).clients[client].sample_ids[:count]
-    return DeletionBatch("sample", {client: np.asarray(ids)})
+    return ForgetSet("sample", {client: np.asarray(ids)})
 
 
-def unlearned_in_process(fed: FederatedState, batch: DeletionBatch, method: str, **params) -> dict:
+def unlearned_in_process(fed: FederatedState, batch: ForgetSet, method: str, **params) -> dict:
     return get_method(method, **params).unlearn(fed, batch).state
 
 
@@ -93,7 +93,7 @@ class LoopbackGrid:
 
 
 def unlearned_on_loopback(root: Path, out: Path, state: dict, method: str, params: dict,
-                          batch: DeletionBatch) -> tuple[dict, dict, list[str]]:
+                          batch: ForgetSet) -> tuple[dict, dict, list[str]]:
     """``state`` with ``batch`` forgotten by the Flower app's ``method`` on a ``LoopbackGrid``: the
     model, the ServerApp's notes and the message types it sent."""
     from fedunlearn_flower.partition import Scenario

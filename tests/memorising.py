@@ -50,8 +50,8 @@ def canary_federation(workspace: Path, count: int = 40):
 
     from fedunlearn.config import load_params
     from fedunlearn.data.store import partition_scenario, prepare_dataset
-    from fedunlearn.evaluation.audit import CanaryRule, train_references
-    from fedunlearn.federation.batch import DeletionBatch
+    from fedunlearn.evaluation.audit import CanaryRule, train_audit_set
+    from fedunlearn.federation.forget_set import ForgetSet
     from fedunlearn.training import load_federation, train, trained
 
     shutil.copy(Path(__file__).resolve().parent.parent / "params.yaml", workspace / "params.yaml")
@@ -61,9 +61,9 @@ def canary_federation(workspace: Path, count: int = 40):
     federation = load_federation(SCENARIO, params, workspace, torch.device("cpu"))
     source = train(federation)
     federation = trained(federation, source)
-    references = train_references(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
+    references = train_audit_set(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
     references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
     federation.calibration = references.calibration_rows(federation.test)
-    batch = DeletionBatch.for_sample_ids(canary_request_ids(workspace, count), federation.clients)
+    batch = ForgetSet.for_sample_ids(canary_request_ids(workspace, count), federation.clients)
     return federation, source.cost, references, batch

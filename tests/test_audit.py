@@ -13,7 +13,7 @@ import torch
 from fedunlearn.data.datasets import load_source
 from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.audit import (FORGOTTEN, INCONCLUSIVE, NOT_FORGOTTEN, AuditConfig, AuditResult, CanaryRule,
-                                         audit_forgetting, matched_nonmember_rows, plot_audit, train_references)
+                                         audit_forgetting, matched_nonmember_rows, plot_audit, train_audit_set)
 from fedunlearn.federation.local import Tensors, sgd_epochs
 from models import build_model
 
@@ -55,7 +55,7 @@ def concat(a: Tensors, b: Tensors) -> Tensors:
 
 @pytest.fixture(scope="module")
 def references():
-    return train_references(rows(HELDOUT), mlp, config=CONFIG, seed=0)
+    return train_audit_set(rows(HELDOUT), mlp, config=CONFIG, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_memorised_canaries_are_not_forgotten_and_their_retrain_meets_relabelled
     # Canaries and relabelled pool-B samples are both never seen by the retrain: exchangeable.
     assert retrained.verdict != NOT_FORGOTTEN and abs(retrained.auc - 0.5) < 0.12, retrained.interval
     assert retrained.n_nonmembers == len(references.pool)     # every pool-B sample, relabelled
-    # The rule travels with the references (as tasks.audit.load_references sets it).
+    # The rule travels with the references (as tasks.audit.load_audit_set sets it).
     attached = dataclasses.replace(references, canaries=CANARY_RULE)
     assert audit_forgetting(canary_targets[1], forget, attached).auc == retrained.auc
     # Against correctly labelled non-members the comparison is about labels, not membership.

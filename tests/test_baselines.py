@@ -13,7 +13,7 @@ from fedunlearn.data.datasets import load_source
 from fedunlearn.data.partition import assign_iid, holdout_mask
 from fedunlearn.federation.fedavg import FedAvg, map_inline
 from fedunlearn.federation.local import Tensors
-from fedunlearn.unlearning import DeletionBatch, FederatedState, get_method, resolve_request
+from fedunlearn.unlearning import ForgetSet, FederatedState, get_method, resolve_request
 from models import build_model
 
 CPU = torch.device("cpu")
@@ -49,7 +49,7 @@ def spying(fed_state: FederatedState) -> tuple[FederatedState, list[tuple[int, n
     return FederatedState(**{**vars(fed_state), "map_updates": map_updates}), seen
 
 
-def all_forget_ids(batch: DeletionBatch) -> set[str]:
+def all_forget_ids(batch: ForgetSet) -> set[str]:
     return set(np.concatenate(list(batch.forget_ids.values())).tolist())
 
 

@@ -19,8 +19,8 @@ from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certif
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import VersionMetrics
-from fedunlearn.federation.cost import CostRecord
-from fedunlearn.receipts import NO_MODEL, AttemptRecord, ModelRef
+from fedunlearn.federation.cost import Cost
+from fedunlearn.receipts import NO_MODEL, EscalationStep, ModelRef
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
 from fedunlearn.requests.ledger import LedgerEntry
 
@@ -170,14 +170,14 @@ def test_speedup_against_retraining(reference, chosen, expected):
 
 
 def outcome(method: str, with_reference: bool) -> BatchUnlearning:
-    chosen = AttemptRecord(attempt=1, method=method, version=ref("5", "unlearned"), certificate="empirical",
-                           gates=gates(False, True), metrics=metrics_of(None, CostRecord(4.0, 1e9, 0)))
-    first = AttemptRecord(attempt=0, method="puf-special", version=ref("4", "unlearned"), certificate="empirical",
+    chosen = EscalationStep(attempt=1, method=method, version=ref("5", "unlearned"), certificate="empirical",
+                           gates=gates(False, True), metrics=metrics_of(None, Cost(4.0, 1e9, 0)))
+    first = EscalationStep(attempt=0, method="puf-special", version=ref("4", "unlearned"), certificate="empirical",
                           gates=gates(False, False), metrics={})
     reference = VersionMetrics(test_acc=0.9, wall_seconds=20.0, flops=1e10, comm_bytes=5) if with_reference else None
     return BatchUnlearning(ref("3", "original"), VersionMetrics(test_acc=0.95), [first, chosen],
                         Certificate(method=method, guarantee=EMPIRICAL_ONLY, claimed=EMPIRICAL_ONLY),
-                        CostRecord(4.0, 1e9, 0), {"0": 1, "2": 1},
+                        Cost(4.0, 1e9, 0), {"0": 1, "2": 1},
                         ref("6", "retrained") if with_reference else None, reference)
 
 
@@ -210,7 +210,7 @@ def test_a_batch_that_deleted_everything_gets_a_receipt_with_no_model():
 
 
 def test_metrics_of_report_what_was_not_measured_as_none_and_the_exact_certificate_says_why():
-    metrics = metrics_of(None, CostRecord(2.0, math.nan, 0))
+    metrics = metrics_of(None, Cost(2.0, math.nan, 0))
     assert metrics["wall_seconds"] == 2.0 and metrics["flops"] is None and metrics["test_acc"] is None
     certificate = exact_certificate(SCENARIO, "b1", "the escalation's last step")
     assert certificate.guarantee == EXACT_RETRAIN and "the escalation's last step" in certificate.notes[0]

@@ -96,7 +96,7 @@ def test_unsupported_method_for_the_request_is_rejected_before_training():
 def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     """Retraining really forgets: the per-example audit cannot tell its unlearned samples from
     samples it never saw."""
-    from fedunlearn.benchmark import runner
+    from fedunlearn.benchmark import yardstick
     from fedunlearn.config import load_params
     from fedunlearn.training import load_federation
     from fedunlearn.unlearning import get_method
@@ -104,8 +104,8 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
 
     reproduce(workspace, "digits-hfl")
     fed_state = load_federation("digits-hfl", load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
-    setup = runner.build_setup("digits-hfl", fed_state, parse_request("samples:0.1@all"))
-    result = runner.ulira(setup, lambda: get_method("retrain", setting="hfl"), num_pairs=2)
+    setup = yardstick.build_setup("digits-hfl", fed_state, parse_request("samples:0.1@all"))
+    result = yardstick.ulira(setup, lambda: get_method("retrain", setting="hfl"), num_pairs=2)
     assert result.name == "ulira"
     assert 0.35 < result.auc < 0.65
 
@@ -115,7 +115,7 @@ def test_ulira_audit_of_exact_retraining_is_near_chance(workspace):
     ("breast_cancer-dfl-ring", "samples:0.05@all", {"retrain": "exact retrain", "certified-dfu": "formal (ε,δ)"}),
 ])
 def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario, request_spec, expected):
-    from fedunlearn.benchmark import runner
+    from fedunlearn.benchmark import yardstick
     from fedunlearn.config import load_params
     from fedunlearn.training import load_federation, prepare_unlearning, trained
     from tasks.unlearning import build_method
@@ -123,16 +123,16 @@ def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario,
 
     reproduce(workspace, scenario)
     fed_state = load_federation(scenario, load_params(workspace / "params.yaml"), workspace, torch.device("cpu"))
-    setup = runner.build_setup(scenario, fed_state, parse_request(request_spec))
-    original = runner.train_original(setup)
+    setup = yardstick.build_setup(scenario, fed_state, parse_request(request_spec))
+    original = yardstick.train_original(setup)
     prepare_unlearning(trained(setup.fed_state, original))
     evaluator = setup.evaluator()
     before = evaluator.evaluate(setup.fed_state.model_from(original.state))
     for name, guarantee in expected.items():
         method = build_method(name, fed_state.setting, setup.batch.kind, None, {})
-        outcome = runner.run_method(setup, original.state, method)
+        outcome = yardstick.run_method(setup, original.state, method)
         after = evaluator.evaluate(setup.fed_state.model_from(outcome.state))
-        assert runner.method_certificate(setup, method, outcome).guarantee == guarantee
+        assert yardstick.method_certificate(setup, method, outcome).guarantee == guarantee
         assert set(after.evidence.attacks) == {"confidence", "loss", "shadow"}
         assert outcome.cost.wall_seconds > 0 and after.test_acc > 0.5
     if setup.batch.labels:  # class removal: the forgotten class is no longer recognised
@@ -142,8 +142,8 @@ def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario,
 def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first_outcome():
     import dataclasses
 
-    from fedunlearn.benchmark.runner import run_method
-    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.benchmark.yardstick import run_method
+    from fedunlearn.federation.cost import Cost
     from fedunlearn.unlearning.base import Outcome
 
     @dataclasses.dataclass
@@ -158,7 +158,7 @@ def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first
 
         def unlearn(self, fed_state, batch):
             self.calls += 1
-            return Outcome({"call": self.calls}, CostRecord(wall_seconds=self.seconds[self.calls - 1]))
+            return Outcome({"call": self.calls}, Cost(wall_seconds=self.seconds[self.calls - 1]))
 
     setup = type("Setup", (), {"fed_state": Federation({}), "batch": None})()
     fast = Timed([0.09, 0.03, 0.02, 0.5, 0.025])

@@ -24,7 +24,7 @@ from fedunlearn.data.partition import assign_iid, holdout_mask
 from fedunlearn.federation.dpsgd import DPSGD, average_state
 from fedunlearn.federation.local import State, Tensors, accuracy
 from fedunlearn.federation.topology import ring
-from fedunlearn.unlearning import DeletionBatch, FederatedState, available_methods, get_method, resolve_request
+from fedunlearn.unlearning import ForgetSet, FederatedState, available_methods, get_method, resolve_request
 from fedunlearn.unlearning.certified_dfu import (CertifiedDFU, FlatObjective, gaussian_noise, logreg_constants,
                                                  paper_sensitivity, precompute_statistics)
 from fedunlearn.unlearning.dfl_retrain import DecentralizedState, unlearn_sequence
@@ -125,7 +125,7 @@ def test_noise_has_the_calibrated_scale_whatever_the_number_of_shares():
 
 def test_every_node_holds_the_optimum_plus_exactly_the_calibrated_noise(breast_cancer_oracle):
     fed_state, problem = breast_cancer_oracle
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.03, fed_state.clients, seed=1)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.03, fed_state.clients, seed=1)
     quiet = get_method("certified-dfu", setting="dfl", noise=False).unlearn(fed_state, batch)
     noisy = get_method("certified-dfu", setting="dfl", noise_seed=7).unlearn(fed_state, batch)
     sigma = noisy.certificate_inputs["sigma"]
@@ -185,7 +185,7 @@ def test_lipschitz_constants_bound_what_the_loss_does():
 def test_removal_step_lands_ten_times_closer_to_the_exact_retrained_optimum(breast_cancer_oracle, fraction):
     fed_state, problem = breast_cancer_oracle
     for clients in ([0, 1, 2, 3], [2]):
-        batch = DeletionBatch.for_fraction(clients, fraction, fed_state.clients, seed=3)
+        batch = ForgetSet.for_fraction(clients, fraction, fed_state.clients, seed=3)
         target = exact_optimum(fed_state.model_fn, fed_state.retained_clients(batch))
         before = distance(problem, fed_state.state, target)
         one_step = get_method("certified-dfu", setting="dfl", noise=False, newton_steps=1).unlearn(fed_state, batch)
@@ -213,7 +213,7 @@ def test_class_and_client_removal_land_ten_times_closer(kind, subject):
 
 def test_certificate_is_formal_only_when_every_assumption_holds(breast_cancer_oracle):
     fed_state, _ = breast_cancer_oracle
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=4)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=4)
     method = get_method("certified-dfu", setting="dfl")
     outcome = method.unlearn(fed_state, batch)
     certificate = certificate_for(method, outcome)
@@ -236,7 +236,7 @@ def test_certificate_is_formal_only_when_every_assumption_holds(breast_cancer_or
 
 def test_paper_calibration_uses_the_a_priori_bound(breast_cancer_oracle):
     fed_state, _ = breast_cancer_oracle
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.1, fed_state.clients, seed=5)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.1, fed_state.clients, seed=5)
     method = get_method("certified-dfu", setting="dfl", calibration="paper")
     outcome = method.unlearn(fed_state, batch)
     numbers = outcome.certificate_inputs
@@ -258,13 +258,13 @@ def test_a_network_is_unlearned_but_not_certified():
     torch.manual_seed(0)
     fed_state = DecentralizedState("dfl", model_fn, model_fn().state_dict(), clients, clients[0], TrainConfig(),
                                    0, CPU, 10, topology=ring(2))
-    batch = DeletionBatch.for_fraction([0], 0.1, clients, seed=0)
+    batch = ForgetSet.for_fraction([0], 0.1, clients, seed=0)
     method = get_method("certified-dfu", setting="dfl", hessian="fisher-diag", damping=0.1, newton_steps=1)
     outcome = method.unlearn(fed_state, batch)
     certificate = certificate_for(method, outcome)
     assert certificate.guarantee == NOT_CERTIFIED and "strongly_convex" in certificate.notes[0]
     assert not torch.equal(outcome.state["classifier.2.weight"], fed_state.state["classifier.2.weight"])
-    assert outcome.certificate_inputs["residual_bound"] == math.inf and outcome.ledger is None
+    assert outcome.certificate_inputs["residual_bound"] == math.inf and outcome.budget is None
     with pytest.raises(ValueError, match="calibration 'paper' needs a λ-strongly convex model"):
         get_method("certified-dfu", setting="dfl", calibration="paper", hessian="fisher-diag").unlearn(fed_state, batch)
 
@@ -278,12 +278,12 @@ def test_registered_for_dfl_only_and_needs_a_topology(breast_cancer_oracle):
     plain = FederatedState("dfl", fed_state.model_fn, fed_state.state, fed_state.clients, fed_state.test,
                            fed_state.train_config, 0, CPU, 2)
     with pytest.raises(TypeError, match="need a DecentralizedState"):
-        get_method("certified-dfu", setting="dfl").unlearn(plain, DeletionBatch.for_clients([0], plain.clients))
+        get_method("certified-dfu", setting="dfl").unlearn(plain, ForgetSet.for_clients([0], plain.clients))
 
 
 # --- budget and sequences ----------------------------------------------------------------------------
 
-def test_ledger_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
+def test_the_budget_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
     ledger = ResidualBudget(1e-3).charge("b1", 2e-4, "newton").charge("b2", 5e-4, "newton")
     assert (ledger.used, ledger.left, ledger.retrains) == (pytest.approx(7e-4), pytest.approx(3e-4), 0)
     assert [e.budget_used for e in ledger.entries] == [2e-4, pytest.approx(7e-4)]
@@ -303,7 +303,7 @@ def test_ledger_sums_the_bounds_since_the_last_retrain_and_is_never_overdrawn():
         ResidualBudget(0.0)
 
 
-def test_a_ledger_written_by_the_per_batch_rule_reads_back_summed():
+def test_a_budget_written_by_the_per_batch_rule_reads_back_summed():
     """The earlier serialised form: ``used`` the last bound, entries without the new fields."""
     old = {"budget": 1e-3, "used": 4e-4, "left": 6e-4, "retrains": 0,
            "entries": [{"batch_id": "b1", "action": "newton", "residual_bound": 3e-4, "budget_left": 7e-4},
@@ -324,12 +324,12 @@ def test_releases_since_the_retrain_compose_within_the_per_release_guarantee():
 
 def test_exceeding_the_budget_retrains_and_says_so(breast_cancer_trained):
     fed_state = breast_cancer_trained
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=6)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=6)
     method = get_method("certified-dfu", setting="dfl", residual_budget=1e-9, newton_steps=1)
     outcome = method.unlearn(fed_state, batch)
-    assert outcome.notes["action"] == "retrain" and outcome.ledger["retrains"] == 1
-    entry = outcome.ledger["entries"][0]
-    assert entry["action"] == "retrain" and entry["triggering_bound"] > 1e-9 and outcome.ledger["left"] == 0
+    assert outcome.notes["action"] == "retrain" and outcome.budget["retrains"] == 1
+    entry = outcome.budget["entries"][0]
+    assert entry["action"] == "retrain" and entry["triggering_bound"] > 1e-9 and outcome.budget["left"] == 0
     assert outcome.certificate_inputs["triggering_bound"] == entry["triggering_bound"]
     assert {"retrain", "unlearn"} <= {h["phase"] for h in outcome.history}
     certificate = certificate_for(method, outcome)
@@ -343,7 +343,7 @@ def test_sequential_batches_track_the_budget_and_the_drift_from_retraining(breas
     fed_state = breast_cancer_trained
     seconds = precompute_statistics(fed_state)
     assert seconds > 0 and "exact" in fed_state.statistics
-    batches = [lambda s, k=k: DeletionBatch.for_fraction([0, 1, 2, 3], 0.07, s.clients, seed=10 + k) for k in range(3)]
+    batches = [lambda s, k=k: ForgetSet.for_fraction([0, 1, 2, 3], 0.07, s.clients, seed=10 + k) for k in range(3)]
     method = get_method("certified-dfu", setting="dfl", residual_budget=2e-3)
     rows, final = unlearn_sequence(method, fed_state, batches)
     assert [r["batch"] for r in rows] == [1, 2, 3] and [r["action"] for r in rows] == ["newton"] * 3
@@ -353,7 +353,7 @@ def test_sequential_batches_track_the_budget_and_the_drift_from_retraining(breas
     for row in rows:
         assert 0 < row["budget_left"] == pytest.approx(2e-3 - row["budget_used"])
         assert abs(row["test_acc"] - row["retrain_test_acc"]) <= 0.03 and row["drift_prediction_agreement"] >= 0.95
-    assert [e["batch_id"] for e in final.ledger["entries"]] == [r["batch_id"] for r in rows]
+    assert [e["batch_id"] for e in final.budget["entries"]] == [r["batch_id"] for r in rows]
     assert rows[0]["retained_samples"] > rows[1]["retained_samples"] > rows[2]["retained_samples"]
     remaining = set(np.concatenate([c.sample_ids for c in final.clients]).tolist())
     first = batches[0](fed_state)
@@ -362,19 +362,19 @@ def test_sequential_batches_track_the_budget_and_the_drift_from_retraining(breas
 
 
 def test_a_bound_that_does_not_fit_retrains_and_starts_a_new_sum(breast_cancer_oracle):
-    """The federation carries a ledger (in the earlier serialised form) with nothing left: however
+    """The federation carries a residual budget (in the earlier serialised form) with nothing left: however
     small the step's bound, it does not fit, so the batch retrains — and the retrained release,
     with the budget to itself again, is certified."""
     fed_state, _ = breast_cancer_oracle
     spent = {"budget": 1e-3, "entries": [{"batch_id": "b0", "action": "newton", "residual_bound": 1e-3,
                                           "budget_left": 0.0}]}
-    fed_state = dataclasses.replace(fed_state, ledger=spent, train_config=TrainConfig(rounds=10, lr=0.5, batch_size=16))
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.03, fed_state.clients, seed=9)
+    fed_state = dataclasses.replace(fed_state, budget=spent, train_config=TrainConfig(rounds=10, lr=0.5, batch_size=16))
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.03, fed_state.clients, seed=9)
     method = get_method("certified-dfu", setting="dfl")
     outcome = method.unlearn(fed_state, batch)
     numbers = outcome.certificate_inputs
-    entry = outcome.ledger["entries"][-1]
-    assert outcome.notes["action"] == "retrain" and [e["action"] for e in outcome.ledger["entries"]] == ["newton",
+    entry = outcome.budget["entries"][-1]
+    assert outcome.notes["action"] == "retrain" and [e["action"] for e in outcome.budget["entries"]] == ["newton",
                                                                                                       "retrain"]
     assert 0 < entry["triggering_bound"] == numbers["triggering_bound"] == outcome.notes["triggering_bound"]
     assert numbers["budget_used"] == entry["budget_used"] == numbers["residual_bound"] <= 1e-3
@@ -400,7 +400,7 @@ def test_a_float64_model_retrains_in_float64(float64_default):
     config = TrainConfig(rounds=3, lr=0.5, batch_size=16)
     fed_state = DecentralizedState("dfl", model_fn, model_fn().state_dict(), clients, test, config, 0, CPU, classes,
                                    topology=ring(4))
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.05, clients, seed=6)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.05, clients, seed=6)
     outcome = get_method("certified-dfu", setting="dfl", residual_budget=1e-9, newton_steps=1).unlearn(fed_state, batch)
     assert outcome.notes["action"] == "retrain"
     assert all(v.dtype == torch.float64 for node in outcome.node_states for v in node.values())
@@ -409,7 +409,7 @@ def test_a_float64_model_retrains_in_float64(float64_default):
 def test_protocol_cost_counts_the_floods(breast_cancer_oracle):
     fed_state, problem = breast_cancer_oracle
     fed_state = dataclasses.replace(fed_state, statistics={})
-    batch = DeletionBatch.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=8)
+    batch = ForgetSet.for_fraction([0, 1, 2, 3], 0.05, fed_state.clients, seed=8)
     d, flood = problem.num_params, 2 * 4 - 3  # one flood on a ring of 4 sends 2|E| − (N − 1) messages
     first = get_method("certified-dfu", setting="dfl").unlearn(fed_state, batch)  # computes Step 4 itself
     precompute_statistics(fed_state)

@@ -18,7 +18,7 @@ import pytest
 from cli import QUIET_SETTINGS, configure_output, parse_arguments
 from cli.text import plain
 from fedunlearn.certify.gates import GateCheck, GateOutcome
-from fedunlearn.receipts import AttemptRecord, ExactForgetting, ModelRef, Receipt, write_receipt
+from fedunlearn.receipts import EscalationStep, ExactForgetting, ModelRef, Receipt, write_receipt
 
 DUE = datetime(2026, 12, 27, 7, 42, tzinfo=timezone.utc)
 
@@ -144,7 +144,7 @@ def receipt(promoted: bool, forgetting: str | None, verdict: str = "inconclusive
                    models={"original": source, "source": source, "unlearned": unlearned,
                            "current": unlearned if promoted else source},
                    certificate={"guarantee": "empirical only"}, gates=outcome,
-                   attempts=[AttemptRecord(attempt=0, method="puf-special", version=unlearned, gates=outcome)],
+                   attempts=[EscalationStep(attempt=0, method="puf-special", version=unlearned, gates=outcome)],
                    promoted=promoted, metrics={"source": {"test_acc": math.nan}}, costs={},
                    forgetting=forgetting, exact_due=DUE if forgetting == "interim" else None,
                    batch_record="data/deletion_requests/batches/b.json")

@@ -3,7 +3,7 @@
 import pytest
 from torch import nn
 
-from fedunlearn.federation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
+from fedunlearn.federation.cost import (Cost, communication_bytes, flops_per_sample, speedup,
                                         training_flops)
 
 
@@ -44,13 +44,13 @@ def test_flops_per_sample_handles_batch_norm_and_restores_the_mode():
 
 
 def test_cost_records_add_up_and_compare_with_retraining():
-    unlearning = CostRecord(wall_seconds=1.5, flops=1e9, comm_bytes=100)
-    recovery = CostRecord(wall_seconds=0.5, flops=1e9, comm_bytes=300)
+    unlearning = Cost(wall_seconds=1.5, flops=1e9, comm_bytes=100)
+    recovery = Cost(wall_seconds=0.5, flops=1e9, comm_bytes=300)
     total = unlearning + recovery
-    assert total == CostRecord(2.0, 2e9, 400)
-    retrain = CostRecord(wall_seconds=20.0, flops=4e10, comm_bytes=4000)
+    assert total == Cost(2.0, 2e9, 400)
+    retrain = Cost(wall_seconds=20.0, flops=4e10, comm_bytes=4000)
     assert total.speedups(retrain) == {"wall_seconds": 10.0, "flops": 20.0, "comm_bytes": 10.0}
-    assert CostRecord(wall_seconds=1.0).speedups(retrain)["flops"] is None
+    assert Cost(wall_seconds=1.0).speedups(retrain)["flops"] is None
     assert speedup(30.0, 3.0) == 10.0
     with pytest.raises(ValueError, match="positive"):
         speedup(30.0, 0.0)

@@ -16,7 +16,7 @@ from fedunlearn.federation.cost import communication_bytes
 from fedunlearn.federation.dpsgd import DPSGD, average_state
 from fedunlearn.federation.local import Tensors, objective
 from fedunlearn.federation.topology import Topology, ring
-from fedunlearn.unlearning import DeletionBatch, FederatedState, Retrain, get_method
+from fedunlearn.unlearning import ForgetSet, FederatedState, Retrain, get_method
 from fedunlearn.unlearning.dfl_retrain import DecentralizedRetrain, DecentralizedState
 from models import build_model
 
@@ -109,7 +109,7 @@ def test_dfl_retrain_is_dpsgd_from_scratch_on_the_retained_data():
                                    topology=ring(4), node_states=nodes)
     method = get_method("retrain", setting="dfl", kind="client")
     assert isinstance(method, DecentralizedRetrain) and isinstance(get_method("retrain", setting="hfl"), Retrain)
-    batch = DeletionBatch.for_clients([1], clients)
+    batch = ForgetSet.for_clients([1], clients)
     outcome = method.unlearn(fed_state, batch)
     expected = DPSGD(logreg_fn(), config, ring(4), seed=0, device=CPU).fit(fed_state.retained_clients(batch))
     assert outcome.node_states[1] is None

@@ -112,7 +112,7 @@ def test_the_quitting_term_reaches_only_the_samples_the_source_remembers(canarie
     samples; the ordinary ones keep the accuracy the source gives them (as a retrain keeps them
     right), while the quitting term on every sample — no evidence given — pushes them wrong."""
     from fedunlearn.evaluation.audit import audit_forgetting
-    from fedunlearn.federation.batch import DeletionBatch
+    from fedunlearn.federation.forget_set import ForgetSet
     from fedunlearn.evaluation.evaluator import correctness
 
     federation, _, references, canary_batch = canaries
@@ -120,17 +120,17 @@ def test_the_quitting_term_reaches_only_the_samples_the_source_remembers(canarie
     everything = np.concatenate([c.sample_ids for c in federation.clients])
     source = federation.model_from(federation.state)
     ordinary = everything[~np.isin(everything, np.concatenate(list(canary_batch.forget_ids.values())))]
-    pool = federation.forget_data(DeletionBatch.for_sample_ids(ordinary[:200], federation.clients))
+    pool = federation.forget_data(ForgetSet.for_sample_ids(ordinary[:200], federation.clients))
     right = pool.sample_ids[correctness(source, pool)][:10]
-    batch = DeletionBatch.for_sample_ids(np.concatenate([canary_ids, right]), federation.clients)
+    batch = ForgetSet.for_sample_ids(np.concatenate([canary_ids, right]), federation.clients)
     evidence = audit_forgetting(source, federation.forget_data(batch), references)
     targeted = batch.with_remembered(evidence.removal_targets())
     assert set(targeted.remembered) <= set(canary_ids) and len(targeted.remembered) >= 10
     method = get_method("fedquit")
     on_remembered = federation.model_from(method.unlearn(federation, targeted).state)
     on_all = federation.model_from(method.unlearn(federation, batch).state)
-    kept = federation.forget_data(DeletionBatch.for_sample_ids(right, federation.clients))
-    removed = federation.forget_data(DeletionBatch.for_sample_ids(targeted.remembered, federation.clients))
+    kept = federation.forget_data(ForgetSet.for_sample_ids(right, federation.clients))
+    removed = federation.forget_data(ForgetSet.for_sample_ids(targeted.remembered, federation.clients))
     assert correctness(on_remembered, kept).mean() >= 0.9                       # as the source: all right
     assert correctness(on_all, kept).mean() < correctness(on_remembered, kept).mean()
     assert correctness(on_remembered, removed).mean() <= 0.1                     # planted labels gone

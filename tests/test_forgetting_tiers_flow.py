@@ -550,13 +550,13 @@ def test_where_membership_is_measurable_the_interim_tier_refuses_a_no_op(trained
     (a measurable signal), so a stand-in method that changes nothing — a test double, not in the
     registry — fails the audit at every attempt and the batch ends on the exact retrain."""
     from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
-    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.federation.cost import Cost
     from fedunlearn.unlearning.base import Outcome
     from memorising import SCENARIO as CANARIES, canary_request_ids
 
     # arrange
     def no_op(setup, state, method, source_test_acc, options):
-        return Outcome(state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
+        return Outcome(state, Cost(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                      claimed=EMPIRICAL_ONLY)
 
     workspace, _ = trained_canaries  # train_memorising_workspace ran in it
@@ -590,7 +590,7 @@ def test_where_membership_is_measurable_a_retrain_quality_candidate_serves_on_th
     import dataclasses
 
     from fedunlearn.certify.certificate import EMPIRICAL_ONLY, Certificate
-    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.federation.cost import Cost
     from fedunlearn.training import train
     from fedunlearn.unlearning.base import Outcome
     from memorising import SCENARIO as CANARIES, canary_request_ids
@@ -599,7 +599,7 @@ def test_where_membership_is_measurable_a_retrain_quality_candidate_serves_on_th
     def retrain_quality(setup, state, method, source_test_acc, options):
         federation = setup.fed_state
         retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(setup.batch), state={}))
-        return Outcome(retrained.state, CostRecord(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
+        return Outcome(retrained.state, Cost(0.0, 0.0, 0)), Certificate(method=method, guarantee=EMPIRICAL_ONLY,
                                                                                claimed=EMPIRICAL_ONLY)
 
     workspace, _ = trained_canaries

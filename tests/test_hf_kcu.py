@@ -23,7 +23,7 @@ from fedunlearn.data.datasets import load_source
 from fedunlearn.data.partition import assign_iid, holdout_mask
 from fedunlearn.federation.fedavg import map_inline
 from fedunlearn.federation.local import Tensors
-from fedunlearn.unlearning import DeletionBatch, FederatedState, get_method, resolve_request
+from fedunlearn.unlearning import ForgetSet, FederatedState, get_method, resolve_request
 from fedunlearn.unlearning.krylov import flat_objective, flatten_parameters
 from fedunlearn.unlearning.registry import get_method_class
 from models.logreg import LogisticRegression
@@ -107,13 +107,13 @@ def federation(float64) -> FederatedState:
                           clients, tensors(np.flatnonzero(is_test)), TrainConfig(), SEED, CPU, CLASSES)
 
 
-def forget_share(federation: FederatedState, share: float, spread: bool, seed: int = 1) -> DeletionBatch:
+def forget_share(federation: FederatedState, share: float, spread: bool, seed: int = 1) -> ForgetSet:
     """``share`` of all training samples, drawn from the largest client or from every client."""
     ids = np.concatenate([c.sample_ids for c in federation.clients])
     if not spread:
         ids = max(federation.clients, key=len).sample_ids
     count = round(share * sum(len(c) for c in federation.clients))
-    return DeletionBatch.for_sample_ids(np.random.default_rng(seed).choice(ids, size=count, replace=False),
+    return ForgetSet.for_sample_ids(np.random.default_rng(seed).choice(ids, size=count, replace=False),
                                         federation.clients)
 
 

@@ -14,8 +14,8 @@ from memorising import SCENARIO, canary_request_ids
 from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.data.partition import canary_labels, canary_mask
 from fedunlearn.data.store import canary_ids, load_horizontal, partition_scenario, prepare_dataset, read_manifest
-from fedunlearn.evaluation.audit import NOT_FORGOTTEN, CanaryRule, audit_forgetting, train_references
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.evaluation.audit import NOT_FORGOTTEN, CanaryRule, audit_forgetting, train_audit_set
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import accuracy
 from fedunlearn.training import load_federation, train
 from stores.registry import Registry
@@ -79,10 +79,10 @@ def test_the_scenario_memorises_its_canaries_and_the_audit_tells_a_no_op_from_a_
     partitioned(workspace, params)
     federation = load_federation(SCENARIO, params, workspace, torch.device("cpu"))
     original = federation.model_from(train(federation).state)
-    batch = DeletionBatch.for_sample_ids(canary_request_ids(workspace, 40), federation.clients)
+    batch = ForgetSet.for_sample_ids(canary_request_ids(workspace, 40), federation.clients)
     retrain = federation.model_from(train(dataclasses.replace(federation, clients=federation.retained_clients(batch),
                                                               state={})).state)
-    references = train_references(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
+    references = train_audit_set(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
     references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
     forget = federation.forget_data(batch)

@@ -161,7 +161,7 @@ def run_statuses(workspace: Path, experiment: str) -> list[str]:
 def test_a_failed_registration_ends_its_mlflow_run_as_failed(workspace, monkeypatch):
     """The audit references' torch.save on a full disk (the run the issue found RUNNING), and a model
     version whose registration fails: each run ends FAILED, none is left RUNNING."""
-    from tasks.audit import register_references
+    from tasks.audit import register_audit_set
     from tasks.models import register_version
     from stores.workspace import Workspace
     from fedunlearn.evaluation.records import VersionMetrics
@@ -182,7 +182,7 @@ def test_a_failed_registration_ends_its_mlflow_run_as_failed(workspace, monkeypa
 
     monkeypatch.setattr("tasks.audit.torch.save", torch_full)
     with pytest.raises(RuntimeError, match="unexpected pos"):
-        register_references.fn(ws, "digits-hfl", references, "v1")
+        register_audit_set.fn(ws, "digits-hfl", references, "v1")
     assert run_statuses(workspace, "digits-hfl-audit") == ["FAILED"]
     assert ws.registry.open_runs("digits-hfl-audit") == []
 

@@ -5,7 +5,7 @@ import json
 import math
 
 from fedunlearn.certify.gates import GateCheck, GateOutcome
-from fedunlearn.receipts import AttemptRecord, ModelRef, Receipt, read_receipt, receipt_path, write_receipt
+from fedunlearn.receipts import EscalationStep, ModelRef, Receipt, read_receipt, receipt_path, write_receipt
 
 
 def make_receipt(promoted: bool) -> Receipt:
@@ -24,7 +24,7 @@ def make_receipt(promoted: bool) -> Receipt:
                            "current": unlearned if promoted else None},
                    certificate={"method": "puf-special", "guarantee": "empirical only"},
                    gates=GateOutcome.of("vs retrained reference", checks),
-                   attempts=[AttemptRecord(attempt=0, method="puf-special", version=unlearned,
+                   attempts=[EscalationStep(attempt=0, method="puf-special", version=unlearned,
                                            certificate="empirical only",
                                            gates=GateOutcome.of("vs retrained reference", checks))],
                    promoted=promoted,

@@ -211,7 +211,7 @@ def test_benchmark_originals_trained_on_the_deleted_data_retire_too(trained_digi
     import torch
 
     from fedunlearn.benchmark import cache
-    from fedunlearn.federation.cost import CostRecord
+    from fedunlearn.federation.cost import Cost
     from fedunlearn.training import TrainedModel
     from stores.workspace import Workspace
     from tasks.retirement import retire_forgotten
@@ -222,7 +222,7 @@ def test_benchmark_originals_trained_on_the_deleted_data_retire_too(trained_digi
     before = ws.registry.version(SCENARIO, "1").tags["data_version"]
     torch.manual_seed(0)
     for key, data_version in (("learnt", before), ("after", "after-" + before), ("legacy", before)):
-        cache.save_original(root, key, TrainedModel({"w": torch.randn(32, 32)}, CostRecord()), SCENARIO, data_version)
+        cache.save_original(root, key, TrainedModel({"w": torch.randn(32, 32)}, Cost()), SCENARIO, data_version)
     legacy = root / cache.CACHE_DIR / "legacy.json"
     legacy.write_text(json.dumps({"cost": {}, "history": []}))  # as cached before provenance was recorded
     shutil.copy(root / cache.CACHE_DIR / "learnt.pt", root / "data" / "kept-original.pt")

@@ -11,7 +11,7 @@ from stores.registry import Registry
 def test_dask_runner_trains_the_same_model_as_the_thread_runner(workspace, prefect_server):
     from prefect_dask import DaskTaskRunner
 
-    from flows.runners import make_task_runner
+    from flows.task_runners import make_task_runner
     from flows.train import train_federated
 
     threads = train_federated.with_options(task_runner=make_task_runner("thread"))(

@@ -20,7 +20,7 @@ import torch
 
 from fedunlearn.config import TrainConfig, load_params
 from fedunlearn.data.store import partition_scenario, prepare_dataset
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.sharded_federation import ShardedFederation, assign_shards
 from fedunlearn.training import load_federation, train
 from fedunlearn.unlearning import FederatedState, available_methods, get_method
@@ -78,7 +78,7 @@ def test_a_retrained_shard_equals_its_training_from_scratch_and_the_others_are_u
     federation = sharded(2)
     assert federation.shard_of == assign_shards(3, 2, federation.seed) and federation.count == 2
     client = federation.members(0)[0]
-    batch = DeletionBatch("sample", {client: federation.clients[client].sample_ids[:6]})
+    batch = ForgetSet("sample", {client: federation.clients[client].sample_ids[:6]})
     outcome = get_method("retrain", setting="hfl").unlearn(federation, batch)
     before, after = federation.shard_states(), federation.shard_states(outcome.state)
     assert equal_states(before[1], after[1]) and not equal_states(before[0], after[0])
@@ -97,7 +97,7 @@ def test_a_retrained_shard_equals_its_training_from_scratch_and_the_others_are_u
 def test_the_ensemble_averages_the_live_shards_and_drops_a_shard_without_data():
     federation = sharded(3)  # one client per shard: a client request empties its shard
     outcome = get_method("finetune", setting="hfl", rounds=1).unlearn(
-        federation, DeletionBatch("client", {1: federation.clients[1].sample_ids}, clients=[1]))
+        federation, ForgetSet("client", {1: federation.clients[1].sample_ids}, clients=[1]))
     assert outcome.state["live"].tolist() == [1.0 if s != federation.shard_of[1] else 0.0 for s in range(3)]
     model = federation.model_from(outcome.state)
     assert isinstance(model, ShardEnsemble)
@@ -116,7 +116,7 @@ def test_every_hfl_method_changes_only_the_shard_a_client_request_touches(name):
     kind = "client" if "client" in kinds else "sample"
     client = federation.members(0)[0]
     ids = federation.clients[client].sample_ids
-    batch = DeletionBatch(kind, {client: ids if kind == "client" else ids[:6]},
+    batch = ForgetSet(kind, {client: ids if kind == "client" else ids[:6]},
                           clients=[client] if kind == "client" else None)
     assert federation.touched(batch) == [federation.shard_of[client]] == [0]
     outcome = get_method(name, setting="hfl", **FAST.get((name, "hfl"), {})).unlearn(federation, batch)

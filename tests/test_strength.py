@@ -15,8 +15,8 @@ import torch
 from memorising import canary_federation
 
 from fedunlearn.evaluation.audit import audit_forgetting
-from fedunlearn.federation.batch import DeletionBatch
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.forget_set import ForgetSet
+from fedunlearn.federation.cost import Cost
 from fedunlearn.federation.local import Tensors
 from fedunlearn.unlearning import get_method
 from fedunlearn.unlearning.base import calibration_reached
@@ -34,10 +34,10 @@ def test_the_calibration_rows_are_the_references_pool_a_never_the_audits_non_mem
     assert not np.isin(rows, references.pool.sample_ids).any()
 
 
-def ordinary_batch(federation, references, count: int = 40) -> DeletionBatch:
+def ordinary_batch(federation, references, count: int = 40) -> ForgetSet:
     """``count`` training samples that are not canaries, spread over the clients."""
     ids = np.concatenate([c.sample_ids for c in federation.clients])
-    return DeletionBatch.for_sample_ids(ids[~references.canaries.of(ids)][::30][:count], federation.clients)
+    return ForgetSet.for_sample_ids(ids[~references.canaries.of(ids)][::30][:count], federation.clients)
 
 
 def test_a_step_that_reaches_the_level_stops_climbing_and_recovers(canaries):
@@ -81,7 +81,7 @@ def test_without_calibration_rows_the_chosen_strength_is_used_as_in_the_paper(ca
 def test_the_audit_cannot_read_a_calibration_row(canaries):
     """What the audit reads is its arguments and the reference set: no federation reaches it, and
     the reference set's non-members (pool B) hold no calibration row — also after a request retired
-    held-out rows (``ReferenceSet.without``), when pool A and pool B both shrink."""
+    held-out rows (``AuditSet.without``), when pool A and pool B both shrink."""
     import inspect
 
     federation, _, references, _ = canaries
@@ -101,8 +101,8 @@ def hf_kcu_rung(federation, batch, rung: int, **options):
                                    "damping": chosen.damping / 2 ** rung}).unlearn(federation, batch)
 
 
-def summed(outcomes) -> CostRecord:
-    return sum((CostRecord(flops=o.cost.flops, comm_bytes=o.cost.comm_bytes) for o in outcomes), CostRecord())
+def summed(outcomes) -> Cost:
+    return sum((Cost(flops=o.cost.flops, comm_bytes=o.cost.comm_bytes) for o in outcomes), Cost())
 
 
 def test_hf_kcu_climbs_until_a_rung_reaches_the_level_and_pays_for_every_rung(canaries):

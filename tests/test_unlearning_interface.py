@@ -7,7 +7,7 @@ from torch import nn
 
 from fedunlearn.config import TrainConfig
 from fedunlearn.federation.local import Tensors
-from fedunlearn.unlearning import (DeletionBatch, FederatedState, FineTune, GradientAscent, Outcome, Retrain,
+from fedunlearn.unlearning import (ForgetSet, FederatedState, FineTune, GradientAscent, Outcome, Retrain,
                                    UnlearningMethod, available_methods, get_method, register, registry,
                                    resolve_request)
 
@@ -128,7 +128,7 @@ def test_register_rejects_invalid_declarations(isolated_registry):
 
 
 def test_unlearn_checks_the_setting_before_doing_anything():
-    batch = DeletionBatch.for_clients([1], make_clients())
+    batch = ForgetSet.for_clients([1], make_clients())
     with pytest.raises(ValueError, match=r"'retrain' does not support setting 'vfl', kind 'client'"):
         Retrain().unlearn(make_fed_state("vfl"), batch)
 
@@ -180,7 +180,7 @@ def test_bad_requests_are_clear_errors(kind, subject, message):
 
 def test_batch_round_trips_through_a_dict():
     batch = resolve_request("class", 0, make_clients(), num_classes=3)
-    again = DeletionBatch.from_dict(batch.to_dict())
+    again = ForgetSet.from_dict(batch.to_dict())
     assert again.batch_id == batch.batch_id and again.labels == [0]
     assert {c: ids.tolist() for c, ids in again.forget_ids.items()} == \
         {c: ids.tolist() for c, ids in batch.forget_ids.items()}
@@ -190,7 +190,7 @@ def test_batch_round_trips_through_a_dict():
 
 def test_retained_clients_and_forget_data():
     fed_state = make_fed_state()
-    batch = DeletionBatch("sample", {0: np.array(["s-000"]), 1: fed_state.clients[1].sample_ids}, batch_id="b1")
+    batch = ForgetSet("sample", {0: np.array(["s-000"]), 1: fed_state.clients[1].sample_ids}, batch_id="b1")
     retained = fed_state.retained_clients(batch)
     assert [len(c) for c in retained] == [3, 0, 3]
     assert "s-000" not in retained[0].sample_ids and retained[2] is fed_state.clients[2]
@@ -200,6 +200,6 @@ def test_retained_clients_and_forget_data():
 
 
 def test_a_batch_naming_ids_a_client_does_not_hold_is_rejected():
-    batch = DeletionBatch("sample", {0: np.array(["s-010"])})
+    batch = ForgetSet("sample", {0: np.array(["s-010"])})
     with pytest.raises(ValueError, match=r"client 0 does not hold sample ID\(s\) \['s-010'\]"):
         make_fed_state().retained_clients(batch)

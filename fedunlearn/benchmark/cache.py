@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from fedunlearn.benchmark.runner import BenchmarkSetup
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.benchmark.yardstick import BenchmarkSetup
+from fedunlearn.federation.cost import Cost
 from fedunlearn.training import TrainedModel
 
 CACHE_DIR = Path("artifacts/originals")
@@ -36,7 +36,7 @@ def load_original(root: Path, key: str, device: torch.device) -> TrainedModel | 
         return None
     info = json.loads(meta.read_text())
     state = torch.load(weights, map_location=device, weights_only=True)
-    return TrainedModel(state, CostRecord(**info["cost"]), info["history"])
+    return TrainedModel(state, Cost(**info["cost"]), info["history"])
 
 
 def save_original(root: Path, key: str, trained: TrainedModel, scenario: str, data_version: str) -> None:

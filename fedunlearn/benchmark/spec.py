@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from fedunlearn.federation.batch import DeletionBatch, resolve_request
+from fedunlearn.federation.forget_set import ForgetSet, resolve_request
 
 if TYPE_CHECKING:  # annotations only: parsing a request needs no torch
     from fedunlearn.federation.local import Tensors
@@ -26,7 +26,7 @@ class RequestSpec:
     kind: str
     subject: Any  # list of client ids (may include "largest"), list of labels, or (fraction, clients)
 
-    def resolve(self, clients: Sequence[Tensors], num_classes: int, seed: int) -> DeletionBatch:
+    def resolve(self, clients: Sequence[Tensors], num_classes: int, seed: int) -> ForgetSet:
         largest = max(range(len(clients)), key=lambda c: len(clients[c]))
         if self.kind == "client":
             ids = [largest if c == "largest" else c for c in self.subject]

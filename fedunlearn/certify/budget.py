@@ -1,4 +1,4 @@
-"""Gaussian noise calibration and the residual budget ledger of certified decentralized unlearning.
+"""Gaussian noise calibration and the residual budget of certified decentralized unlearning.
 
 Used by ``unlearning/certified_dfu.py`` (DESIGN.md §3); pure functions and a serialisable record, no
 torch, no I/O. ``gaussian_sigma`` is the classical σ = (Δ/ε)·√(2 ln(1.25/δ)) [1]_, ``gaussian_delta``
@@ -10,7 +10,7 @@ last retrain may not exceed B, and a batch whose bound would not fit retrains in
 new sum. Why the sum: every release stays published, and capping Σ r_t ≤ B is a filter on Gaussian
 differential privacy [3]_, [5]_, so the k releases since the last retrain together (``composition``)
 are as indistinguishable as one release at the budget — not (kε, kδ), nor advanced composition's
-[6]_. The derivation, and how a ledger of the earlier per-batch rule is read: docs/methods.md, "The
+[6]_. The derivation, and how a budget kept by the earlier per-batch rule is read: docs/methods.md, "The
 residual budget and its composition".
 
 References
@@ -159,7 +159,7 @@ class ResidualBudget:
         elif action == BudgetAction.retrain:
             used = bound
         else:
-            raise ValueError(f"unknown ledger action {action!r}")
+            raise ValueError(f"unknown budget action {action!r}")
         entry = BudgetEntry(batch_id, BudgetAction(action).value, bound, max(0.0, self.budget - used), used,
                             None if triggering_bound is None else float(triggering_bound))
         return replace(self, entries=(*self.entries, entry))

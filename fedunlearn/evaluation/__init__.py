@@ -4,7 +4,7 @@ functional distance, and cost (PUF paper, Appendix B)."""
 
 from fedunlearn.evaluation.backdoor import (TARGET_LABEL, TRIGGER_SIZE, apply_trigger, attack_success_rate,
                                             poison)
-from fedunlearn.federation.cost import (CostRecord, communication_bytes, flops_per_sample, speedup,
+from fedunlearn.federation.cost import (Cost, communication_bytes, flops_per_sample, speedup,
                                         training_flops)
 from fedunlearn.evaluation.metrics import evaluate_splits, functional_distance, gaps_to_reference
 from fedunlearn.evaluation.mia import (AttackResult, attack_metrics, confidence_attack, label_matched_nonmembers,
@@ -12,7 +12,7 @@ from fedunlearn.evaluation.mia import (AttackResult, attack_metrics, confidence_
                                        worst_case_auc)
 
 __all__ = [
-    "AttackResult", "CostRecord", "TARGET_LABEL", "TRIGGER_SIZE", "apply_trigger", "attack_metrics",
+    "AttackResult", "Cost", "TARGET_LABEL", "TRIGGER_SIZE", "apply_trigger", "attack_metrics",
     "attack_success_rate", "communication_bytes", "confidence_attack", "evaluate_splits", "flops_per_sample",
     "functional_distance", "gaps_to_reference", "label_matched_nonmembers", "loss_attack", "poison",
     "run_population_attacks", "shadow_attack", "speedup", "training_flops", "ulira_audit", "worst_case_auc",

@@ -2,7 +2,7 @@
 
 ``audit_forgetting`` scores each forget sample by offline LiRA [2]_: z = (φ_target − μ_out)/σ_out,
 φ the logit-scaled confidence on its label, μ_out the mean φ of K reference models that never saw
-it, σ_out one pooled standard deviation. The references (``train_references``) train once per data
+it, σ_out one pooled standard deviation. The references (``train_audit_set``) train once per data
 version on pool A of the held-out split; pool B gives the non-members. The forget set's z are
 compared with pool B's label by label, as a label-stratified AUC with its interval [4]_:
 ``not forgotten`` iff the one-sided (1 − α) lower bound exceeds 0.5 + tolerance, ``forgotten`` iff
@@ -86,7 +86,7 @@ class CanaryRule:
 
 
 @dataclass(eq=False)
-class ReferenceSet:
+class AuditSet:
     """K reference models and their non-member pool. ``train_ids[k]``: the sample IDs reference
     k trained on (all in pool A, ``pool_a_ids``); ``pool``: pool B; ``pool_phi``: (K, |pool|)
     the references' φ on pool B, kept so that an audit scores only the forget set under them;
@@ -115,7 +115,7 @@ class ReferenceSet:
         (``FederatedState.calibration``) without reading the audit's non-members (pool B)."""
         return heldout.select(np.isin(heldout.sample_ids, self.pool_a_ids))
 
-    def without(self, sample_ids: Iterable[Any]) -> "ReferenceSet":
+    def without(self, sample_ids: Iterable[Any]) -> "AuditSet":
         """The set after a request named held-out rows: references that trained on any of them are
         retired and the rows leave pool B. Fewer than 2 references left: retrain the set."""
         ids = np.asarray(list(sample_ids))
@@ -125,13 +125,13 @@ class ReferenceSet:
             raise ValueError(f"{len(self) - len(keep)} of {len(self)} references trained on deleted rows; fewer "
                              "than 2 remain: train a new reference set on the current held-out split")
         in_pool = ~np.isin(self.pool.sample_ids, ids)
-        return ReferenceSet([self.models[k] for k in keep], [self.train_ids[k] for k in keep],
+        return AuditSet([self.models[k] for k in keep], [self.train_ids[k] for k in keep],
                             self.pool_a_ids[~np.isin(self.pool_a_ids, ids)], self.pool.select(in_pool),
                             self.pool_phi[keep][:, in_pool], self.config, self.seconds, self.canaries)
 
 
-def train_references(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
-                     seed: int = 0) -> ReferenceSet:
+def train_audit_set(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
+                     seed: int = 0) -> AuditSet:
     """Split ``heldout`` (the held-out split, never production training data) into pools A and B
     and train ``config.num_references`` models on seeded random subsets of pool A.
 
@@ -162,18 +162,18 @@ def train_references(heldout: Tensors, model_fn: Callable[[], nn.Module], *, con
         models.append(model)
         train_ids.append(data.sample_ids.copy())
     pool_phi = np.stack([logit_scaled_confidence(model, pool_b) for model in models])
-    return ReferenceSet(models, train_ids, pool_a.sample_ids.copy(), pool_b, pool_phi, config,
+    return AuditSet(models, train_ids, pool_a.sample_ids.copy(), pool_b, pool_phi, config,
                         time.perf_counter() - started)
 
 
 def restore_references(models: list[nn.Module], train_ids: list[np.ndarray], pool_a_ids: np.ndarray,
-                       heldout: Tensors, pool_ids: np.ndarray, config: AuditConfig) -> ReferenceSet:
+                       heldout: Tensors, pool_ids: np.ndarray, config: AuditConfig) -> AuditSet:
     """A reference set stored earlier (``models`` with their weights, the IDs it was built from),
     its pool B read from ``heldout`` — the held-out split of the current data version, so rows a
     request deleted since are gone from it — and its scores on pool B computed again."""
     pool = heldout.select(np.isin(heldout.sample_ids, pool_ids))
     pool_phi = np.stack([logit_scaled_confidence(model, pool) for model in models])
-    return ReferenceSet(models, train_ids, pool_a_ids, pool, pool_phi, config, 0.0)
+    return AuditSet(models, train_ids, pool_a_ids, pool, pool_phi, config, 0.0)
 
 
 def _uses_fixed_variance(config: AuditConfig, num_references: int) -> bool:
@@ -322,17 +322,17 @@ class AuditResult:
         return cls(**{**record, "interval": tuple(record["interval"])})
 
 
-def _reference_phi(references: ReferenceSet, data: Tensors) -> np.ndarray:
+def _reference_phi(references: AuditSet, data: Tensors) -> np.ndarray:
     return np.stack([logit_scaled_confidence(model, data) for model in references.models])
 
 
-def _require_outside_pools(forget: Tensors, references: ReferenceSet) -> None:
+def _require_outside_pools(forget: Tensors, references: AuditSet) -> None:
     if len(forget) == 0:
         raise ValueError("the audit needs at least one forget sample")
     overlap = np.isin(forget.sample_ids, np.concatenate([references.pool_a_ids, references.pool.sample_ids]))
     if overlap.any():
         raise ValueError(f"{int(overlap.sum())} forget sample(s) belong to the references' held-out pools "
-                         f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with ReferenceSet.without")
+                         f"(e.g. {forget.sample_ids[overlap][0]!r}); retire them with AuditSet.without")
 
 
 @torch.no_grad()
@@ -348,7 +348,7 @@ def _rate_keys(strata: np.ndarray) -> np.ndarray:
     return np.where(strata >= CANARY_STRATUM, CANARY_STRATUM, strata)
 
 
-def _nonmembers(target: nn.Module, references: ReferenceSet, pool: Tensors, pool_phi: np.ndarray,
+def _nonmembers(target: nn.Module, references: AuditSet, pool: Tensors, pool_phi: np.ndarray,
                 pooled_std: float | None, canaries: CanaryRule | None) -> NeverSeen:
     """Pool B's z, strata (its labels before any trigger) and hits under ``target``; with
     ``canaries``, pool B once more relabelled by their rule, in the canary strata."""
@@ -363,7 +363,7 @@ def _nonmembers(target: nn.Module, references: ReferenceSet, pool: Tensors, pool
     return NeverSeen(z, strata, _rate_keys(strata), hits)
 
 
-def audit_forgetting(target: nn.Module, forget: Tensors, references: ReferenceSet, *,
+def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *,
                      config: AuditConfig | None = None, seed: int = 0,
                      clean_forget_labels: np.ndarray | None = None,
                      canaries: CanaryRule | None = None) -> AuditResult:

@@ -28,7 +28,7 @@ from fedunlearn.evaluation.backdoor import backdoor_hits, triggered
 from fedunlearn.evaluation.metrics import functional_distance
 from fedunlearn.evaluation.mia import attack_metrics, label_matched_nonmembers, run_population_attacks
 from fedunlearn.evaluation.records import Evaluation, Evidence
-from fedunlearn.federation.batch import DeletionBatch
+from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import Tensors, predict_logits, sgd_epochs
 from fedunlearn.federation.protocol import Federation
 
@@ -52,7 +52,7 @@ class EvaluationSets:
     shadow_out: Tensors
 
 
-def evaluation_sets(federation: Federation, batch: DeletionBatch, *,
+def evaluation_sets(federation: Federation, batch: ForgetSet, *,
                     clean_forget_labels: np.ndarray | None = None) -> EvaluationSets:
     """The batch's sets from ``federation``'s data (the data before the batch: the forget samples
     are still in it). ``clean_forget_labels``, when the forget samples carry the backdoor trigger
@@ -114,7 +114,7 @@ class Evaluator:
     """Evaluates models of one batch. ``shadow_model``: the population attacks' shadow model
     (``train_shadow_model`` on ``sets.shadow_in``), trained here when not given."""
 
-    def __init__(self, federation: Federation, batch: DeletionBatch, *, backdoor: bool = False,
+    def __init__(self, federation: Federation, batch: ForgetSet, *, backdoor: bool = False,
                  sets: EvaluationSets | None = None, shadow_model: nn.Module | None = None):
         self.federation, self.batch, self.backdoor = federation, batch, backdoor
         self.sets = sets or evaluation_sets(federation, batch)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedunlearn.federation.cost import CostRecord
+from fedunlearn.federation.cost import Cost
 from fedunlearn.evaluation.metrics import gaps_to_reference
 from fedunlearn.evaluation.mia import AttackResult
 
@@ -73,7 +73,7 @@ class VersionMetrics:
     bd_asr: float | None = None  # logged only for scenarios trained with a backdoor
 
     @classmethod
-    def of(cls, evaluation: Evaluation | None, cost: CostRecord | None) -> "VersionMetrics":
+    def of(cls, evaluation: Evaluation | None, cost: Cost | None) -> "VersionMetrics":
         metrics = cls()
         if evaluation is not None:
             metrics.test_acc, metrics.retain_acc = evaluation.test_acc, evaluation.retain_acc
@@ -103,10 +103,10 @@ class ResultRow:
     scenario: str
     request: str
     evaluation: Evaluation
-    cost: CostRecord
+    cost: Cost
     certificate: str
     forget_samples: int
-    retrain_cost: CostRecord | None = None
+    retrain_cost: Cost | None = None
     retrain: Evaluation | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 

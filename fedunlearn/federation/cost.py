@@ -87,20 +87,20 @@ def speedup(retrain_seconds: float, seconds: float) -> float:
 
 
 @dataclass(frozen=True)
-class CostRecord:
+class Cost:
     """What a phase cost; records add up across phases (e.g. unlearning + recovery)."""
 
     wall_seconds: float = 0.0
     flops: float = 0.0
     comm_bytes: int = 0
 
-    def __add__(self, other: "CostRecord") -> "CostRecord":
-        if not isinstance(other, CostRecord):
+    def __add__(self, other: "Cost") -> "Cost":
+        if not isinstance(other, Cost):
             return NotImplemented
-        return CostRecord(self.wall_seconds + other.wall_seconds, self.flops + other.flops,
+        return Cost(self.wall_seconds + other.wall_seconds, self.flops + other.flops,
                           self.comm_bytes + other.comm_bytes)
 
-    def speedups(self, retrain: "CostRecord") -> dict[str, float | None]:
+    def speedups(self, retrain: "Cost") -> dict[str, float | None]:
         """``retrain / self`` per cost; None where this record's cost is 0 (not measured)."""
         return {name: speedup(getattr(retrain, name), getattr(self, name)) if getattr(self, name) > 0 else None
                 for name in ("wall_seconds", "flops", "comm_bytes")}

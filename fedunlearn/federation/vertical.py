@@ -43,8 +43,8 @@ from torch import nn
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.partition import slice_features
 from fedunlearn.data.store import PARTITIONS_DIR, read_manifest
-from fedunlearn.federation.batch import DeletionBatch
-from fedunlearn.federation.cost import CostRecord, flops_per_sample
+from fedunlearn.federation.forget_set import ForgetSet
+from fedunlearn.federation.cost import Cost, flops_per_sample
 from fedunlearn.federation.local import MapUpdates, Tensors, map_inline
 from models.vfl import BottomModel, TopModel
 
@@ -463,7 +463,7 @@ class VerticalState:
     """What a VFL unlearning method may use: the federation, the trained per-party ``state``, and
     the auditor's view of the training samples (``samples``, in the aligned order) and test split.
 
-    Requests are keyed by shared sample IDs: a ``DeletionBatch`` for VFL has the single key 0,
+    Requests are keyed by shared sample IDs: a ``ForgetSet`` for VFL has the single key 0,
     meaning "all parties" (every party holds every aligned sample). ``clients`` is therefore the
     one-element list ``[samples]``, so ``resolve_request(kind, subject, fed_state.clients)``
     resolves class and sample requests unchanged. The attributes ``UnlearningMethod.unlearn`` and
@@ -508,7 +508,7 @@ class VerticalState:
     def model_from(self, state: dict[str, PartyState]) -> VerticalModel:
         return self.federation.as_module(state)
 
-    def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
+    def forget_masks(self, batch: ForgetSet) -> dict[int, np.ndarray]:
         """{0: mask over the aligned samples}; checks the batch's key and that every ID is shared."""
         if set(batch.forget_ids) != {0}:
             raise ValueError(f"{batch.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
@@ -518,18 +518,18 @@ class VerticalState:
         mask[self.federation.positions_of(ids).cpu().numpy()] = True
         return {0: mask}
 
-    def positions(self, batch: DeletionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def positions(self, batch: ForgetSet) -> tuple[torch.Tensor, torch.Tensor]:
         """(forget, retained) aligned positions."""
         mask = torch.as_tensor(self.forget_masks(batch)[0], device=self.device)
         return torch.nonzero(mask).flatten(), torch.nonzero(~mask).flatten()
 
-    def forget_data(self, batch: DeletionBatch) -> Tensors:
+    def forget_data(self, batch: ForgetSet) -> Tensors:
         return self.samples.select(self.forget_masks(batch)[0])
 
-    def forget_by_client(self, batch: DeletionBatch) -> dict[int, Tensors]:
+    def forget_by_client(self, batch: ForgetSet) -> dict[int, Tensors]:
         return {0: self.forget_data(batch)}
 
-    def retained_clients(self, batch: DeletionBatch) -> list[Tensors]:
+    def retained_clients(self, batch: ForgetSet) -> list[Tensors]:
         return [self.samples.select(~self.forget_masks(batch)[0])]
 
     def class_fraction_ids(self, labels: Sequence[int], fraction: float, seed: int = 0) -> np.ndarray:
@@ -548,7 +548,7 @@ class VerticalState:
             chosen.append(np.random.default_rng([seed, label]).choice(ids, size=count, replace=False))
         return np.sort(np.concatenate(chosen))
 
-    def cost_since(self, before: Meter) -> CostRecord:
+    def cost_since(self, before: Meter) -> Cost:
         """FLOPs and bytes since ``before``: F·(samples back-propagated) with F the training FLOPs
         of one sample (forward + backward, ``flops_per_sample``), F/3 per forward-only sample, and
         the bytes that crossed the channel (embeddings, embedding gradients, scalars)."""
@@ -558,7 +558,7 @@ class VerticalState:
         forward = flops_per_sample(model, self.federation.input_shape, include_backward=False)
         flops = train * (now.backprop_samples - before.backprop_samples) + \
             forward * (now.forward_samples - before.forward_samples)
-        return CostRecord(flops=float(flops), comm_bytes=now.comm_bytes - before.comm_bytes)
+        return Cost(flops=float(flops), comm_bytes=now.comm_bytes - before.comm_bytes)
 
 
 __all__ = ["ActiveParty", "Channel", "FitResult", "Message", "Meter", "Party", "VerticalFederation",

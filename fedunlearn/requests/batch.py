@@ -30,7 +30,7 @@ from fedunlearn.requests.folders import RequestFolders, write_json_atomic
 from fedunlearn.requests.inbox import InboxItem
 from fedunlearn.requests.ledger import LedgerEntry
 from fedunlearn.requests.model import DeletionRequestModel, timestamped_id, utc_now
-from fedunlearn.unlearning.base import DeletionBatch
+from fedunlearn.unlearning.base import ForgetSet
 
 
 def new_batch_id() -> str:
@@ -219,7 +219,7 @@ class BatchRecord(BaseModel):
         kinds = {entry.kind.value if entry.kind else "sample" for entry in self.requests}
         return kinds.pop() if len(kinds) == 1 else "sample"
 
-    def forget_set(self, clients: Sequence[Tensors]) -> DeletionBatch | None:
+    def forget_set(self, clients: Sequence[Tensors]) -> ForgetSet | None:
         """The training samples the batch deletes, per client index of ``clients`` (the data before
         the batch) — the typed batch the methods take. None when it deletes only held-out test
         samples: no model was trained on those, so there is nothing to unlearn."""
@@ -227,9 +227,9 @@ class BatchRecord(BaseModel):
         trained = [i for entry in self.requests for i in entry.sample_ids if i not in held_out]
         if not trained:
             return None
-        located = DeletionBatch.for_sample_ids(trained, clients, batch_id=self.batch_id)
+        located = ForgetSet.for_sample_ids(trained, clients, batch_id=self.batch_id)
         labels = sorted({e.subject["label"] for e in self.requests}) if self.kind == "class" else None
-        return DeletionBatch(self.kind, located.forget_ids,
+        return ForgetSet(self.kind, located.forget_ids,
                              clients=located.affected_clients if self.kind == "client" else None, labels=labels,
                              batch_id=self.batch_id)
 

@@ -11,8 +11,8 @@ Importing this package registers the built-in methods:
   a-priori noise calibration).
 """
 
-from fedunlearn.federation.cost import CostRecord
-from fedunlearn.federation.batch import REQUEST_KINDS, DeletionBatch, resolve_request
+from fedunlearn.federation.cost import Cost
+from fedunlearn.federation.forget_set import REQUEST_KINDS, ForgetSet, resolve_request
 from fedunlearn.unlearning.base import SETTINGS, FederatedState, Monitor, Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class, register
 
@@ -28,7 +28,7 @@ from fedunlearn.unlearning.puf import PUFRegular, PUFSpecial  # noqa: E402
 from fedunlearn.unlearning.retrain import Retrain  # noqa: E402
 from fedunlearn.unlearning.vfl_baselines import VerticalGradientAscent, VerticalRetrain  # noqa: E402
 
-__all__ = ["REQUEST_KINDS", "SETTINGS", "CostRecord", "DeletionBatch", "FederatedState", "Monitor", "Outcome",
+__all__ = ["REQUEST_KINDS", "SETTINGS", "Cost", "ForgetSet", "FederatedState", "Monitor", "Outcome",
            "UnlearningMethod", "resolve_request", "available_methods", "get_method", "get_method_class",
            "register", "CertifiedDFU", "DecentralizedRetrain", "FedORA", "FedQUIT", "FineTune", "GradientAscent",
            "HFKCU", "PUFRegular", "PUFSpecial", "Retrain", "VerticalGradientAscent", "VerticalRetrain"]

@@ -5,7 +5,7 @@ A method is configured with keyword hyperparameters and then applied to a traine
     method = get_method("ga", recovery_rounds=2)
     outcome = method.unlearn(fed_state, batch)
 
-* ``DeletionBatch`` — which sample IDs to forget at which client (resolved from client IDs,
+* ``ForgetSet`` — which sample IDs to forget at which client (resolved from client IDs,
   class labels, explicit sample IDs or a seeded fraction of chosen clients' samples).
 * ``FederatedState`` — what a method may use from the original training: the trained state,
   the ORIGINAL clients' data (including what must be forgotten), the training configuration.
@@ -29,8 +29,8 @@ from torch import nn
 
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.store import HorizontalPartition
-from fedunlearn.federation.batch import DeletionBatch, check_client_index
-from fedunlearn.federation.cost import CostRecord, communication_bytes, flops_per_sample, training_flops
+from fedunlearn.federation.forget_set import ForgetSet, check_client_index
+from fedunlearn.federation.cost import Cost, communication_bytes, flops_per_sample, training_flops
 from fedunlearn.federation.fedavg import FedAvg, MapUpdates, RoundResult, map_inline
 from fedunlearn.federation.local import State, Tensors, accuracy, predict_logits
 
@@ -82,7 +82,7 @@ class FederatedState:
         """Training FLOPs (forward + backward) of one sample, the F of PUF Appendix B."""
         return flops_per_sample(self.model_fn().to(self.device), tuple(self.test.x.shape[1:]))
 
-    def forget_masks(self, batch: DeletionBatch) -> dict[int, np.ndarray]:
+    def forget_masks(self, batch: ForgetSet) -> dict[int, np.ndarray]:
         """Per affected client, a boolean mask over its samples; checks every ID is held there."""
         masks = {}
         for client, ids in batch.forget_ids.items():
@@ -93,15 +93,15 @@ class FederatedState:
                 raise ValueError(f"{batch.batch_id}: client {client} does not hold sample ID(s) {missing}")
         return masks
 
-    def retained_clients(self, batch: DeletionBatch) -> list[Tensors]:
+    def retained_clients(self, batch: ForgetSet) -> list[Tensors]:
         """Every client minus its forget IDs (a fully removed client becomes empty)."""
         masks = self.forget_masks(batch)
         return [c.select(~masks[i]) if i in masks else c for i, c in enumerate(self.clients)]
 
-    def forget_by_client(self, batch: DeletionBatch) -> dict[int, Tensors]:
+    def forget_by_client(self, batch: ForgetSet) -> dict[int, Tensors]:
         return {i: self.clients[i].select(mask) for i, mask in self.forget_masks(batch).items()}
 
-    def forget_data(self, batch: DeletionBatch) -> Tensors:
+    def forget_data(self, batch: ForgetSet) -> Tensors:
         """All forget samples, concatenated in client order."""
         parts = list(self.forget_by_client(batch).values())
         return Tensors(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
@@ -154,7 +154,7 @@ class Climb(Generic[Rung]):
         return self.climbed[-1]
 
 
-def calibrated_forget(fed_state: FederatedState, batch: DeletionBatch, max_doublings: int) -> Tensors | None:
+def calibrated_forget(fed_state: FederatedState, batch: ForgetSet, max_doublings: int) -> Tensors | None:
     """The forget samples a ladder is judged on, or None where there is no ladder to climb: no
     calibration rows, or ``max_doublings=0`` (the chosen strength, unjudged)."""
     return fed_state.forget_data(batch) if fed_state.calibration is not None and max_doublings > 0 else None
@@ -184,7 +184,7 @@ class Outcome:
     """``state``: the new global state dict (for VFL/DFL a dict of states per party/node)."""
 
     state: dict[str, Any]
-    cost: CostRecord = field(default_factory=CostRecord)
+    cost: Cost = field(default_factory=Cost)
     certificate_inputs: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -194,7 +194,7 @@ class Monitor:
     """Records test and forget accuracy along the way. Its own time is kept so that ``unlearn``
     can leave it out of the method's wall time: watching a method is not part of its cost."""
 
-    def __init__(self, fed_state: FederatedState, batch: DeletionBatch):
+    def __init__(self, fed_state: FederatedState, batch: ForgetSet):
         self.fed_state = fed_state
         self.forget = fed_state.forget_data(batch)
         self.history: list[dict[str, Any]] = []
@@ -214,13 +214,13 @@ def num_params(state: State) -> int:
 
 
 def fedavg_rounds(fed_state: FederatedState, clients: Sequence[Tensors], *, state: State | None, rounds: int,
-                  first_round: int, phase: str, monitor: Monitor) -> tuple[State, CostRecord]:
+                  first_round: int, phase: str, monitor: Monitor) -> tuple[State, Cost]:
     """``rounds`` rounds of the training's FedAvg engine, each recorded by ``monitor`` and costed
     by PUF Appendix B: 2·P·B·|S_t| bytes and F·E·Σ_{i∈S_t} n_i FLOPs per round. ``state=None``
     starts from the seeded initial model; ``first_round`` keeps later phases' shuffling seeds
     apart from the original training's."""
     if rounds == 0:  # FedAvg.fit reads rounds=0 as "the configured number of rounds"
-        return state, CostRecord()
+        return state, Cost()
     participants: list[int] = []
     samples: list[int] = []
 
@@ -232,7 +232,7 @@ def fedavg_rounds(fed_state: FederatedState, clients: Sequence[Tensors], *, stat
     final = fed_state.engine().fit(clients, state=state, rounds=rounds, first_round=first_round,
                                    map_updates=fed_state.map_updates, on_round=after_round)
     flops = training_flops(fed_state.flops_per_sample(), sum(samples), fed_state.train_config.local_epochs)
-    return final, CostRecord(flops=flops, comm_bytes=communication_bytes(num_params(final), participants))
+    return final, Cost(flops=flops, comm_bytes=communication_bytes(num_params(final), participants))
 
 
 class UnlearningMethod(ABC):
@@ -273,7 +273,7 @@ class UnlearningMethod(ABC):
                              f"it supports settings {sorted(cls.settings)} and request kinds "
                              f"{sorted(cls.request_kinds)}")
 
-    def unlearn(self, fed_state: FederatedState, batch: DeletionBatch) -> Outcome:
+    def unlearn(self, fed_state: FederatedState, batch: ForgetSet) -> Outcome:
         self.check_supported(fed_state.setting, batch.kind)
         if batch.num_forget >= sum(len(c) for c in fed_state.clients):
             raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
@@ -288,5 +288,5 @@ class UnlearningMethod(ABC):
         return outcome
 
     @abstractmethod
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         """The method itself: return the new state, its comm/FLOP cost and certificate inputs."""

@@ -44,11 +44,11 @@ from torch.func import functional_call, grad, vmap
 
 from fedunlearn.certify.budget import BudgetAction, ResidualBudget, classical_delta, composition, gaussian_delta, gaussian_sigma
 from fedunlearn.certify.certificate import FORMAL
-from fedunlearn.federation.cost import BYTES_PER_FLOAT32, CostRecord, training_flops
+from fedunlearn.federation.cost import BYTES_PER_FLOAT32, Cost, training_flops
 from fedunlearn.federation.dpsgd import average_state
 from fedunlearn.federation.local import State, Tensors
 from fedunlearn.federation.topology import Topology
-from fedunlearn.unlearning.base import DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod
+from fedunlearn.unlearning.base import ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod
 from fedunlearn.unlearning.dfl_retrain import (DecentralizedOutcome, DecentralizedState, as_decentralized,
                                                dpsgd_rounds)
 from fedunlearn.unlearning.registry import register
@@ -374,7 +374,7 @@ class CertifiedDFU(UnlearningMethod):
                       f"a value where σ = (Δ/ε)·√(2 ln(1.25/δ)) is (ε, δ)-private at δ = {delta} (exact δ "
                       f"{classical_delta(epsilon, delta):.2e}; lower ε)")
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         fed_state = as_decentralized(fed_state)
         problem = FlatObjective(fed_state.model_fn, fed_state.device)
         convex = problem.is_logreg and problem.lam > 0
@@ -388,17 +388,17 @@ class CertifiedDFU(UnlearningMethod):
         numbers = self._calibration_numbers(problem, fed_state, batch)
         statistics, precomputed, statistics_seconds = self._statistics(fed_state, problem)
         budgeted = convex and self.calibration == "residual"
-        ledger = self._ledger(fed_state)
+        residual = self._residual(fed_state)
         start = problem.flatten(average_state(fed_state.nodes()))
         # With the budget the steps aim at what is left of it: the bound is charged on top of the sum.
         step = self._newton(problem, start, statistics, fed_state.forget_by_client(batch), retained, per_sample,
-                            ledger.left if budgeted else numbers["sensitivity"])
+                            residual.left if budgeted else numbers["sensitivity"])
         cost = self._step_cost(step, before, after, problem.num_params)
         if not precomputed:  # Step 4 happens now: every node computes its statistic and floods it
             cost += self._statistics_cost(before, sum(len(c) for c in fed_state.clients), problem.num_params,
                                           per_sample)
         action, triggering_bound = BudgetAction.newton, None
-        if budgeted and not ledger.admits(step.residual_bound):
+        if budgeted and not residual.admits(step.residual_bound):
             # The bound does not fit in what is left: retrain (a new sum), then the same steps from there.
             action, triggering_bound = BudgetAction.retrain, step.residual_bound
             nodes, retrain_cost = dpsgd_rounds(fed_state, retained, state=None, rounds=fed_state.train_config.rounds,
@@ -409,7 +409,7 @@ class CertifiedDFU(UnlearningMethod):
             cost += retrain_cost + self._step_cost(step, after, after, problem.num_params) \
                 + self._statistics_cost(after, sum(len(c) for c in retained), problem.num_params, per_sample)
         if budgeted:
-            ledger = ledger.charge(batch.batch_id, step.residual_bound, action, triggering_bound)
+            residual = residual.charge(batch.batch_id, step.residual_bound, action, triggering_bound)
         sigma = numbers["sigma"] if self.noise else 0.0
         noise = self._noise(problem.num_params, sigma, len(after), batch.batch_id)
         released = problem.unflatten(step.theta + noise.to(step.theta.device), fed_state.state)
@@ -427,24 +427,24 @@ class CertifiedDFU(UnlearningMethod):
                  "topology": after.kind, "statistics_precomputed": precomputed,
                  "statistics_seconds": statistics_seconds, "finetune_rounds": self.finetune_rounds}
         return DecentralizedOutcome(average_state(nodes), cost,
-                                    certificate_inputs=self._certificate_inputs(numbers, step, ledger, action,
+                                    certificate_inputs=self._certificate_inputs(numbers, step, residual, action,
                                                                                 triggering_bound, convex, sigma, after),
                                     notes=notes, node_states=nodes, statistics={self.hessian: step.statistics},
-                                    ledger=ledger.to_dict() if budgeted else None)
+                                    budget=residual.to_dict() if budgeted else None)
 
-    def _step_cost(self, step: _Step, before: Topology, after: Topology, num_params: int) -> CostRecord:
+    def _step_cost(self, step: _Step, before: Topology, after: Topology, num_params: int) -> Cost:
         """Floods (messages counted by simulating them): every node's model on the graph before the
         request (consensus); on the graph after it, the curvature shares the step sent (the forget
         samples' share of each partially affected node, every node's at a refresh), every
         retained node's gradient (at the start and after each step) and noise share."""
         floats = num_params * len(before) * _flood_messages(before) + _flood_messages(after) * (
             self._curvature_floats(num_params) * step.curvature_floods + num_params * len(after) * (step.steps + 2))
-        return CostRecord(flops=step.flops, comm_bytes=floats * BYTES_PER_FLOAT32)
+        return Cost(flops=step.flops, comm_bytes=floats * BYTES_PER_FLOAT32)
 
-    def _statistics_cost(self, graph: Topology, samples: int, num_params: int, per_sample: int) -> CostRecord:
+    def _statistics_cost(self, graph: Topology, samples: int, num_params: int, per_sample: int) -> Cost:
         """Step 4: every node computes its curvature statistic and floods it to the others."""
         floats = self._curvature_floats(num_params) * len(graph) * _flood_messages(graph)
-        return CostRecord(flops=_curvature_flops(self.hessian, samples, num_params, per_sample),
+        return Cost(flops=_curvature_flops(self.hessian, samples, num_params, per_sample),
                           comm_bytes=floats * BYTES_PER_FLOAT32)
 
     def _curvature_floats(self, num_params: int) -> int:
@@ -514,14 +514,14 @@ class CertifiedDFU(UnlearningMethod):
         bounds = [n / problem.lam if problem.lam > 0 else math.inf for n in norms]
         return _Step(best[1], min(bounds), kept, flops, steps, refreshes, bounds, len(partial) + refreshes * len(active))
 
-    def _ledger(self, fed_state: DecentralizedState) -> ResidualBudget:
-        """The federation's ledger if it was kept with this budget, else a new one."""
-        if fed_state.ledger is not None and float(fed_state.ledger["budget"]) == self.residual_budget:
-            return ResidualBudget.from_dict(fed_state.ledger)
+    def _residual(self, fed_state: DecentralizedState) -> ResidualBudget:
+        """The federation's residual budget if it was kept with this budget, else a new one."""
+        if fed_state.budget is not None and float(fed_state.budget["budget"]) == self.residual_budget:
+            return ResidualBudget.from_dict(fed_state.budget)
         return ResidualBudget(self.residual_budget)
 
     def _calibration_numbers(self, problem: FlatObjective, fed_state: DecentralizedState,
-                             batch: DeletionBatch) -> dict[str, Any]:
+                             batch: ForgetSet) -> dict[str, Any]:
         """σ and what it rests on: the sensitivity Δ (B, or the paper's ΔF) and the constants."""
         radius = max(float(c.x.flatten(1).norm(dim=1).max()) for c in fed_state.clients if len(c))
         constants = logreg_constants(problem.lam, radius) if problem.lam > 0 else {"lambda": 0.0, "R": radius}
@@ -537,12 +537,12 @@ class CertifiedDFU(UnlearningMethod):
         return {"sensitivity": sensitivity, "sigma": sigma, "constants": constants,
                 "delta_exact": gaussian_delta(sensitivity, sigma, self.epsilon)}
 
-    def _certificate_inputs(self, numbers: dict[str, Any], step: _Step, ledger: ResidualBudget, action: str,
+    def _certificate_inputs(self, numbers: dict[str, Any], step: _Step, residual: ResidualBudget, action: str,
                             triggering_bound: float | None, convex: bool, sigma: float,
                             after: Topology) -> dict[str, Any]:
         budgeted = convex and self.calibration == "residual"
         # The residual calibration certifies the sum since the last retrain; the paper's, each release.
-        within = ledger.used <= ledger.budget if budgeted else step.residual_bound <= numbers["sensitivity"]
+        within = residual.used <= residual.budget if budgeted else step.residual_bound <= numbers["sensitivity"]
         assumptions = {"strongly_convex": convex,
                        "bounded_features": math.isfinite(numbers["constants"]["R"]),
                        # The residual calibration measures the distance, so the curvature's accuracy
@@ -559,10 +559,10 @@ class CertifiedDFU(UnlearningMethod):
                   "damping": self.damping, "action": action, "noise_shares": len(after),
                   "released": "every node's model, identical: the global model", "assumptions": assumptions}
         if budgeted:
-            inputs.update(residual_budget=ledger.budget, budget_used=ledger.used, budget_left=ledger.left,
-                          triggering_bound=triggering_bound, ledger=ledger.to_dict(),
-                          **composition([e.residual_bound for e in ledger.since_retrain], sigma, self.epsilon,
-                                        self.delta, ledger.budget))
+            inputs.update(residual_budget=residual.budget, budget_used=residual.used, budget_left=residual.left,
+                          triggering_bound=triggering_bound, ledger=residual.to_dict(),
+                          **composition([e.residual_bound for e in residual.since_retrain], sigma, self.epsilon,
+                                        self.delta, residual.budget))
         return inputs
 
 

@@ -7,9 +7,9 @@ rounds to be equal to K", the original training's) — and what every DFL method
   global model, the average of the local models; ``node_states`` the local models themselves
   (None: every node holds ``state``); ``topology`` the graph over the clients; ``statistics``
   the auxiliary statistics certified unlearning stores after training (the paper's T_i(S_i),
-  Step 4); ``ledger`` the residual budget ledger of earlier certified batches (JSON).
+  Step 4); ``budget`` the residual budget of earlier certified batches (JSON).
 * ``DecentralizedOutcome``: an ``Outcome`` that also carries the local models, the statistics
-  and the ledger to the next batch (``DecentralizedState.advanced``).
+  and the residual budget to the next batch (``DecentralizedState.advanced``).
 * ``dpsgd_rounds``: D-PSGD rounds with the training's engine, recorded and costed.
 * ``unlearn_sequence``: several batches one after another (the paper's Figure 1 uses three),
   tracking after each the certificate budget and the drift from a D-PSGD retrain.
@@ -34,12 +34,12 @@ from torch import nn
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.config import TrainConfig
 from fedunlearn.data.store import HorizontalPartition
-from fedunlearn.federation.cost import CostRecord, training_flops
+from fedunlearn.federation.cost import Cost, training_flops
 from fedunlearn.evaluation.metrics import functional_distance
 from fedunlearn.federation.dpsgd import DPSGD, DPSGDRound, average_state
 from fedunlearn.federation.local import State, Tensors, accuracy
 from fedunlearn.federation.topology import Topology
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod)
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod)
 from fedunlearn.unlearning.registry import register
 
 
@@ -48,7 +48,7 @@ class DecentralizedState(FederatedState):
     topology: Topology | None = None
     node_states: list[State | None] | None = None
     statistics: dict[str, Any] = field(default_factory=dict)
-    ledger: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.setting != "dfl":
@@ -86,20 +86,20 @@ class DecentralizedState(FederatedState):
         states = self.node_states or [self.state] * len(self.clients)
         return [s if len(c) else None for s, c in zip(states, self.clients)]
 
-    def advanced(self, batch: DeletionBatch, outcome: Outcome) -> "DecentralizedState":
+    def advanced(self, batch: ForgetSet, outcome: Outcome) -> "DecentralizedState":
         """The federation after ``outcome`` unlearned ``batch``: the retained data, the new models,
-        and what the outcome carries forward (statistics, ledger) for the next batch."""
+        and what the outcome carries forward (statistics, residual budget) for the next batch."""
         return dataclasses.replace(self, clients=self.retained_clients(batch), state=outcome.state,
                                    node_states=getattr(outcome, "node_states", None),
                                    statistics=getattr(outcome, "statistics", None) or {},
-                                   ledger=getattr(outcome, "ledger", None))
+                                   budget=getattr(outcome, "budget", None))
 
 
 @dataclass
 class DecentralizedOutcome(Outcome):
     node_states: list[State | None] | None = None
     statistics: dict[str, Any] | None = None
-    ledger: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
 
 
 def as_decentralized(fed_state: FederatedState) -> DecentralizedState:
@@ -110,7 +110,7 @@ def as_decentralized(fed_state: FederatedState) -> DecentralizedState:
 
 def dpsgd_rounds(fed_state: DecentralizedState, clients: Sequence[Tensors], *,
                  state: State | Sequence[State | None] | None, rounds: int, first_round: int, phase: str,
-                 monitor: Monitor) -> tuple[list[State | None], CostRecord]:
+                 monitor: Monitor) -> tuple[list[State | None], Cost]:
     """``rounds`` D-PSGD rounds of the training's engine on ``clients``, each recorded by
     ``monitor`` (on the average model) and costed: 2|E|·P·4 bytes and F·B per node per
     iteration. ``state=None`` starts from the seeded initial model; ``first_round`` keeps later
@@ -126,7 +126,7 @@ def dpsgd_rounds(fed_state: DecentralizedState, clients: Sequence[Tensors], *,
     nodes = fed_state.dpsgd().fit(clients, state=state, rounds=rounds, first_round=first_round, on_round=after_round,
                                   map_updates=fed_state.map_updates)
     flops = training_flops(fed_state.flops_per_sample(), sum(samples), epochs=1)
-    return nodes, CostRecord(flops=flops, comm_bytes=sum(bytes_sent))
+    return nodes, Cost(flops=flops, comm_bytes=sum(bytes_sent))
 
 
 @register
@@ -136,7 +136,7 @@ class DecentralizedRetrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         fed_state = as_decentralized(fed_state)
         retained = fed_state.retained_clients(batch)
         rounds = fed_state.train_config.rounds
@@ -150,7 +150,7 @@ class DecentralizedRetrain(UnlearningMethod):
                                     notes={"rounds": rounds, "nodes": active}, node_states=nodes)
 
 
-BatchSource = DeletionBatch | Callable[[DecentralizedState], DeletionBatch]
+BatchSource = ForgetSet | Callable[[DecentralizedState], ForgetSet]
 
 
 def unlearn_sequence(method: UnlearningMethod, fed_state: DecentralizedState, batches: Sequence[BatchSource], *,

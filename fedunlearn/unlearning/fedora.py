@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from fedunlearn.certify.certificate import CONSTRAINT_SATISFIED
 from fedunlearn.federation.vertical import Party, VerticalState, shuffled
-from fedunlearn.unlearning.base import DeletionBatch, Monitor, Outcome, UnlearningMethod
+from fedunlearn.unlearning.base import ForgetSet, Monitor, Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import register
 
 DUAL_FORMS = ("elementwise", "scalar")
@@ -282,7 +282,7 @@ class FedORA(UnlearningMethod):
         self._require(isinstance(patience, int) and patience >= 0, "patience", "an integer >= 0")
         self._require(class_margin is None or class_margin >= 0, "class_margin", ">= 0 or None")
 
-    def _unlearn(self, fed_state: VerticalState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         federation.load_state(fed_state.state)
         before = federation.meter()

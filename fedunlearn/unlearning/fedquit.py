@@ -36,10 +36,10 @@ from torch import nn
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
 from fedunlearn.config import TrainConfig
-from fedunlearn.federation.cost import TRAINING_STEP_OVER_FORWARD, CostRecord, communication_bytes
+from fedunlearn.federation.cost import TRAINING_STEP_OVER_FORWARD, Cost, communication_bytes
 from fedunlearn.federation.fedavg import ClientUpdate, aggregate
 from fedunlearn.federation.local import State, Tensors, objective, predict_logits
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds, num_params)
 from fedunlearn.unlearning.registry import register
 
@@ -64,7 +64,7 @@ def virtual_teacher(logits: torch.Tensor, labels: torch.Tensor, suppress: str) -
     return torch.where(labelled, fill[:, None], logits)
 
 
-def quitting_targets(forget: dict[int, Tensors], batch: DeletionBatch) -> dict[int, Tensors]:
+def quitting_targets(forget: dict[int, Tensors], batch: ForgetSet) -> dict[int, Tensors]:
     """Per client, the forget samples the quitting term applies to: those the batch's per-sample
     evidence calls remembered (all of them where nothing was measured). A forget sample the source
     does not remember is left to what the retained data teaches, as a retrain leaves it: pushing its
@@ -138,7 +138,7 @@ class FedQUIT(UnlearningMethod):
         self._require(isinstance(recovery_rounds, int) and recovery_rounds >= 0, "recovery_rounds",
                       "an integer >= 0")
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         forget = quitting_targets(fed_state.forget_by_client(batch), batch)
         retained = fed_state.retained_clients(batch)
         state, first = fed_state.state, fed_state.train_config.rounds  # fresh shuffling seeds after training
@@ -233,10 +233,10 @@ class FedQUIT(UnlearningMethod):
         return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1), reduction="batchmean") * t * t
 
     @staticmethod
-    def _cost(fed_state: FederatedState, updates: list[QuitUpdate], participants: list[int]) -> CostRecord:
+    def _cost(fed_state: FederatedState, updates: list[QuitUpdate], participants: list[int]) -> Cost:
         """Training passes of every local step, one teacher forward pass (a third of a training
         pass) per forget sample per round, and a download + upload per participant per round."""
         per_sample = fed_state.flops_per_sample()
         flops = per_sample * (sum(u.samples_processed for u in updates)
                               + sum(u.forget_samples for u in updates) / TRAINING_STEP_OVER_FORWARD)
-        return CostRecord(flops=float(flops), comm_bytes=communication_bytes(num_params(fed_state.state), participants))
+        return Cost(flops=float(flops), comm_bytes=communication_bytes(num_params(fed_state.state), participants))

@@ -14,7 +14,7 @@ Hyperparameters:
 from __future__ import annotations
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds)
 from fedunlearn.unlearning.registry import register
 
@@ -30,7 +30,7 @@ class FineTune(UnlearningMethod):
         self.rounds = rounds
         self._require(isinstance(rounds, int) and rounds >= 1, "rounds", "an integer >= 1")
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         state, cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=fed_state.state,
                                     rounds=self.rounds, first_round=fed_state.train_config.rounds,
                                     phase="unlearn", monitor=monitor)

@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
-from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import Cost, communication_bytes, training_flops
 from fedunlearn.federation.fedavg import ClientUpdate, aggregate
 from fedunlearn.federation.local import State, Tensors
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds, num_params)
 from fedunlearn.unlearning.registry import register
 
@@ -84,7 +84,7 @@ class GradientAscent(UnlearningMethod):
         self._require(isinstance(recovery_rounds, int) and recovery_rounds >= 0, "recovery_rounds",
                       "an integer >= 0")
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         trained = fed_state.state
         forget = fed_state.forget_by_client(batch)
         reference = self._reference(fed_state, forget)
@@ -174,12 +174,12 @@ def reference_model(trained: State, replayed: list[ClientUpdate], total_samples:
     return aggregate(trained, replayed, server_lr=-n_forget / (total_samples - n_forget))
 
 
-def _ascent_cost(fed_state: FederatedState, batch: DeletionBatch, updates: list[AscentUpdate]) -> CostRecord:
+def _ascent_cost(fed_state: FederatedState, batch: ForgetSet, updates: list[AscentUpdate]) -> Cost:
     """Replayed reference updates + the ascent steps taken; one download + upload per target client."""
     per_sample = fed_state.flops_per_sample()
     replay = training_flops(per_sample, batch.num_forget, fed_state.train_config.local_epochs)
     ascent = training_flops(per_sample, sum(u.samples_processed for u in updates), epochs=1)
-    return CostRecord(flops=replay + ascent, comm_bytes=communication_bytes(num_params(fed_state.state), len(updates)))
+    return Cost(flops=replay + ascent, comm_bytes=communication_bytes(num_params(fed_state.state), len(updates)))
 
 
 @torch.no_grad()

@@ -54,9 +54,9 @@ import numpy as np
 import torch
 
 from fedunlearn.certify.certificate import BOUNDED_APPROXIMATION
-from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import Cost, communication_bytes, training_flops
 from fedunlearn.federation.local import State, Tensors
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         calibrated_forget, climb_ladder, fedavg_rounds, num_params)
 from fedunlearn.unlearning.krylov import (CGResult, LanczosResult, Operator, add_to_parameters, conjugate_gradient,
                                           flat_objective, flatten_parameters, gradient, hvp_operator, lanczos,
@@ -89,7 +89,7 @@ class Removal:
     certificate inputs and the affected clients."""
 
     state: State
-    cost: CostRecord
+    cost: Cost
     numbers: dict
     clients: list[int]
     cg_iterations: int
@@ -135,7 +135,7 @@ class HFKCU(UnlearningMethod):
                       "an integer >= 0")
         self._require(isinstance(max_doublings, int) and max_doublings >= 0, "max_doublings", "an integer >= 0")
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         forget = calibrated_forget(fed_state, batch, self.max_doublings)
         climb = climb_ladder(fed_state, forget, self._rungs(fed_state, batch, forget is not None),
                              state_of=lambda removal: removal.state,
@@ -149,12 +149,12 @@ class HFKCU(UnlearningMethod):
         state, finetune_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=removal.state,
                                              rounds=rounds, first_round=fed_state.train_config.rounds,
                                              phase="finetune", monitor=monitor)
-        cost = sum((r.cost for r in climb.climbed), CostRecord()) + finetune_cost
+        cost = sum((r.cost for r in climb.climbed), Cost()) + finetune_cost
         return Outcome(state, cost, certificate_inputs=removal.numbers,
                        notes={"target_clients": removal.clients, "hessian": self.hessian, "finetune_rounds": rounds,
                               "strength": climb.ladder})
 
-    def _rungs(self, fed_state: FederatedState, batch: DeletionBatch, climbing: bool) -> Iterator["Removal"]:
+    def _rungs(self, fed_state: FederatedState, batch: ForgetSet, climbing: bool) -> Iterator["Removal"]:
         """The removal at each rung, cheapest first: rung r takes 2^r·k CG steps at damping λ/2^r,
         each rung nearer the undamped Newton step for twice the products. Each is computed afresh
         from the trained state (λ changes the operator: nothing carries over); without
@@ -165,7 +165,7 @@ class HFKCU(UnlearningMethod):
                                                         "damping": self.damping / 2 ** r})
             yield method._removal(fed_state, batch)
 
-    def _removal(self, fed_state: FederatedState, batch: DeletionBatch) -> "Removal":
+    def _removal(self, fed_state: FederatedState, batch: ForgetSet) -> "Removal":
         """Algorithm 1 at this method's (k, λ): every affected client's step, combined and applied."""
         retained = fed_state.retained_clients(batch)
         forget = fed_state.forget_by_client(batch)
@@ -272,8 +272,8 @@ class HFKCU(UnlearningMethod):
             scale = torch.where(v_norm > 0, torch.clamp(self.beta * theta.norm() / v_norm, max=1.0), scale)
         return KrylovStep(client, scale * v, g.norm(), scale, cg, residual, curvature_samples)
 
-    def _cost(self, fed_state: FederatedState, batch: DeletionBatch, steps: list[KrylovStep],
-              hessian_clients: int) -> CostRecord:
+    def _cost(self, fed_state: FederatedState, batch: ForgetSet, steps: list[KrylovStep],
+              hessian_clients: int) -> Cost:
         """Per affected client k CG products and one for the true residual; the Lanczos products, if
         it ran, once per operator: each client's own, or the federation's shared one (each of whose
         products is one round)."""
@@ -290,7 +290,7 @@ class HFKCU(UnlearningMethod):
         per_sample = fed_state.flops_per_sample()
         flops = training_flops(per_sample, batch.num_forget, epochs=1) + \
             HVP_OVER_TRAINING_STEP * training_flops(per_sample, products, epochs=1)
-        return CostRecord(flops=flops, comm_bytes=communication_bytes(dim, exchanges))
+        return Cost(flops=flops, comm_bytes=communication_bytes(dim, exchanges))
 
     def _numbers(self, steps: list[KrylovStep], causal: torch.Tensor, delta: torch.Tensor) -> dict:
         """Certificate inputs and the three checks behind ``bounded approximation`` (module

@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
-from fedunlearn.federation.cost import CostRecord, communication_bytes, training_flops
+from fedunlearn.federation.cost import Cost, communication_bytes, training_flops
 from fedunlearn.federation.fedavg import ClientUpdate, FedAvg
 from fedunlearn.federation.local import State, accuracy
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         calibrated_forget, calibration_reached, climb_ladder, fedavg_rounds,
                                         num_params)
 from fedunlearn.unlearning.registry import register
@@ -98,7 +98,7 @@ class _PUF(UnlearningMethod):
         self._require(isinstance(self.max_doublings, int) and self.max_doublings >= 0, "max_doublings",
                       "an integer >= 0")
 
-    def _remaining_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> list[ClientUpdate]:
+    def _remaining_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> list[ClientUpdate]:
         """S⁺: the remaining clients' updates in the unlearning round (PUF-Special: none)."""
         return []
 
@@ -106,7 +106,7 @@ class _PUF(UnlearningMethod):
                      eta_u: float) -> State:
         return puf_aggregate(state, remaining, targets, eta_u=eta_u)
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         round_idx = fed_state.train_config.rounds  # the round after training: fresh shuffling seeds
         start, watched = time.perf_counter(), monitor.seconds
         step = self._unlearning_step(fed_state, batch, round_idx)
@@ -115,7 +115,7 @@ class _PUF(UnlearningMethod):
 
         start, watched = time.perf_counter(), monitor.seconds
         if step.declined:
-            state, recovery_cost, rounds, reached = step.state, CostRecord(), 0, None
+            state, recovery_cost, rounds, reached = step.state, Cost(), 0, None
         else:
             state, recovery_cost, rounds, reached = self._recover(fed_state, batch, step.state, round_idx + 1, monitor,
                                                                   step.ladder)
@@ -137,23 +137,23 @@ class _PUF(UnlearningMethod):
         return [(self.unlearn_epochs * 2 ** j, self.eta_u * 2 ** i) for j in range(doublings + 1)
                 for i in range(doublings + 1)]
 
-    def _unlearning_step(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> "_Step":
+    def _unlearning_step(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> "_Step":
         """The unlearning round at the first rung that reaches the calibration level (the chosen
         strength without calibration rows); ``declined`` when none does. Its cost is every rung's."""
         climb = climb_ladder(fed_state, calibrated_forget(fed_state, batch, self.max_doublings),
                              self._rounds(fed_state, batch, round_idx), state_of=lambda step: step.state,
                              describe=lambda step: {"unlearn_epochs": step.epochs, "eta_u": step.eta_u})
-        cost = sum((step.cost for step in climb.climbed), CostRecord())
+        cost = sum((step.cost for step in climb.climbed), Cost())
         return dataclasses.replace(climb.chosen, cost=cost, ladder=climb.ladder, declined=climb.reached is False)
 
-    def _rounds(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> Iterator["_Step"]:
+    def _rounds(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> Iterator["_Step"]:
         """The unlearning round at each rung, cheapest first, each with what it adds to the cost: the
         targets' updates are recomputed (and paid for) only when E_u changes, the remaining clients'
         computed once; a larger η_u is the server step alone."""
         remaining: list[ClientUpdate] | None = None
         computed_for = None
         for epochs, eta_u in self._rungs(fed_state):
-            cost = CostRecord()
+            cost = Cost()
             if epochs != computed_for:
                 targets, computed_for = self._target_updates(fed_state, batch, round_idx, epochs), epochs
                 first = remaining is None
@@ -163,7 +163,7 @@ class _PUF(UnlearningMethod):
             unlearned = self._server_step(fed_state.state, remaining, targets, eta_u)
             yield _Step(unlearned, targets, remaining, cost, epochs, eta_u, [], declined=False)
 
-    def _target_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int,
+    def _target_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int,
                         epochs: int) -> list[ClientUpdate]:
         """S⁻: each target client trains ``epochs`` (E_u) epochs from the global model on its forget data only."""
         config = fed_state.train_config.model_copy(update={"local_epochs": epochs})
@@ -173,15 +173,15 @@ class _PUF(UnlearningMethod):
         return fed_state.map_updates(engine.local_update, jobs)
 
     def _round_cost(self, fed_state: FederatedState, remaining: list[ClientUpdate], targets: list[ClientUpdate],
-                    epochs: int, seconds: float) -> CostRecord:
+                    epochs: int, seconds: float) -> Cost:
         per_sample = fed_state.flops_per_sample()
         flops = (training_flops(per_sample, sum(u.num_samples for u in remaining), fed_state.train_config.local_epochs)
                  + training_flops(per_sample, sum(u.num_samples for u in targets), epochs))
         comm = communication_bytes(num_params(fed_state.state), len(remaining) + len(targets))
-        return CostRecord(seconds, flops, comm)
+        return Cost(seconds, flops, comm)
 
-    def _recover(self, fed_state: FederatedState, batch: DeletionBatch, state: State, first_round: int,
-                 monitor: Monitor, ladder: list[dict] | None = None) -> tuple[State, CostRecord, int, bool | None]:
+    def _recover(self, fed_state: FederatedState, batch: ForgetSet, state: State, first_round: int,
+                 monitor: Monitor, ladder: list[dict] | None = None) -> tuple[State, Cost, int, bool | None]:
         """FedAvg on the retained data, one round at a time, until the target accuracy or the budget.
         With a calibration ``ladder``, recovery also stops once the forget set's loss falls back
         below the calibration rows' (what the step removed is coming back: a memorised sample the
@@ -189,7 +189,7 @@ class _PUF(UnlearningMethod):
         Returns the state, the cost, the rounds run and whether the target was reached (None: no target)."""
         retained = fed_state.retained_clients(batch)
         forget = fed_state.forget_data(batch) if ladder else None
-        cost, rounds = CostRecord(), 0
+        cost, rounds = Cost(), 0
         reached = self._reached(fed_state, state)
         while not reached and rounds < self.max_recovery_rounds:
             state, round_cost = fedavg_rounds(fed_state, retained, state=state, rounds=1,
@@ -216,7 +216,7 @@ class _Step:
     state: State
     targets: list[ClientUpdate]
     remaining: list[ClientUpdate]
-    cost: CostRecord
+    cost: Cost
     epochs: int
     eta_u: float
     ladder: list[dict]
@@ -305,7 +305,7 @@ class PUFRegular(_PUF):
         self._check_common()
         self._require(eta_r > 0, "eta_r", "> 0")
 
-    def _remaining_updates(self, fed_state: FederatedState, batch: DeletionBatch, round_idx: int) -> list[ClientUpdate]:
+    def _remaining_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> list[ClientUpdate]:
         """A FedAvg sample (``client_fraction``) of the clients without forget data, on all their data."""
         engine = fed_state.engine()
         others = [c.select(np.zeros(len(c), dtype=bool)) if i in batch.forget_ids else c

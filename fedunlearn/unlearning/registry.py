@@ -11,7 +11,7 @@ import inspect
 from typing import Any, TypeVar
 
 from fedunlearn.certify.certificate import GUARANTEES
-from fedunlearn.federation.batch import REQUEST_KINDS
+from fedunlearn.federation.forget_set import REQUEST_KINDS
 from fedunlearn.unlearning.base import SETTINGS, UnlearningMethod
 
 _METHODS: dict[str, list[type[UnlearningMethod]]] = {}

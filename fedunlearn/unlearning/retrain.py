@@ -11,7 +11,7 @@ reference. Its certificate class is ``exact retrain``.
 from __future__ import annotations
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN
-from fedunlearn.unlearning.base import (DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod,
+from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds)
 from fedunlearn.unlearning.registry import register
 
@@ -23,7 +23,7 @@ class Retrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: FederatedState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         retained = fed_state.retained_clients(batch)
         rounds = fed_state.train_config.rounds
         state, cost = fedavg_rounds(fed_state, retained, state=None, rounds=rounds, first_round=0,

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN
 from fedunlearn.federation.vertical import VerticalState
-from fedunlearn.unlearning.base import DeletionBatch, Monitor, Outcome, UnlearningMethod
+from fedunlearn.unlearning.base import ForgetSet, Monitor, Outcome, UnlearningMethod
 from fedunlearn.unlearning.registry import register
 
 
@@ -50,7 +50,7 @@ class VerticalRetrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: VerticalState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         before = federation.meter()
         _, retained = fed_state.positions(batch)
@@ -88,7 +88,7 @@ class VerticalGradientAscent(UnlearningMethod):
         self._require(isinstance(recovery_epochs, int) and recovery_epochs >= 0, "recovery_epochs",
                       "an integer >= 0")
 
-    def _unlearn(self, fed_state: VerticalState, batch: DeletionBatch, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         before = federation.meter()
         forget, retained = fed_state.positions(batch)

@@ -19,7 +19,7 @@ REQUEST_KINDS = ("sample", "class", "client")
 
 
 @dataclass
-class DeletionBatch:
+class ForgetSet:
     """Sample IDs to forget, per client index. ``clients`` / ``labels`` record the subject of a
     client or class request (and the chosen clients of a fraction request). ``remembered``: the
     forget samples the source model is measured to remember (the audit's per-sample evidence), for
@@ -45,11 +45,11 @@ class DeletionBatch:
         if self.remembered is not None:
             self.remembered = np.asarray(self.remembered)
 
-    def with_remembered(self, sample_ids: Sequence[Any]) -> "DeletionBatch":
+    def with_remembered(self, sample_ids: Sequence[Any]) -> "ForgetSet":
         """The same batch with ``remembered`` set to those of ``sample_ids`` it forgets."""
         forgotten = np.concatenate(list(self.forget_ids.values()))
         wanted = np.asarray(list(sample_ids), dtype=forgotten.dtype) if len(sample_ids) else forgotten[:0]
-        return DeletionBatch(self.kind, dict(self.forget_ids), self.clients, self.labels, self.batch_id,
+        return ForgetSet(self.kind, dict(self.forget_ids), self.clients, self.labels, self.batch_id,
                              forgotten[np.isin(forgotten, wanted)])
 
     def is_remembered(self, sample_ids: np.ndarray) -> np.ndarray:
@@ -81,7 +81,7 @@ class DeletionBatch:
         return record
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DeletionBatch":
+    def from_dict(cls, data: Mapping[str, Any]) -> "ForgetSet":
         remembered = data.get("remembered")
         return cls(data["kind"], {int(c): np.asarray(ids) for c, ids in data["forget_ids"].items()},
                    data.get("clients"), data.get("labels"), data.get("batch_id", ""),
@@ -89,7 +89,7 @@ class DeletionBatch:
 
     @classmethod
     def for_clients(cls, client_indices: Sequence[int], clients: Sequence[Tensors], *,
-                    batch_id: str = "") -> "DeletionBatch":
+                    batch_id: str = "") -> "ForgetSet":
         """Forget every sample of the given clients."""
         indices = _int_list(client_indices, "client")
         for c in indices:
@@ -98,7 +98,7 @@ class DeletionBatch:
 
     @classmethod
     def for_classes(cls, labels: Sequence[int], clients: Sequence[Tensors], *, num_classes: int | None = None,
-                    batch_id: str = "") -> "DeletionBatch":
+                    batch_id: str = "") -> "ForgetSet":
         """Forget every sample of the given classes, at every client."""
         labels = _int_list(labels, "class")
         if num_classes is None:
@@ -111,7 +111,7 @@ class DeletionBatch:
 
     @classmethod
     def for_sample_ids(cls, sample_ids: Sequence[str], clients: Sequence[Tensors], *,
-                       batch_id: str = "") -> "DeletionBatch":
+                       batch_id: str = "") -> "ForgetSet":
         """Forget explicit sample IDs, wherever they are held."""
         if isinstance(sample_ids, str):  # one ID, not a sequence of characters
             sample_ids = [sample_ids]
@@ -126,7 +126,7 @@ class DeletionBatch:
 
     @classmethod
     def for_fraction(cls, client_indices: Sequence[int], fraction: float, clients: Sequence[Tensors], *,
-                     seed: int = 0, batch_id: str = "") -> "DeletionBatch":
+                     seed: int = 0, batch_id: str = "") -> "ForgetSet":
         """Forget a seeded random ``fraction`` (at least one sample) of each chosen client's samples."""
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
@@ -140,7 +140,7 @@ class DeletionBatch:
 
 
 def resolve_request(kind: str, subject: Any, clients: Sequence[Tensors], *, num_classes: int | None = None,
-                    batch_id: str = "") -> DeletionBatch:
+                    batch_id: str = "") -> ForgetSet:
     """Turn a request's subject into sample IDs per client.
 
     ``kind="client"``: a client index or a list of them. ``kind="class"``: a label or a list of
@@ -148,18 +148,18 @@ def resolve_request(kind: str, subject: Any, clients: Sequence[Tensors], *, num_
     ``{"clients": [...], "fraction": f, "seed": s}`` for a seeded fraction of those clients' samples.
     """
     if kind == "client":
-        return DeletionBatch.for_clients(subject, clients, batch_id=batch_id)
+        return ForgetSet.for_clients(subject, clients, batch_id=batch_id)
     if kind == "class":
-        return DeletionBatch.for_classes(subject, clients, num_classes=num_classes, batch_id=batch_id)
+        return ForgetSet.for_classes(subject, clients, num_classes=num_classes, batch_id=batch_id)
     if kind == "sample" and isinstance(subject, Mapping):
         unexpected = set(subject) - {"clients", "fraction", "seed"}
         if unexpected or not {"clients", "fraction"} <= set(subject):
             raise ValueError("a fraction subject is {'clients': [...], 'fraction': f, 'seed': s (optional)}; "
                              f"got keys {sorted(subject)}")
-        return DeletionBatch.for_fraction(subject["clients"], float(subject["fraction"]), clients,
+        return ForgetSet.for_fraction(subject["clients"], float(subject["fraction"]), clients,
                                           seed=int(subject.get("seed", 0)), batch_id=batch_id)
     if kind == "sample":
-        return DeletionBatch.for_sample_ids(subject, clients, batch_id=batch_id)
+        return ForgetSet.for_sample_ids(subject, clients, batch_id=batch_id)
     raise ValueError(f"unknown request kind {kind!r}; choose one of {', '.join(REQUEST_KINDS)}")
 
 

@@ -25,7 +25,7 @@ from fedunlearn.evaluation.mia import AttackResult, ulira_audit
 from fedunlearn.federation.local import State
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.training import TrainedModel, train
-from fedunlearn.unlearning.base import DeletionBatch, FederatedState, Monitor, Outcome, UnlearningMethod
+from fedunlearn.unlearning.base import ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod
 
 
 @dataclass
@@ -33,7 +33,7 @@ class BenchmarkSetup:
     scenario: str
     request: str  # the SPEC, or what the batch is ("batch <id>")
     fed_state: Federation  # the original clients' data (triggered forget samples with --backdoor)
-    batch: DeletionBatch
+    batch: ForgetSet
     backdoor: bool
     sets: EvaluationSets
 
@@ -45,14 +45,14 @@ class BenchmarkSetup:
         return Evaluator(self.fed_state, self.batch, backdoor=self.backdoor, sets=self.sets)
 
 
-def build_setup(scenario: str, fed_state: Federation, request: RequestSpec | DeletionBatch, *,
+def build_setup(scenario: str, fed_state: Federation, request: RequestSpec | ForgetSet, *,
                 backdoor: bool = False) -> BenchmarkSetup:
     """``fed_state``: the scenario's federation (``training.load_federation``); ``request``: a SPEC
     resolved against it, or a batch already resolved to sample IDs per client (a deletion batch)."""
     if backdoor and fed_state.setting == "vfl":
         raise ValueError("--backdoor needs every sample's whole image at one client (HFL/DFL image scenarios); "
                          "in VFL each party holds only a slice of it")
-    if isinstance(request, DeletionBatch):
+    if isinstance(request, ForgetSet):
         batch, text = request, f"batch {request.batch_id}"
     else:
         batch, text = request.resolve(fed_state.clients, fed_state.num_classes, fed_state.seed), request.text
@@ -115,7 +115,7 @@ def ulira(setup: BenchmarkSetup, make_method: Callable[[], UnlearningMethod], nu
                                                                              included))])
                    if i in forget_by_client else retained[i] for i in range(len(retained))]
         shadow = dataclasses.replace(base, clients=clients, seed=seed, state={})
-        batch = DeletionBatch.for_sample_ids(included, clients)
+        batch = ForgetSet.for_sample_ids(included, clients)
         outcome = make_method().unlearn(dataclasses.replace(shadow, state=train(shadow).state), batch)
         return shadow.model_from(outcome.state)
 

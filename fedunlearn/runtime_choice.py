@@ -11,52 +11,52 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from fedunlearn.config import Runner
+from fedunlearn.config import Runtime
 from fedunlearn.errors import InputError
 
 if TYPE_CHECKING:  # annotations only: the CLI's parser reads this module, and the methods import torch
     from fedunlearn.unlearning.escalation import Attempt
 
 TASK_RUNNERS = ("thread", "dask", "ray")
-ENGINE_RUNNERS = tuple(r.value for r in Runner)
+ENGINE_RUNNERS = tuple(r.value for r in Runtime)
 # The version tag ``runtime`` of a model our own loop computed (Flower's engine names its own).
 IN_PROCESS_RUNTIME = "in-process"
 # The engine of ``fedunlearn_flower.engine`` each Flower runner means.
-FLOWER_ENGINES = {Runner.flower: "deployment", Runner.flower_simulation: "simulation"}
+FLOWER_ENGINES = {Runtime.flower: "deployment", Runtime.flower_simulation: "simulation"}
 
 
-def split_train_runner(value: str | None) -> tuple[str, Runner | None]:
+def split_train_runner(value: str | None) -> tuple[str, Runtime | None]:
     """``fedunlearn train --runner``'s value as (Prefect task runner, engine): a task runner leaves
     the engine to the scenario (None) — it only spreads the in-process engine's client updates."""
     if value is None or value in TASK_RUNNERS:
         return value or "thread", None
-    return "thread", Runner(value)
+    return "thread", Runtime(value)
 
 
-def choose_runner(requested: Runner | str | None, scenario_runner: Runner | str | None) -> Runner:
+def choose_runtime(requested: Runtime | str | None, scenario_runner: Runtime | str | None) -> Runtime:
     """The command's choice, else the scenario's ``runner:``, else in-process."""
-    return Runner(requested or scenario_runner or Runner.in_process)
+    return Runtime(requested or scenario_runner or Runtime.in_process)
 
 
-def training_runner(requested: Runner | str | None, scenario_runner: Runner | str | None, role: str) -> Runner:
-    """The engine a training uses: an original follows ``choose_runner``; a retrained reference (the
+def training_runtime(requested: Runtime | str | None, scenario_runner: Runtime | str | None, role: str) -> Runtime:
+    """The engine a training uses: an original follows ``choose_runtime``; a retrained reference (the
     exact retrain that ends an escalation, the gates' reference) stays in-process unless asked for,
     as the unlearning's exactness does not depend on the engine that retrains."""
-    return choose_runner(requested, scenario_runner if role == "original" else None)
+    return choose_runtime(requested, scenario_runner if role == "original" else None)
 
 
-def runtime_tag(runner: Runner) -> str:
+def runtime_tag(runner: Runtime) -> str:
     """The version tag ``runtime`` of a model ``runner`` computed."""
     engine = flower_engine(runner)
     return IN_PROCESS_RUNTIME if engine is None else f"flower-{engine}"
 
 
-def flower_engine(runner: Runner) -> str | None:
+def flower_engine(runner: Runtime) -> str | None:
     """``deployment`` or ``simulation`` for a Flower runner; None for the in-process engine."""
-    return FLOWER_ENGINES.get(Runner(runner))
+    return FLOWER_ENGINES.get(Runtime(runner))
 
 
-def check_flower_training(runner: Runner, scenario: str, setting: str, *, backdoor: bool = False,
+def check_flower_training(runner: Runtime, scenario: str, setting: str, *, backdoor: bool = False,
                           local_epochs: int | None = None) -> None:
     """Refuse, before anything runs, what the Flower app cannot do: a scenario other than HFL, the
     backdoor trigger (the clients read their partitions from disk, untriggered), a local-epochs
@@ -69,10 +69,10 @@ def check_flower_training(runner: Runner, scenario: str, setting: str, *, backdo
            else "--local-epochs is not passed to Flower's clients: set train.local_epochs in params.yaml"
            if local_epochs is not None else None)
     if why:
-        raise InputError(f"--runner {Runner(runner).value}: {why}; use --runner in-process")
+        raise InputError(f"--runner {Runtime(runner).value}: {why}; use --runner in-process")
 
 
-def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapping[str, set[str]],
+def flower_attempts(runner: Runtime, attempts: Sequence[Attempt], supported: Mapping[str, set[str]],
                     chosen_by_user: bool) -> list[Attempt]:
     """The batch's attempts on a Flower runner. A method the user chose that Flower's app lacks, or
     an option it does not take, is an error (before the ledger moves); a method the default
@@ -87,17 +87,17 @@ def flower_attempts(runner: Runner, attempts: Sequence[Attempt], supported: Mapp
         if attempt.method not in supported:
             if chosen_by_user or number == 0:
                 raise InputError(f"method {attempt.method!r} has no Flower version (runner "
-                                 f"{Runner(runner).value}); choose one of {', '.join(sorted(supported))}, or "
+                                 f"{Runtime(runner).value}); choose one of {', '.join(sorted(supported))}, or "
                                  "--runner in-process")
             continue
         unknown = sorted(set(attempt.options) - supported[attempt.method])
         if unknown:
-            raise InputError(f"method {attempt.method!r} on runner {Runner(runner).value} takes no option(s) "
+            raise InputError(f"method {attempt.method!r} on runner {Runtime(runner).value} takes no option(s) "
                              f"{', '.join(unknown)}; its Flower version takes {', '.join(sorted(supported[attempt.method]))}")
     return list(attempts)
 
 
-def in_process_fallbacks(runner: Runner, attempts: Sequence[Attempt], supported: Mapping[str, set[str]]) -> str | None:
+def in_process_fallbacks(runner: Runtime, attempts: Sequence[Attempt], supported: Mapping[str, set[str]]) -> str | None:
     """The warning a batch on a Flower runner logs and prints when fallbacks of its escalation have
     no Flower version and run in-process instead: which methods, on which runner; None when every
     attempt but the exact retrain runs on Flower. Said aloud because the user asked for Flower, and
@@ -107,6 +107,6 @@ def in_process_fallbacks(runner: Runner, attempts: Sequence[Attempt], supported:
     methods = list(dict.fromkeys(a.method for a in attempts if not a.exact and a.method not in supported))
     if not methods:
         return None
-    return (f"runner {Runner(runner).value}: the escalation's fallback(s) {', '.join(methods)} have no Flower "
+    return (f"runner {Runtime(runner).value}: the escalation's fallback(s) {', '.join(methods)} have no Flower "
             "version and run in-process (our loop, on this machine's copy of the clients' data) if the batch "
             "reaches them, as the exact retrain does")

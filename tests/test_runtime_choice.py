@@ -1,4 +1,4 @@
-"""The engine choice of ``fedunlearn train|process --runner`` (fedunlearn.runner_choice), without a
+"""The engine choice of ``fedunlearn train|process --runner`` (fedunlearn.runtime_choice), without a
 workspace or Flower: which engine, which tag, what Flower refuses before anything runs."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedunlearn.config import Runner, ScenarioConfig
+from fedunlearn.config import Runtime, ScenarioConfig
 from fedunlearn.errors import InputError
-from fedunlearn.runner_choice import (check_flower_training, choose_runner, flower_attempts, flower_engine,
-                                      in_process_fallbacks, runtime_tag, split_train_runner, training_runner)
+from fedunlearn.runtime_choice import (check_flower_training, choose_runtime, flower_attempts, flower_engine,
+                                      in_process_fallbacks, runtime_tag, split_train_runner, training_runtime)
 from fedunlearn.unlearning.escalation import Attempt
 
 SUPPORTED = {"puf-special": {"eta_u", "max_recovery_rounds", "target_test_acc"}, "hf-kcu": {"beta"}}
@@ -20,50 +20,50 @@ SUPPORTED = {"puf-special": {"eta_u", "max_recovery_rounds", "target_test_acc"},
 def test_train_runner_flag_keeps_task_runners_and_names_engines():
     assert split_train_runner(None) == ("thread", None)
     assert split_train_runner("dask") == ("dask", None)
-    assert split_train_runner("flower") == ("thread", Runner.flower)
-    assert split_train_runner("flower-simulation") == ("thread", Runner.flower_simulation)
-    assert split_train_runner("in-process") == ("thread", Runner.in_process)
+    assert split_train_runner("flower") == ("thread", Runtime.flower)
+    assert split_train_runner("flower-simulation") == ("thread", Runtime.flower_simulation)
+    assert split_train_runner("in-process") == ("thread", Runtime.in_process)
 
 
 def test_command_beats_scenario_beats_default():
-    assert choose_runner(None, None) is Runner.in_process
-    assert choose_runner(None, "flower") is Runner.flower
-    assert choose_runner("in-process", Runner.flower) is Runner.in_process
+    assert choose_runtime(None, None) is Runtime.in_process
+    assert choose_runtime(None, "flower") is Runtime.flower
+    assert choose_runtime("in-process", Runtime.flower) is Runtime.in_process
     with pytest.raises(ValueError):
-        choose_runner("flwr", None)
+        choose_runtime("flwr", None)
 
 
 def test_a_retrained_reference_stays_in_process_unless_asked():
-    assert training_runner(None, Runner.flower, "original") is Runner.flower
-    assert training_runner(None, Runner.flower, "retrained") is Runner.in_process
-    assert training_runner("flower-simulation", None, "retrained") is Runner.flower_simulation
+    assert training_runtime(None, Runtime.flower, "original") is Runtime.flower
+    assert training_runtime(None, Runtime.flower, "retrained") is Runtime.in_process
+    assert training_runtime("flower-simulation", None, "retrained") is Runtime.flower_simulation
 
 
 def test_runtime_tags():
-    assert [runtime_tag(r) for r in Runner] == ["in-process", "flower-deployment", "flower-simulation"]
-    assert flower_engine(Runner.in_process) is None and flower_engine(Runner.flower) == "deployment"
+    assert [runtime_tag(r) for r in Runtime] == ["in-process", "flower-deployment", "flower-simulation"]
+    assert flower_engine(Runtime.in_process) is None and flower_engine(Runtime.flower) == "deployment"
 
 
 def test_scenario_params_default_in_process_and_accept_runner():
-    assert ScenarioConfig(dataset="digits", setting="hfl").runner is Runner.in_process
-    assert ScenarioConfig(dataset="digits", setting="hfl", runner="flower").runner is Runner.flower
+    assert ScenarioConfig(dataset="digits", setting="hfl").runner is Runtime.in_process
+    assert ScenarioConfig(dataset="digits", setting="hfl", runner="flower").runner is Runtime.flower
     with pytest.raises(ValueError):
         ScenarioConfig(dataset="digits", setting="hfl", runner="ray")
 
 
 def test_flower_refuses_other_settings_backdoor_and_local_epochs():
-    check_flower_training(Runner.in_process, "s", "vfl", backdoor=True, local_epochs=3)
-    check_flower_training(Runner.flower, "s", "hfl")
+    check_flower_training(Runtime.in_process, "s", "vfl", backdoor=True, local_epochs=3)
+    check_flower_training(Runtime.flower, "s", "hfl")
     for kwargs in ({"setting": "vfl"}, {"setting": "hfl", "backdoor": True}, {"setting": "hfl", "local_epochs": 2}):
         with pytest.raises(InputError, match="--runner flower"):
-            check_flower_training(Runner.flower, "s", **kwargs)
+            check_flower_training(Runtime.flower, "s", **kwargs)
 
 
 def test_flower_attempts_keep_the_default_fallbacks_flower_lacks_to_run_in_process():
     chain = [Attempt(method="puf-special"), Attempt(method="puf-special", options={"eta_u": 4.0}),
              Attempt(method="ga"), Attempt(method="retrain")]
-    assert flower_attempts(Runner.in_process, chain, SUPPORTED, False) == chain
-    assert flower_attempts(Runner.flower, chain, SUPPORTED, False) == chain
+    assert flower_attempts(Runtime.in_process, chain, SUPPORTED, False) == chain
+    assert flower_attempts(Runtime.flower, chain, SUPPORTED, False) == chain
 
 
 def test_a_fallback_without_a_flower_version_is_named_in_a_warning_saying_it_runs_in_process():
@@ -71,11 +71,11 @@ def test_a_fallback_without_a_flower_version_is_named_in_a_warning_saying_it_run
     warns, naming each and that it runs in-process; nothing to say when all run on Flower."""
     chain = [Attempt(method="puf-special"), Attempt(method="puf-special", options={"eta_u": 4.0}),
              Attempt(method="ga"), Attempt(method="finetune"), Attempt(method="fedquit"), Attempt(method="retrain")]
-    line = in_process_fallbacks(Runner.flower_simulation, chain, SUPPORTED)
+    line = in_process_fallbacks(Runtime.flower_simulation, chain, SUPPORTED)
     assert line.startswith("runner flower-simulation: the escalation's fallback(s) ga, finetune, fedquit have no "
                            "Flower version and run in-process")
-    assert in_process_fallbacks(Runner.in_process, chain, SUPPORTED) is None
-    assert in_process_fallbacks(Runner.flower, chain[:2] + chain[-1:], SUPPORTED) is None
+    assert in_process_fallbacks(Runtime.in_process, chain, SUPPORTED) is None
+    assert in_process_fallbacks(Runtime.flower, chain[:2] + chain[-1:], SUPPORTED) is None
 
 
 def test_the_default_chain_runs_on_flower_from_first_attempt_to_last_resort():
@@ -87,8 +87,8 @@ def test_the_default_chain_runs_on_flower_from_first_attempt_to_last_resort():
     for kind, first in (("sample", "hf-kcu"), ("sample", "puf-special"), ("client", "puf-special"),
                         ("class", "puf-special")):
         chain = default_escalation("hfl", kind, Attempt(method=first))
-        assert flower_attempts(Runner.flower, chain, flower_methods(), False) == chain
-        assert in_process_fallbacks(Runner.flower, chain, flower_methods()) is None, (kind, first)
+        assert flower_attempts(Runtime.flower, chain, flower_methods(), False) == chain
+        assert in_process_fallbacks(Runtime.flower, chain, flower_methods()) is None, (kind, first)
     chain = default_escalation("hfl", "sample", Attempt(method="hf-kcu"))
     assert [a.method for a in chain] == ["hf-kcu", "hf-kcu", "puf-regular", "fedquit", "retrain"]
 
@@ -109,13 +109,14 @@ def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns
             messages.append(message % args)
 
     monkeypatch.setattr(unlearn, "get_run_logger", lambda: Logger())
-    ctx = argparse.Namespace(engine="deployment", ws=None, record=None, setup=None,
-                             source=argparse.Namespace(state={}), source_eval=argparse.Namespace(test_acc=0.9))
+    ctx = argparse.Namespace(batch=argparse.Namespace(runtime=Runtime.flower), ws=None, record=None, setup=None,
+                             source=argparse.Namespace(model=argparse.Namespace(state={}),
+                                                       evaluation=argparse.Namespace(test_acc=0.9)))
     unlearn.compute_attempt(ctx, Attempt(method="puf-special"), 0)
     unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
     assert calls == ["flower puf-special", "in-process ga"]
     assert messages == ["attempt 3 (ga) runs in-process: ga has no Flower version (Flower engine deployment)"]
-    ctx.engine = None
+    ctx.batch.runtime = Runtime.in_process
     unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
     assert calls[-1] == "in-process ga" and len(messages) == 1  # the in-process runner: nothing to warn of
 
@@ -139,11 +140,11 @@ def test_the_batch_carries_the_warning_to_the_cli(monkeypatch, capsys):
 
 def test_flower_attempts_refuse_a_chosen_method_or_option_flower_lacks():
     with pytest.raises(InputError, match="'fedquit'.*runner flower-simulation"):
-        flower_attempts(Runner.flower_simulation, [Attempt(method="fedquit")], SUPPORTED, False)
+        flower_attempts(Runtime.flower_simulation, [Attempt(method="fedquit")], SUPPORTED, False)
     with pytest.raises(InputError, match="'ga'.*runner flower"):
-        flower_attempts(Runner.flower, [Attempt(method="puf-special"), Attempt(method="ga")], SUPPORTED, True)
+        flower_attempts(Runtime.flower, [Attempt(method="puf-special"), Attempt(method="ga")], SUPPORTED, True)
     with pytest.raises(InputError, match="max_doublings"):
-        flower_attempts(Runner.flower, [Attempt(method="puf-special", options={"max_doublings": 2})], SUPPORTED,
+        flower_attempts(Runtime.flower, [Attempt(method="puf-special", options={"max_doublings": 2})], SUPPORTED,
                         True)
 
 
