@@ -18,7 +18,7 @@ import pytest
 from cli import QUIET_SETTINGS, configure_output, parse_arguments
 from cli.text import plain
 from fedunlearn.certify.gates import GateCheck, GateOutcome
-from fedunlearn.receipts import EscalationStep, ExactForgetting, ModelRef, Receipt, write_receipt
+from fedunlearn.receipts import EscalationStep, ExactForgetting, ModelRef, Receipt
 
 DUE = datetime(2026, 12, 27, 7, 42, tzinfo=timezone.utc)
 
