@@ -97,10 +97,11 @@ def test_a_client_emptied_by_deletions_still_validates(workspace):
     assert validate_partition("digits-hfl", workspace)["splits"] == 4
 
 
-def test_reproduce_does_nothing_until_an_input_or_output_changes(workspace, monkeypatch):
-    """A batch asks for its data version four times: after the first, nothing runs while the stages'
-    inputs and outputs are as reproduced; an input edited to the same size, or an output damaged,
-    runs them again. The commit runs in this process and leaves its working directory as it was."""
+def test_reproduce_runs_the_stages_each_time_and_gives_the_same_version_for_the_same_inputs(workspace, monkeypatch):
+    """A command reproduces once, where its flow starts, and hands the data version down, so nothing
+    is cached between calls: each call runs the stages and commits them; the same inputs give the same
+    version, an input edited to the same size a new one, and an output damaged is written again. The
+    commit runs in this process and leaves its working directory as it was."""
     import os
 
     from stores import workspace as module
@@ -111,25 +112,25 @@ def test_reproduce_does_nothing_until_an_input_or_output_changes(workspace, monk
     commits = []
     commit = module._commit_stages
     monkeypatch.setattr(module, "_commit_stages", lambda root, scenario: commits.append(scenario) or commit(root, scenario))
-    assert reproduce(workspace, "digits-hfl") == version and commits == []
+    assert reproduce(workspace, "digits-hfl") == version and commits == ["digits-hfl"]
 
     params = workspace / "params.yaml"
     original = params.read_text()
     edited = original.replace("num_clients: 3, alpha: 0.5", "num_clients: 3, alpha: 0.7")
     assert edited != original and len(edited) == len(original)
     params.write_text(edited)
-    assert reproduce(workspace, "digits-hfl") != version and commits == ["digits-hfl"]
+    assert reproduce(workspace, "digits-hfl") != version and len(commits) == 2
     params.write_text(original)
-    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 2
+    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 3
 
     damaged = workspace / PARTITIONS_DIR / "digits-hfl" / "test" / "labels.npy"
     damaged.write_bytes(b"damaged")
-    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 3
+    assert reproduce(workspace, "digits-hfl") == version and len(commits) == 4
     assert damaged.read_bytes() != b"damaged"
 
 
 def test_opening_a_workspace_leaves_the_ledger_untouched(workspace):
-    """Every sub-flow opens the workspace: touching the ledger would move its mtime (DVC re-hashes it)."""
+    """Every command opens the workspace: touching the ledger would move its mtime (DVC re-hashes it)."""
     import time
 
     ledger = workspace / LEDGER_PATH
