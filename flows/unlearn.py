@@ -184,7 +184,7 @@ def batch_reference(judging: Judging) -> Judged | None:
     """The new data version's exact reference, retrained first when the batch asked for it
     (``--retrain``), evaluated on the batch's forget set; None when it has none."""
     batch, record = judging.batch, judging.batch.record
-    judging.source  # the source judged (and audit references trained if none) before a retrain, as ever
+    judging.source  # the source is judged first: its audit set is trained (if none) before any retrain
     if batch.retrain_reference:
         reference_for(judging.scope, batch.device, record.data_version_after, record.batch_id)
     found = find_reference(judging.ws, judging.scenario, record.data_version_after)
