@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from runtime.local_server import prefect_server
+from runtime.local_server import flush_clients, prefect_server
 from runtime.run_history import COPIED_LABEL, COPY_TAG, client_of, copy_cli_runs, copy_runs
 
 FULL = os.environ.get("RELIABILITY_FULL") == "1"
@@ -81,6 +81,9 @@ async def served_view(api: str) -> dict:
 def test_the_clis_runs_reach_the_served_server_once(tmp_path: Path, prefect_databases):
     cli_home = tmp_path / "workspace" / ".prefect"
     with prefect_server(cli_home) as api, temporary_settings(updates={PREFECT_API_URL: api}):
+        # Prefect keeps one events worker per process, bound to the server it first sent to: an earlier
+        # test's would take these events to its own server. Drained, the next event starts one for this.
+        flush_clients()
         assert batch(3) == 12
         asyncio.run(wait_for_task_runs(api, 3))  # two doubles and the subflow's parent task run
         asyncio.run(left_running(api))
