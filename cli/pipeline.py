@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "version, serve it (alias current) and mark those receipts exactly forgotten.")
     repay.add_argument("--scenario", default=DEFAULT_SCENARIO)
     repay.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
+    repay.add_argument("--only-due", action="store_true",
+                       help="a federation in shards: retrain only the shards owed by a request whose latest safe start "
+                            "has come (the others keep serving until theirs, or a run without this flag)")
     repay.set_defaults(handler=run_repay_debt)
 
     compare = sub.add_parser("compare", help="the registered versions of a scenario side by side",
@@ -161,9 +164,14 @@ def run_repay_debt(args: argparse.Namespace, root: Path) -> int:
 
     init_workspace(root)
     prepare_flow_run(args.verbose)
-    result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device)
-    if not result.repaid:
-        print(f"no retrain debt for {args.scenario}: nothing to retrain")
+    result = repay_retrain_debt(scenario=args.scenario, root=str(root), device=args.device, only_due=args.only_due)
+    if result.shards_waiting:
+        print(f"shard(s) {', '.join(map(str, result.shards_retrained))} retrained exactly: {args.scenario} "
+              f"v{result.version} (alias current); {len(result.repaid)} batch(es) forgotten exactly, shard(s) "
+              f"{', '.join(map(str, result.shards_waiting))} still owe(s) (repaid by their own latest safe start "
+              "or the weekly run)")
+    elif not result.repaid:
+        print(f"no retrain debt for {args.scenario}{' due yet' if args.only_due else ''}: nothing to retrain")
     else:
         print(f"repaid {len(result.repaid)} batch(es) with {args.scenario} v{result.version} (alias current)")
     if result.retired:

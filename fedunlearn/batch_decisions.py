@@ -151,7 +151,8 @@ def certificate_record(certificate: Certificate | None) -> dict[str, Any]:
 class DebtAction(str, Enum):
     """What a batch does about the retrain debt once its receipt is written."""
 
-    repay = "repay"  # now: past ``requests.max_retrain_debt``, or its latest safe start has come
+    repay = "repay"  # now, all of it: past ``requests.max_retrain_debt``
+    repay_due = "repay-due"  # now, what is due: a latest safe start has come (a federation in shards: its shards)
     schedule = "schedule"  # a run of the repaying deployment at its latest safe start
     nothing = "nothing"  # nothing is owed
 
@@ -160,8 +161,10 @@ def debt_action(owed_requests: int, max_requests: int, start_by: datetime | None
     """The retrain debt after a batch: ``owed_requests`` forgotten only approximately, against the
     most ``requests.max_retrain_debt`` allows; ``start_by`` the latest safe start of its exact retrain
     (None: nothing due)."""
-    if owed_requests > max_requests or repay_now(start_by, now):
+    if owed_requests > max_requests:
         return DebtAction.repay
+    if repay_now(start_by, now):
+        return DebtAction.repay_due
     return DebtAction.nothing if start_by is None else DebtAction.schedule
 
 

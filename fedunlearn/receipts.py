@@ -108,6 +108,9 @@ class Receipt(BaseModel):
                                                                        "approximate forgetting")
     exact_shards: str | None = Field(None, description="a federation in shards: the shards the exact retrain that "
                                      "forgot the batch retrained from scratch, and why the others are untouched")
+    shards_repaid: dict[str, str] = Field(default_factory=dict, description="a federation in shards repaid one "
+                                          "shard at a time: each touched shard retrained from scratch since, and the "
+                                          "version that retrained it; exactly_forgotten once every touched shard is")
     forgetting: str | None = Field(None, description="the tier the promoted version forgets on: 'interim' "
                                    "(approximate; an exact retrain is owed by exact_due), 'exact' or 'formal'")
     policy: str | None = Field(None, description="the forgetting policy the batch ran under: 'interim' or 'strict'")
@@ -220,7 +223,7 @@ class Receipt(BaseModel):
         start = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
         done = self.exactly_forgotten
         return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
-                      + self.shards_note() + self.retired_clause() if done else start)
+                      + self.shards_note() + self.retired_clause() if done else start + self.shards_note())
 
     def retired_clause(self) -> str:
         """``; versions retired: v1, v2`` for the exact statement, or nothing."""
@@ -251,8 +254,8 @@ class Receipt(BaseModel):
             return f"Forgetting: **{self.forgetting}** (nothing owed){self.retired_clause()}."
         unmeasured = "; ".join((self.gates.unmeasured if self.gates else []) or ["every check measured"])
         when = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
-        return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}. "
-                f"Not measurable: {unmeasured}.")
+        return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}"
+                f"{self.shards_note()}. Not measurable: {unmeasured}.")
 
     def retirement_line(self) -> str:
         """The versions that learnt the requests: retired (weights deleted), and any held on purpose."""

@@ -7,6 +7,8 @@ A version *owes* a batch when its weights learnt samples the batch deleted:
     unlearned on data version D from source S                      the same, and whatever S owes —
                                                                    but the batch that made it, when it
                                                                    forgot that one exactly (formal)
+    repaid (shards in part retrained, the rest kept from S) on D   the same as unlearned: a kept shard
+                                                                   may still hold what S owes
 
 A version *retires* once every batch it owes is exactly forgotten (an exact retrain, or a formal
 certificate, serves without them) — the batch that completes the set names the tombstone — unless a
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 EXACT_TIERS = ("exact", "formal")
+INHERITING = ("unlearned", "repaid")  # roles whose weights come (in part) from a source version
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def owed_batches(versions: list[VersionFacts], batches: list[BatchFacts]) -> dic
             return owed[facts.version]
         found = set(batches_from(facts.data_version, batches))
         source = by_number.get(facts.source_version or "")
-        if facts.role == "unlearned" and source is not None and depth < len(versions):
+        if facts.role in INHERITING and source is not None and depth < len(versions):
             inherited = of(source, depth + 1)
             if facts.forgetting in EXACT_TIERS:
                 inherited = inherited - {facts.batch_id}

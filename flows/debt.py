@@ -1,7 +1,9 @@
 """Flow ``repay-retrain-debt``: the exact retrain that repays approximate forgetting.
 
     retrain debt (receipts forgotten only approximately) ─▶ none: nothing to do
-    ─▶ retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
+    ─▶ a federation in shards, only what is due (``only_due``): the shards due retrained, the others
+       kept as they serve ─▶ alias current ─▶ the receipts record their shards retrained ─▶ retire
+    ─▶ otherwise retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
     record when their requests were forgotten exactly ─▶ the retrain measured on each of their
     batches' forget sets (beside each batch's source and unlearned version) ─▶ the versions that
     learnt them retire (``tasks.retirement``) ─▶ the status and the receipts published as Prefect
@@ -9,8 +11,8 @@
 
 Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); each interim batch schedules a
 run of it at the latest safe time before its requests' deadlines (``tasks.debt.schedule_repayment``);
-``process-deletions`` runs it when the debt passes ``requests.max_retrain_debt`` (params.yaml) or
-that time has come.
+``process-deletions`` runs it when the debt passes ``requests.max_retrain_debt`` (params.yaml), or
+that time has come (then only what is due: ``fedunlearn.shard_debt``).
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import torch
 from prefect import flow
 
 from fedunlearn.device import intra_op_threads
+from fedunlearn.requests.model import utc_now
+from fedunlearn.shard_debt import ShardRepayment, shards_to_repay
 from fedunlearn.requests.batch import BatchRecord
 from flows.forget_sets import measure_retrained, retrain_device
 from flows.reference import reference_for
+from flows.train import Training, train_model
 from flows.results import RepayResult
 from tasks.data import command_device, reproduce_data
-from tasks.debt import Debt, close_by_retrain, mark_repaid, open_batches, repayment_time, retrain_debt
+from tasks.debt import (Debt, close_by_retrain, mark_repaid, mark_shards_repaid, open_batches, repayment_time,
+                        retrain_debt, shard_assignment, shard_debt)
 from tasks.receipts import publish_receipt
 from tasks.retirement import retire_forgotten
 from tasks.status import publish_status
@@ -40,7 +46,8 @@ LOCK_TIMEOUT_S = 1800.0
 
 
 @flow(name="repay-retrain-debt", log_prints=True)
-def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None) -> RepayResult:
+def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: str | None = None,
+                       only_due: bool = False) -> RepayResult:
     """Retrain ``scenario`` exactly on its current data version and serve it, if any request was
     forgotten only approximately since the last exact retrain. Holds the batch lock: no deletion
     batch moves the data or ``current`` meanwhile.
@@ -49,24 +56,29 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
         scenario: a scenario of the workspace's params.yaml.
         root: the workspace (the directory holding params.yaml).
         device: auto, cpu, cuda or mps; empty: params.yaml's ``device``.
+        only_due: a federation in shards retrains only the shards owed by a request whose latest safe
+            start has come (the run a batch schedules); the others keep serving until theirs or the
+            weekly run. Off: every shard that owes (one federation: always all of it).
     """
     ws = Workspace.open(root)
     scope, chosen = ScenarioScope(ws, scenario), command_device(ws, device)
     lock = ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}")
     with lock, intra_op_threads(scope.config.threads):
-        return repay(scope, chosen, reproduce_data(ws, scenario))
+        return repay(scope, chosen, reproduce_data(ws, scenario), only_due)
 
 
 @dataclass(frozen=True)
 class Repayment:
     """One repayment of a scenario's retrain debt as its steps share it: the scope, the device the
-    command chose and the current data version it holds; and what is owed, each read once, when first
-    asked for — the receipts forgotten only approximately (``debt``), the batches applied without
-    unlearning (``open``) and the latest safe start of the exact retrain (``start_by``)."""
+    command chose, the current data version it holds and whether it repays only what is due; and what
+    is owed, each read once, when first asked for — the receipts forgotten only approximately
+    (``debt``), the batches applied without unlearning (``open``), the latest safe start of the exact
+    retrain (``start_by``) and, for a federation in shards, the shards it retrains (``shards``)."""
 
     scope: ScenarioScope
     device: torch.device
     data_version: str
+    only_due: bool = False
 
     @cached_property
     def debt(self) -> Debt:
@@ -80,15 +92,24 @@ class Repayment:
     def start_by(self) -> datetime | None:
         return repayment_time(self.scope.ws, self.scope.scenario, self.debt)
 
+    @cached_property
+    def shards(self) -> ShardRepayment | None:
+        """``shard_debt.shards_to_repay`` of a federation in shards with no batch applied without
+        unlearning (those need every shard); None: one exact retrain of all that owes."""
+        shard_of = shard_assignment(self.scope.ws, self.scope.scenario)
+        if shard_of is None or self.open:
+            return None
+        return shards_to_repay(shard_debt(self.debt, shard_of), self.only_due, utc_now())
+
     @property
     def owed(self) -> bool:
         return bool(self.debt.receipts or self.open)
 
 
-def repay(scope: ScenarioScope, device: torch.device, data_version: str) -> RepayResult:
+def repay(scope: ScenarioScope, device: torch.device, data_version: str, only_due: bool = False) -> RepayResult:
     """The repayment itself (``repay_debt``), for a caller that holds the batch lock, on the device
     the command chose and the current data version it holds."""
-    repayment = Repayment(scope, device, data_version)
+    repayment = Repayment(scope, device, data_version, only_due)
     return repay_debt(repayment)
 
 
@@ -102,6 +123,13 @@ def repay_debt(repayment: Repayment) -> RepayResult:
         print("no retrain debt")
         retire_forgotten(ws, scenario)
         return RepayResult(scenario=scenario, repaid=[])
+    shards = repayment.shards
+    if shards is not None and not shards.retrain:
+        print(f"no shard of {scenario} is due yet: shard(s) {', '.join(map(str, sorted(shards.wait)))} owe(s) an "
+              "exact retrain by a later latest safe start, or the weekly run")
+        return RepayResult(scenario=scenario, repaid=[])
+    if shards is not None and shards.partial:
+        return repay_shards(repayment, shards)
     reference = reference_for(scope, repayment.device, repayment.data_version)
     repaid = (close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
               + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt"))
@@ -116,3 +144,28 @@ def repay_debt(repayment: Repayment) -> RepayResult:
           f"v{reference.model_version} (alias current)")
     return RepayResult(scenario=scenario, repaid=batch_ids, version=reference.model_version,
                        retired=list(retired.versions), receipts=list(written.values()))
+
+
+def repay_shards(repayment: Repayment, shards: ShardRepayment) -> RepayResult:
+    """Only the shards due retrained from scratch; every other owing shard keeps the model ``current``
+    serves (approximately unlearned) until its own latest safe start or the weekly run. The version
+    serves; each receipt records its shards retrained, and is forgotten exactly once all are."""
+    scope = repayment.scope
+    ws, scenario = scope.ws, scope.scenario
+    serving = ws.registry.alias_ref(scenario, "current")
+    trained = train_model(scope, repayment.device, repayment.data_version,
+                          Training(role="repaid", kept_from=serving.version, kept=shards.wait))
+    receipts = mark_shards_repaid(ws, scenario, trained.model_version, "repay-retrain-debt")
+    repaid = [r.batch_id for r in receipts if r.exactly_forgotten]
+    retired = retire_forgotten(ws, scenario)
+    written = {**{r.batch_id: r for r in receipts}, **{b: r for b, r in retired.receipts.items() if b in repaid}}
+    publish_status(scope)
+    for receipt in written.values():
+        publish_receipt(receipt)
+    print(f"shard(s) {', '.join(map(str, sorted(shards.retrain)))} of {scenario} retrained from scratch (their latest "
+          f"safe start had come), shard(s) {', '.join(map(str, sorted(shards.wait)))} kept as v{serving.version} "
+          f"serves them until theirs: v{trained.model_version} (alias current); {len(repaid)} batch(es) forgotten "
+          "exactly: repaid")
+    return RepayResult(scenario=scenario, repaid=repaid, version=trained.model_version, retired=list(retired.versions),
+                       receipts=list(written.values()), shards_retrained=sorted(shards.retrain),
+                       shards_waiting=sorted(shards.wait))

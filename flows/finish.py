@@ -17,6 +17,7 @@ same steps again, in the same order, before anything else.
 
 from __future__ import annotations
 
+
 from dataclasses import replace
 
 from prefect import get_run_logger
@@ -92,8 +93,8 @@ def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str |
     repayment = Repayment(scope, receipted.device, receipted.record.data_version_after)
     debt, start_by = repayment.debt, repayment.start_by
     action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
-    if action is DebtAction.repay:
-        repaid = repay_debt(repayment)
+    if action in (DebtAction.repay, DebtAction.repay_due):
+        repaid = repay_debt(replace(repayment, only_due=action is DebtAction.repay_due))
         return retrain_debt(ws, scenario), "repaid in this run", repaid.receipts
     if action is DebtAction.nothing:
         return debt, None, []

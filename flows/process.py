@@ -316,7 +316,7 @@ def repay_if_late(scope: ScenarioScope, device: str | None) -> str | None:
     get_run_logger().warning("the retrain debt of %s is past its latest safe start (%s): repaying it now", scenario,
                              f"{start_by:%Y-%m-%d %H:%M}Z")
     try:
-        repay(scope, command_device(ws, device), reproduce_data(ws, scenario))
+        repay(scope, command_device(ws, device), reproduce_data(ws, scenario), only_due=True)
     except Exception as err:
         meaning = next((c for c in (StateDamaged, BatchCannotSucceed, NoSpace, InputError, FedunlearnError)
                         if isinstance(err, c)), BatchFailed)

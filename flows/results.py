@@ -88,12 +88,15 @@ class AuditReferencesResult(FlowResult):
 class RepayResult(FlowResult):
     """``repay-retrain-debt``: the batches repaid, and the exact retrain that serves (none: no debt)."""
 
-    only_with: ClassVar = {"version": ("version", "retired")}
+    only_with: ClassVar = {"version": ("version", "retired", "shards_retrained", "shards_waiting")}
 
     scenario: str
     repaid: list[str]
     version: str | None = None
     retired: list[str] = []  # the versions retired once the repayment forgot their requests exactly
+    # A federation in shards repaid in part (only the shards due): those retrained, and those still owing.
+    shards_retrained: list[int] = []
+    shards_waiting: list[int] = []
     # The receipts it wrote (repaid, or closed), for the caller that ran it; the serialised result names the batches.
     receipts: list[Receipt] = Field(default=[], exclude=True, repr=False)
 

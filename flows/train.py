@@ -50,15 +50,19 @@ RUNNER_FIELD = ("the engine that trains: in-process (our loop), flower (a local 
 @dataclass(frozen=True)
 class Training:
     """What a training is for: ``role`` original, or retrained (the exact reference of the data
-    version, alias retrained) for ``batch_id``; each client update a task run (``client_tasks``); the
-    request SPEC whose samples get the backdoor trigger; the engine asked for (empty: the scenario's
-    for an original, in-process for a retrain)."""
+    version, alias retrained) for ``batch_id``, or repaid (a federation in shards retrained from
+    scratch except the shards ``kept``, whose models are taken as they are from version ``kept_from``:
+    ``fedunlearn.shard_debt``); each client update a task run (``client_tasks``); the request SPEC whose
+    samples get the backdoor trigger; the engine asked for (empty: the scenario's for an original,
+    in-process for a retrain)."""
 
-    role: Literal["original", "retrained"] = "original"
+    role: Literal["original", "retrained", "repaid"] = "original"
     batch_id: str | None = None
     client_tasks: bool = True
     backdoor_request: str | None = None
     runtime: Runtime | None = None
+    kept_from: str | None = None
+    kept: frozenset[int] = frozenset()
 
 
 @flow(name="train-federated", log_prints=True)
@@ -108,12 +112,13 @@ def train_model(scope: ScenarioScope, device: torch.device, data_version: str,
     ws, scenario, cfg = scope.ws, scope.scenario, scope.config
     engine = training_runtime(job.runtime, cfg.runner, job.role)
     validate_partition(ws, scenario)
-    poisoned = backdoor_ids(ws, scenario) if job.role == "retrained" else []
+    poisoned = backdoor_ids(ws, scenario) if job.role != "original" else []
     federation = load_data(ws, scenario, device, map_updates=map_with_prefect if job.client_tasks
                            else map_inline, backdoor_ids=poisoned)
     tags = {"role": job.role, "scenario": scenario, "data_version": data_version,
-            "certificate": EXACT_RETRAIN if job.role == "retrained" else NOT_CERTIFIED,  # nothing unlearned
-            "runtime": runtime_tag(engine), **({"batch_id": job.batch_id} if job.batch_id else {})}
+            "certificate": EXACT_RETRAIN if job.role == "retrained" else NOT_CERTIFIED,  # nothing unlearned, or kept
+            "runtime": runtime_tag(engine), **({"batch_id": job.batch_id} if job.batch_id else {}),
+            **({"source_version": job.kept_from, "forgetting": "interim"} if job.role == "repaid" else {})}
     if job.backdoor_request:
         poisoned = put_backdoor(federation, job.backdoor_request, ws.params.seed)
     if poisoned:
@@ -127,7 +132,8 @@ def train_model(scope: ScenarioScope, device: torch.device, data_version: str,
     with run_failed_on_error(ws, run_id):
         log_data_version(ws, run_id, scenario, data_version, DATA_CONTEXTS[job.role])
         ref, metrics = train_and_register(scope, federation, tags, run_id, poisoned, training_description(
-            scenario, cfg, data_version, job.role, job.batch_id, len(poisoned)))
+            scenario, cfg, data_version, job.role, job.batch_id, len(poisoned), job.kept_from, job.kept),
+            kept_shards(scope, federation, job))
     get_run_logger().info("registered %s version %s (alias %r), test_acc=%.4f", scenario, ref.version, job.role,
                           metrics.test_acc)
     return TrainResult(scenario=scenario, data_version=data_version, test_acc=metrics.test_acc,
@@ -168,10 +174,19 @@ def flower_trained(scope: ScenarioScope, runner: Runtime,
     return FlowerTrained(state, cost)
 
 
+def kept_shards(scope: ScenarioScope, federation: Federation, job: Training) -> dict[int, dict]:
+    """The shard models a partial repayment keeps as version ``job.kept_from`` serves them."""
+    if not job.kept or not isinstance(federation, ShardedFederation):
+        return {}
+    states = federation.shard_states(scope.ws.registry.load(scope.scenario, job.kept_from).state)
+    return {k: {name: v.to(federation.device) for name, v in states[k].items()} for k in sorted(job.kept)}
+
+
 def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[str, str], run_id: str,
-                       poisoned: list[str], description: str) -> tuple[ModelRef, VersionMetrics]:
-    """Train from scratch, each round's metrics on ``run_id``, and register the result with alias
-    ``tags["role"]``."""
+                       poisoned: list[str], description: str, kept: dict[int, dict] | None = None
+                       ) -> tuple[ModelRef, VersionMetrics]:
+    """Train from scratch (but the shards ``kept``), each round's metrics on ``run_id``, and register
+    the result with alias ``tags["role"]`` (a partial repayment: no alias; its caller moves current)."""
     ws, scenario, cfg = scope.ws, scope.scenario, scope.config
     with ws.registry.step_metrics(run_id) as log_round:
         def report(step: TrainingRound) -> None:
@@ -183,7 +198,7 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
                   f"train_loss={step.train_loss:.4f}")
 
         if isinstance(federation, ShardedFederation):
-            trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report)
+            trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report, kept)
         else:
             trained, shard_texts = (train(federation, on_round=report) if flower_engine(runtime_runner(tags)) is None
                                     else flower_trained(scope, runtime_runner(tags), report)), {}
@@ -201,18 +216,24 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
                            tuple(federation.test.x.shape[1:]), tags, {}, metrics,
                            {**shard_texts, **({BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned
                                               else {})},
-                           alias=tags["role"], run_id=run_id, description=description)
+                           alias=None if tags["role"] == "repaid" else tags["role"], run_id=run_id,
+                           description=description)
     if isinstance(federation, ShardedFederation):
         clear_checkpoints(ws, scenario)
     return ref, metrics
 
 
 def train_in_shards(ws: Workspace, scenario: str, federation: ShardedFederation, tags: dict[str, str],
-                    report: Callable[[TrainingRound], None]) -> tuple[TrainedModel, dict[str, str]]:
+                    report: Callable[[TrainingRound], None], kept: dict[int, dict] | None = None
+                    ) -> tuple[TrainedModel, dict[str, str]]:
     """A sharded scenario trained shard by shard, each checkpointed once trained; an exact retrain
-    (role ``retrained``) reuses every shard whose data is unchanged (``tasks.shards``). Adds the
-    shard lineage to ``tags``; returns the model and ``shards.json``."""
-    reuse, origins = reusable_shards(ws, scenario, federation, registered=tags["role"] == "retrained")
+    (role ``retrained`` or ``repaid``) reuses every shard whose data is unchanged (``tasks.shards``),
+    and a partial repayment the shards it ``kept`` (unless a model trained from scratch on their data
+    exists). Adds the shard lineage to ``tags``; returns the model and ``shards.json``."""
+    reuse, origins = reusable_shards(ws, scenario, federation, registered=tags["role"] != "original")
+    for index, state in (kept or {}).items():
+        if index not in reuse:
+            reuse[index], origins[index] = state, f"kept:v{tags['source_version']}"
     if reuse:
         print(f"shard(s) {', '.join(map(str, sorted(reuse)))} of {federation.count} unchanged: "
               + ", ".join(f"{k} {origins[k]}" for k in sorted(reuse)))

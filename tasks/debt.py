@@ -22,10 +22,12 @@ from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrai
                                  write_receipt)
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records, record_path
 from fedunlearn.requests.model import utc_now
+from fedunlearn.shard_debt import ShardOwed, repaid_statement, touched_shards
+from fedunlearn.sharded_federation import assign_shards
 from stores.transparency import publish_tree_head
 from tasks.progress import mark_finished
 from tasks.siblings import note_forgotten
-from tasks.shards import exact_statement
+from tasks.shards import exact_shards_of, exact_statement
 from stores.workspace import Workspace
 from tasks.erasure import capture_fingerprints, scan_stores
 
@@ -68,7 +70,7 @@ def last_exact_seconds(ws: Workspace, scenario: str) -> float:
     original when none has run yet); 0 when none logged one. A federation in shards whose last retrain
     trained only some shards counts that duration per shard retrained, times every shard: the next
     retrain may owe them all, and a safe start must not come too late."""
-    trained = [v for role in ("retrained", "original") for v in ws.registry.versions(scenario, role=role)]
+    trained = [v for role in ("retrained", "repaid", "original") for v in ws.registry.versions(scenario, role=role)]
     for version in sorted(trained, key=lambda v: int(v.version), reverse=True):
         seconds = ws.registry.metrics(version.run_id).get("wall_seconds")
         if seconds is not None and math.isfinite(seconds):
@@ -99,15 +101,16 @@ def late_repayment(ws: Workspace, scenario: str, now: datetime | None = None) ->
 @task(name="schedule-exact-retrain", cache_policy=NO_CACHE)
 def schedule_repayment(ws: Workspace, scenario: str, start_at: datetime) -> str | None:
     """A scheduled flow run of the ``repay-retrain-debt`` deployment at ``start_at`` (one per time:
-    the idempotency key); None when that deployment is not served (a command's own Prefect server). A
-    run that finds the debt already repaid does nothing."""
+    the idempotency key) that repays what is due then (``only_due``: a federation in shards retrains
+    the shards due, the others wait); None when that deployment is not served (a command's own
+    Prefect server). A run that finds the debt already repaid does nothing."""
     with get_client(sync_client=True) as client:
         try:
             deployment = client.read_deployment_by_name(REPAY_DEPLOYMENT)
         except ObjectNotFound:
             return None
         run = client.create_flow_run_from_deployment(
-            deployment.id, parameters={"scenario": scenario, "root": str(ws.root)},
+            deployment.id, parameters={"scenario": scenario, "root": str(ws.root), "only_due": True},
             state=Scheduled(scheduled_time=start_at), tags=["exact-due"],
             idempotency_key=f"exact-due:{ws.root}:{scenario}:{start_at.isoformat()}")
     return str(run.id)
@@ -126,6 +129,44 @@ def mark_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[Rec
     if repaid:  # the exact-forgetting statements go into the Merkle log under a newly signed head
         publish_tree_head(ws.root, ws.registry.version(scenario, version).run_id)
     return repaid
+
+
+def shard_assignment(ws: Workspace, scenario: str) -> tuple[int, ...] | None:
+    """Client → shard of a federation in shards (``sharded_federation.assign_shards``); None for one federation."""
+    cfg = ws.scenario(scenario)
+    return assign_shards(cfg.partition.num_clients, cfg.shards, ws.params.seed) if cfg.shards > 1 else None
+
+
+def shard_debt(debt: Debt, shard_of: tuple[int, ...]) -> list[ShardOwed]:
+    """Each owed batch's shards that still hold its samples approximately, and its latest safe start."""
+    return [ShardOwed(r.batch_id, touched_shards(r.forgotten_per_client, shard_of) - {int(k) for k in r.shards_repaid},
+                      r.exact_start_by) for r in debt.receipts]
+
+
+@task(name="repay-shard-receipts", cache_policy=NO_CACHE)
+def mark_shards_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[Receipt]:
+    """A partial repayment ``version`` (exact on the shards it retrained, the others kept) serves:
+    alias ``current`` moves to it, and each owed receipt records the touched shards it retrained —
+    forgotten exactly once every touched shard is. Returns the receipts rewritten."""
+    ws.registry.set_alias(scenario, "current", version)
+    exact, shard_of = exact_shards_of(ws.registry.version(scenario, version).tags), shard_assignment(ws, scenario)
+    if shard_of is None:
+        raise ValueError(f"{scenario} is not a federation in shards: its debt is repaid by one exact retrain")
+    written, now = [], utc_now()
+    for receipt in retrain_debt(ws, scenario).receipts:
+        touched = touched_shards(receipt.forgotten_per_client, shard_of)
+        newly = (touched & exact) - {int(k) for k in receipt.shards_repaid}
+        if not newly:
+            continue
+        receipt.shards_repaid = {**receipt.shards_repaid, **{str(k): version for k in sorted(newly)}}
+        if touched <= {int(k) for k in receipt.shards_repaid}:
+            receipt.exactly_forgotten = ExactForgetting(at=now, version=version, by=by)
+        receipt.exact_shards = repaid_statement(receipt.shards_repaid, touched, max(shard_of) + 1)
+        write_receipt(ws.root, receipt)
+        written.append(receipt)
+    if any(r.exactly_forgotten for r in written):
+        publish_tree_head(ws.root, ws.registry.version(scenario, version).run_id)
+    return written
 
 
 def open_batches(ws: Workspace, scenario: str) -> list[BatchRecord]:

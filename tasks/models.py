@@ -25,7 +25,8 @@ from stores.workspace import Workspace
 SOURCE_ALIASES = ("current", "retrained", "original")
 BACKDOOR_ARTIFACT = "backdoor_ids.txt"
 # The context (``mlflow.data.context``) of a run's data version input, by the role of its version.
-DATA_CONTEXTS = MappingProxyType({"original": "training", "retrained": "retraining", "unlearned": "unlearning"})
+DATA_CONTEXTS = MappingProxyType({"original": "training", "retrained": "retraining", "repaid": "retraining",
+                                  "unlearned": "unlearning"})
 SHOWN_REQUESTS = 5  # a description lists this many request IDs, then a count
 
 
@@ -113,9 +114,13 @@ def describe_version(ws: Workspace, scenario: str, version: str, description: st
 
 
 def training_description(scenario: str, cfg: ScenarioConfig, data_version: str, role: str,
-                         batch_id: str | None = None, backdoor: int = 0) -> str:
+                         batch_id: str | None = None, backdoor: int = 0, kept_from: str | None = None,
+                         kept: frozenset[int] = frozenset()) -> str:
     """Why a trained version exists: trained from scratch, on what, how."""
     why = ("**Original**: trained from scratch" if role == "original" else
+           f"**Exact retrain of the shards due** from scratch on the current data; shard(s) "
+           f"{', '.join(map(str, sorted(kept)))} kept as v{kept_from} serves them (they owe requests due later)"
+           if role == "repaid" else
            f"**Exact retrain** from scratch on the data after deletion batch `{batch_id}` (its gates' reference)"
            if batch_id else "**Exact retrain** from scratch on the current data (the data version's reference)")
     train = cfg.train
@@ -124,7 +129,7 @@ def training_description(scenario: str, cfg: ScenarioConfig, data_version: str, 
              (f"- training: {cfg.setting.upper()} `{cfg.model}`, {cfg.partition.num_clients} "
               f"{'parties' if cfg.setting == 'vfl' else 'clients'} ({cfg.partition.scheme}), {train.rounds} rounds × "
               f"{train.local_epochs} local epoch(s), lr {train.lr:g}"),
-             f"- certificate: {'exact retrain' if role == 'retrained' else 'not certified (nothing unlearned)'}"]
+             f"- certificate: {'exact retrain' if role == 'retrained' else 'interim (exact on the retrained shards)' if role == 'repaid' else 'not certified (nothing unlearned)'}"]
     if backdoor:
         lines.append(f"- backdoor trigger on {backdoor} training samples")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from fedunlearn.training import TrainedModel
 from stores.workspace import Workspace
 
 SHARDS_ARTIFACT = "shards.json"
-EXACT_ROLES = ("original", "retrained")
+EXACT_ROLES = ("original", "retrained", "repaid")  # a repaid version's kept shards carry no digest
 SHARD_TRAINED = "after-shard-trained"  # failpoint: a shard model checkpointed, the version not registered
 
 
@@ -99,7 +99,9 @@ def shard_lineage(federation: ShardedFederation, trained: TrainedModel, origins:
                "digest": federation.digest(k), "origin": merged[k], "live": bool(trained.state["live"][k]),
                "model_sha256": _state_hash(states[k])} for k in range(federation.count)]
     retrained = [str(s["shard"]) for s in shards if s["origin"] == "trained"]
-    tags = {"shards": str(federation.count), "shard_digests": ",".join(s["digest"] for s in shards),
+    # A kept shard's model was not trained from scratch on its digest: no later retrain may reuse it.
+    tags = {"shards": str(federation.count),
+            "shard_digests": ",".join("-" if s["origin"].startswith("kept:") else s["digest"] for s in shards),
             "shard_origins": ",".join(s["origin"] for s in shards), "shards_retrained": ",".join(retrained) or "none"}
     return tags, json.dumps({"shards": federation.count, "aggregation": "log of the mean softmax of the live shards",
                              "assignment": list(federation.shard_of), "per_shard": shards}, indent=2) + "\n"
@@ -133,3 +135,8 @@ def exact_statement(ws: Workspace, scenario: str, version: str) -> str | None:
     """``retrain_statement`` of a registered version: None unless it is a sharded scenario's exact retrain."""
     tags = ws.registry.version(scenario, version).tags
     return retrain_statement(tags) if tags.get("role") == "retrained" else None
+
+
+def exact_shards_of(tags: dict[str, str]) -> frozenset[int]:
+    """The shards of a trained version whose models are trained from scratch on its data (not kept)."""
+    return frozenset(k for k, o in enumerate(tags.get("shard_origins", "").split(",")) if o and not o.startswith("kept:"))

@@ -240,7 +240,8 @@ def test_a_batch_whose_features_moved_retrains_exactly_whatever_was_asked(taken)
 
 @pytest.mark.parametrize("owed, start_by, expected", [
     (3, None, DebtAction.repay),                          # past requests.max_retrain_debt (2)
-    (1, DUE - timedelta(hours=1), DebtAction.repay),      # its latest safe start has come
+    (3, DUE - timedelta(hours=1), DebtAction.repay),      # past the most, and due: all of it at once
+    (1, DUE - timedelta(hours=1), DebtAction.repay_due),  # its latest safe start has come: what is due
     (1, DUE + timedelta(hours=1), DebtAction.schedule),   # a run at its latest safe start
     (0, None, DebtAction.nothing),
 ])
