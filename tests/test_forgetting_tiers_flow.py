@@ -174,6 +174,7 @@ def test_an_interim_batch_leaves_a_run_of_repay_retrain_debt_scheduled_at_the_la
     [scheduled] = interim.scheduled
     assert scheduled.expected_start_time == interim.receipt.exact_start_by
     assert scheduled.parameters["scenario"] == SCENARIO
+    assert scheduled.parameters["only_due"] is True  # a federation in shards: the shards due then (shard_debt)
 
 
 def test_before_its_deadline_status_shows_the_request_interim(interim):

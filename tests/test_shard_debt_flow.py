@@ -20,17 +20,9 @@ from fedunlearn.sharded_federation import assign_shards
 from models.ensemble import split_state
 from stores.registry import Registry
 from stores.workspace import Workspace
-from workspaces import Printed, call_cli, init_workspace_at
+from workspaces import Printed, add_sharded_digits, call_cli, init_workspace_at
 
 SCENARIO = "digits-shards-hfl"
-SHARDED = f"""  {SCENARIO}:
-    dataset: digits
-    setting: hfl
-    model: cnn
-    shards: 2
-    partition: {{scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}}
-    train: {{rounds: 1, local_epochs: 1, lr: 0.1, batch_size: 16}}
-"""
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 
 
@@ -74,8 +66,7 @@ class ShardDebt:
 def shard_debt(prefect_server, tmp_path_factory) -> ShardDebt:
     # arrange: the sharded scenario trained; a client of each shard
     root = init_workspace_at(tmp_path_factory.mktemp("shard-debt") / "ws")
-    text = (root / "params.yaml").read_text()
-    (root / "params.yaml").write_text(text.replace("scenarios:\n", "scenarios:\n" + SHARDED, 1))
+    add_sharded_digits(root, SCENARIO, rounds=1)
     ok(T0 - timedelta(hours=2), root, "train", "--scenario", SCENARIO, "--inline")
     ws = Workspace.open(root)
     shard_of = assign_shards(4, 2, ws.params.seed)

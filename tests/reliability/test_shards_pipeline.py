@@ -17,17 +17,9 @@ import torch
 
 from batch_harness import Cli
 from conftest import FULL
-from workspaces import init_workspace_at
+from workspaces import add_sharded_digits, init_workspace_at
 
 SCENARIO = "digits-shards-hfl"
-SHARDED = f"""  {SCENARIO}:
-    dataset: digits
-    setting: hfl
-    model: cnn
-    shards: 2
-    partition: {{scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}}
-    train: {{rounds: 2, local_epochs: 1, lr: 0.1, batch_size: 16}}
-"""
 
 
 @pytest.mark.skipif(not FULL, reason="end to end through separate processes: make reliability")
@@ -44,8 +36,7 @@ def test_an_exact_retrain_killed_between_a_shard_and_the_aggregate_resumes(tmp_p
     from tasks.data import read_federation
 
     root = init_workspace_at(tmp_path / "ws")
-    text = (root / "params.yaml").read_text()
-    (root / "params.yaml").write_text(text.replace("scenarios:\n", "scenarios:\n" + SHARDED, 1))
+    add_sharded_digits(root, SCENARIO, rounds=2)
     cli = Cli(root, "", tmp_path / "runs")
     (tmp_path / "runs").mkdir()
     assert cli.run("train", "--scenario", SCENARIO, "--inline", own_server=True).returncode == 0
