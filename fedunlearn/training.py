@@ -52,7 +52,7 @@ class TrainingRound:
     round: int
     state: State
     train_loss: float
-    shard: int | None = None  # a federation in shards trains them in turn: the shard this round belongs to
+    shard: int | None = None  # a federation in shards trains them in turn: the shard whose model ``state`` is
 
 
 @dataclass
@@ -131,18 +131,15 @@ def train(federation: Federation, *, on_round: Callable[[TrainingRound], None] |
 
 
 class _ShardRounds:
-    """The ``Monitor`` of one shard's training: each round shown as the ensemble so far (shards not
-    trained yet left out of it)."""
+    """The ``Monitor`` of one shard's training: each round shown as that shard's own model. Showing
+    the ensemble so far would evaluate up to K models a round, K times over (one shard after another)."""
 
-    def __init__(self, watcher: _Watcher, shard: int, states: list[State | None], initial: State):
-        self.watcher, self.shard, self.states, self.initial = watcher, shard, states, initial
+    def __init__(self, watcher: _Watcher, shard: int):
+        self.watcher, self.shard = watcher, shard
 
     def record(self, phase: str, round_idx: int, state: State, train_loss: float = float("nan")) -> None:
-        if self.watcher.on_round is None:
-            return
-        current = [state if i == self.shard else s for i, s in enumerate(self.states)]
-        self.watcher(round_idx, join_states([s if s is not None else self.initial for s in current],
-                                            [s is not None for s in current]), train_loss, self.shard)
+        if self.watcher.on_round is not None:
+            self.watcher(round_idx, state, train_loss, self.shard)
 
 
 def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mapping[int, State],
@@ -164,10 +161,8 @@ def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mappin
         shard = federation.shard(index, {})
         if index in reuse:
             continue
-        initial = shard.engine().initial_state()
         states[index], spent = fedavg_rounds(shard, shard.clients, state=None, rounds=shard.train_config.rounds,
-                                             first_round=0, phase="train",
-                                             monitor=_ShardRounds(watcher, index, states, initial))
+                                             first_round=0, phase="train", monitor=_ShardRounds(watcher, index))
         cost += spent
         if on_shard is not None:
             on_shard(index, states[index])

@@ -190,7 +190,9 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
     ws, scenario, cfg = scope.ws, scope.scenario, scope.config
     with ws.registry.step_metrics(run_id) as log_round:
         def report(step: TrainingRound) -> None:
-            test_acc = accuracy(federation.model_from(step.state), federation.test)
+            sharded = isinstance(federation, ShardedFederation) and step.shard is not None
+            shown = federation.shard(step.shard, {}) if sharded else federation  # one shard: its own model
+            test_acc = accuracy(shown.model_from(step.state), federation.test)
             shard = "" if step.shard is None else f"shard {step.shard} "
             log_round({"test_acc": test_acc, "train_loss": step.train_loss},
                       step.round + (step.shard or 0) * cfg.train.rounds)
