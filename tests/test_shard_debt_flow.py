@@ -20,6 +20,7 @@ from fedunlearn.sharded_federation import assign_shards
 from models.ensemble import split_state
 from stores.registry import Registry
 from stores.workspace import Workspace
+from tasks.data import read_federation
 from workspaces import Printed, add_sharded_digits, call_cli, init_workspace_at
 
 SCENARIO = "digits-shards-hfl"
@@ -60,6 +61,8 @@ class ShardDebt:
     weekly_version: object
     monthly_after_weekly: Receipt
     kept_as_served: bool             # the partial version's shard 0 is, bit for bit, the one that served
+    flops_share: float               # the partial repayment's training FLOPs ÷ the original's (every shard)
+    shard_share: float               # shard 1's share of the training samples at the partial repayment
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +93,15 @@ def shard_debt(prefect_server, tmp_path_factory) -> ShardDebt:
     kept = split_state(registry.load(SCENARIO, partial_version.version).state, 2)[0]
     served = split_state(registry.load(SCENARIO, served_before.version).state, 2)[0]
     kept_as_served = kept.keys() == served.keys() and all(torch.equal(kept[k], served[k]) for k in kept)
+    flops = {str(v): registry.metrics(registry.version(SCENARIO, str(v)).run_id)["flops"]
+             for v in (1, partial_version.version)}
+    federation = read_federation(ws, SCENARIO, torch.device("cpu"))
+    sizes = [sum(len(c) for c in federation.shard(k, {}).clients) for k in (0, 1)]
     weekly = at(urgent.exact_start_by + timedelta(days=1), root, "repay-debt", "--scenario", SCENARIO)
     return ShardDebt(root, shard_of, monthly, urgent, not_due, partial, partial_version, served_before,
                      monthly_after_partial, urgent_after_partial, weekly, registry.by_alias(SCENARIO, "current"),
-                     read_receipt(root, monthly.batch_id), kept_as_served)
+                     read_receipt(root, monthly.batch_id), kept_as_served,
+                     flops[str(partial_version.version)] / flops["1"], sizes[1] / sum(sizes))
 
 
 def test_both_batches_serve_on_the_interim_tier_each_owing_its_own_shard(shard_debt):
@@ -115,6 +123,11 @@ def test_the_urgent_request_retrains_its_own_shard_and_keeps_the_other_as_it_ser
     assert version.tags["shard_origins"].split(",") == [f"kept:v{before.version}", "trained"]
     assert version.tags["shard_digests"].split(",")[0] == "-"  # never reused as a model trained from scratch
     assert shard_debt.kept_as_served
+
+
+def test_the_urgent_shard_s_retrain_costs_its_share_of_a_full_training(shard_debt):
+    # the original trained every shard on all the data; the repayment one shard on what it holds now
+    assert 0 < shard_debt.flops_share <= shard_debt.shard_share + 1e-9 < 1
 
 
 def test_the_urgent_receipt_is_forgotten_exactly_and_the_monthly_one_still_owes(shard_debt):
