@@ -25,13 +25,13 @@ import torch
 from prefect import flow
 
 from fedunlearn.device import intra_op_threads
+from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.requests.model import utc_now
 from fedunlearn.shard_debt import ShardRepayment, shards_to_repay
-from fedunlearn.requests.batch import BatchRecord
 from flows.forget_sets import measure_retrained, retrain_device
 from flows.reference import reference_for
-from flows.train import Training, train_model
 from flows.results import RepayResult
+from flows.train import Training, train_model
 from tasks.data import command_device, reproduce_data
 from tasks.debt import (Debt, close_by_retrain, mark_repaid, mark_shards_repaid, open_batches, repayment_time,
                         retrain_debt, shard_assignment, shard_debt)
