@@ -93,13 +93,17 @@ class Repayment:
         return repayment_time(self.scope.ws, self.scope.scenario, self.debt)
 
     @cached_property
+    def shard_of(self) -> tuple[int, ...] | None:
+        """Client → shard of a federation in shards; None for one federation."""
+        return shard_assignment(self.scope.ws, self.scope.scenario)
+
+    @cached_property
     def shards(self) -> ShardRepayment | None:
         """``shard_debt.shards_to_repay`` of a federation in shards with no batch applied without
         unlearning (those need every shard); None: one exact retrain of all that owes."""
-        shard_of = shard_assignment(self.scope.ws, self.scope.scenario)
-        if shard_of is None or self.open:
+        if self.shard_of is None or self.open:
             return None
-        return shards_to_repay(shard_debt(self.debt, shard_of), self.only_due, utc_now())
+        return shards_to_repay(shard_debt(self.debt, self.shard_of), self.only_due, utc_now())
 
     @property
     def owed(self) -> bool:
@@ -155,7 +159,8 @@ def repay_shards(repayment: Repayment, shards: ShardRepayment) -> RepayResult:
     serving = ws.registry.alias_ref(scenario, "current")
     trained = train_model(scope, repayment.device, repayment.data_version,
                           Training(role="repaid", kept_from=serving.version, kept=shards.wait))
-    receipts = mark_shards_repaid(ws, scenario, trained.model_version, "repay-retrain-debt")
+    receipts = mark_shards_repaid(ws, scenario, trained.model_version, "repay-retrain-debt", repayment.debt,
+                                  repayment.shard_of)
     repaid = [r.batch_id for r in receipts if r.exactly_forgotten]
     retired = retire_forgotten(ws, scenario)
     written = {**{r.batch_id: r for r in receipts}, **{b: r for b, r in retired.receipts.items() if b in repaid}}

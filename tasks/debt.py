@@ -144,16 +144,15 @@ def shard_debt(debt: Debt, shard_of: tuple[int, ...]) -> list[ShardOwed]:
 
 
 @task(name="repay-shard-receipts", cache_policy=NO_CACHE)
-def mark_shards_repaid(ws: Workspace, scenario: str, version: str, by: str) -> list[Receipt]:
+def mark_shards_repaid(ws: Workspace, scenario: str, version: str, by: str, debt: Debt,
+                       shard_of: tuple[int, ...]) -> list[Receipt]:
     """A partial repayment ``version`` (exact on the shards it retrained, the others kept) serves:
-    alias ``current`` moves to it, and each owed receipt records the touched shards it retrained —
-    forgotten exactly once every touched shard is. Returns the receipts rewritten."""
+    alias ``current`` moves to it, and each receipt of ``debt`` records the touched shards it
+    retrained — forgotten exactly once every touched shard is. Returns the receipts rewritten."""
     ws.registry.set_alias(scenario, "current", version)
-    exact, shard_of = exact_shards_of(ws.registry.version(scenario, version).tags), shard_assignment(ws, scenario)
-    if shard_of is None:
-        raise ValueError(f"{scenario} is not a federation in shards: its debt is repaid by one exact retrain")
-    written, now = [], utc_now()
-    for receipt in retrain_debt(ws, scenario).receipts:
+    registered = ws.registry.version(scenario, version)
+    exact, written, now = exact_shards_of(registered.tags), [], utc_now()
+    for receipt in debt.receipts:
         touched = touched_shards(receipt.forgotten_per_client, shard_of)
         newly = (touched & exact) - {int(k) for k in receipt.shards_repaid}
         if not newly:
@@ -165,7 +164,7 @@ def mark_shards_repaid(ws: Workspace, scenario: str, version: str, by: str) -> l
         write_receipt(ws.root, receipt)
         written.append(receipt)
     if any(r.exactly_forgotten for r in written):
-        publish_tree_head(ws.root, ws.registry.version(scenario, version).run_id)
+        publish_tree_head(ws.root, registered.run_id)
     return written
 
 

@@ -27,6 +27,7 @@ BACKDOOR_ARTIFACT = "backdoor_ids.txt"
 # The context (``mlflow.data.context``) of a run's data version input, by the role of its version.
 DATA_CONTEXTS = MappingProxyType({"original": "training", "retrained": "retraining", "repaid": "retraining",
                                   "unlearned": "unlearning"})
+CERTIFICATE_LINES = MappingProxyType({"retrained": "exact retrain", "repaid": "interim (exact on the retrained shards)"})
 SHOWN_REQUESTS = 5  # a description lists this many request IDs, then a count
 
 
@@ -129,7 +130,7 @@ def training_description(scenario: str, cfg: ScenarioConfig, data_version: str, 
              (f"- training: {cfg.setting.upper()} `{cfg.model}`, {cfg.partition.num_clients} "
               f"{'parties' if cfg.setting == 'vfl' else 'clients'} ({cfg.partition.scheme}), {train.rounds} rounds × "
               f"{train.local_epochs} local epoch(s), lr {train.lr:g}"),
-             f"- certificate: {'exact retrain' if role == 'retrained' else 'interim (exact on the retrained shards)' if role == 'repaid' else 'not certified (nothing unlearned)'}"]
+             f"- certificate: {CERTIFICATE_LINES.get(role, 'not certified (nothing unlearned)')}"]
     if backdoor:
         lines.append(f"- backdoor trigger on {backdoor} training samples")
     return "\n".join(lines)
