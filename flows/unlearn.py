@@ -198,7 +198,7 @@ def judge_the_source(judging: Judging, reference: Judged | None) -> GateOutcome:
     source = judging.source
     gates = judge_source(source.evaluation, reference=reference.evaluation if reference else None,
                          gates=judging.batch.gates, source_audit=source.audit.as_check(),
-                         canaries=source.audit.canaries)
+                         atypical=source.audit.atypical)
     log_source_audit(judging.ws, source.model.ref.run_id, judging.record.batch_id, source.audit, gates)
     return gates
 

@@ -59,7 +59,6 @@ from fedunlearn.device import resolve_device
 from fedunlearn.data.store import RAW_DIR, canary_ids, partition_scenario, read_manifest
 from fedunlearn.evaluation.audit import (
     AuditResult,
-    CanaryRule,
     AuditSet,
     audit_forgetting,
     matched_nonmember_rows,
@@ -130,13 +129,12 @@ def label_diagnostics(target, forget, references: AuditSet, seed: int) -> dict[s
             "stratified_auc": float(stratified)}
 
 
-def canary_setup(params, scenario: str, root: Path) -> tuple[CanaryRule | None, list[str]]:
-    """The scenario's canary rule and canary IDs (None and [] without canaries)."""
-    fraction = params.scenario(scenario).partition.canary_fraction
-    if fraction <= 0:
-        return None, []
-    manifest = read_manifest(scenario, root)
-    return CanaryRule(params.seed, fraction, int(manifest["num_classes"])), canary_ids(manifest)
+def canary_setup(params, scenario: str, root: Path) -> list[str]:
+    """The scenario's canary IDs ([] without canaries): the benchmark's ground truth, which no
+    decision reads."""
+    if params.scenario(scenario).partition.canary_fraction <= 0:
+        return []
+    return canary_ids(read_manifest(scenario, root))
 
 
 def weak_unlearning(federation, state: dict, batch: ForgetSet, epochs: int, seed: int):
@@ -341,7 +339,7 @@ def build_setup(args: argparse.Namespace, params, root: Path, device) -> Setup:
     references = train_audit_set(federation.test,
                                   lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
-    references.canaries, canaries = canary_setup(params, args.scenario, root)
+    canaries = canary_setup(params, args.scenario, root)
     timings["references"] = {"K": len(references), "seconds": references.seconds, "epochs": params.audit.epochs}
     t = time.perf_counter()
     any_batch = ForgetSet.for_clients([0], federation.clients)
@@ -389,7 +387,7 @@ def run_draw(setup: Setup, kind: str, seed: int, args: argparse.Namespace, gates
     def gated(evaluation, audit: AuditResult, reference=None) -> dict[str, Any]:
         return gate_record(judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=reference, gates=gates,
                                  audit=audit.as_check(), source_audit=audit_original.as_check(),
-                                 audit_equivalence=audit.equivalence_check(), canaries=audit.canaries))
+                                 audit_equivalence=audit.equivalence_check(), atypical=audit.atypical))
 
     record = {"kind": kind, "seed": seed, "partition_seed": params.seed, "n_forget": batch.num_forget,
               "clients": batch.clients or sorted(batch.forget_ids), "retrain_seconds": retrain_seconds,

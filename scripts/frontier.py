@@ -107,7 +107,7 @@ def run_candidate(setup, evaluator: Evaluator, sets, batch, source_eval, audit_s
     equivalence, per_sample = audit.equivalence_check(), audit.per_sample_check(audit_source)
     gate = judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=None, gates=gates,
                  audit=audit.as_check(), source_audit=audit_source.as_check(),
-                 audit_equivalence=equivalence, canaries=audit.canaries, per_sample=per_sample)
+                 audit_equivalence=equivalence, atypical=audit.atypical, per_sample=per_sample)
     return {"method": method, "options": options, "seconds": outcome.cost.wall_seconds, "flops": outcome.cost.flops,
             "test_acc": evaluation.test_acc, "forget_acc": evaluation.forget_acc, "auc": audit.auc,
             "interval": list(audit.interval), "margin": audit.margin, "per_sample": per_sample.verdict,

@@ -52,19 +52,48 @@ from fedunlearn.evaluation.per_sample import REMEMBERED  # noqa: E402
 from fedunlearn.federation.forget_set import ForgetSet  # noqa: E402
 from fedunlearn.training import train  # noqa: E402
 
-KINDS = ("canaries", "ordinary")
+KINDS = ("remembered", "ordinary")
 CANDIDATES = (("noop", "no-op (the source model)"), ("retrain", "exact retrain (as if approximate)"),
               ("over", "over-forgetter"))
 
 
-def world_pool(setup, size: int, seed: int) -> dict[str, np.ndarray]:
-    """U: ``size`` canaries (all, if fewer) and ``size`` ordinary training samples, seeded."""
+@torch.no_grad()
+def ground_truth(setup, restrict: set[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates for the samples the source remembers — it predicts their training label, and the
+    majority of the audit's references (models that never saw them) does not — and the other
+    training samples; with ``restrict`` (planted or canary IDs), the candidates among those only.
+    The benchmark's ground truth (``run_world`` keeps the candidates the world's exact retrain does
+    not predict either): no decision reads it."""
+    from fedunlearn.federation.local import predict_logits
+
+    source = setup.federation.model_from(setup.original.state)
+    remembered, typical = [], []
+    for client in setup.federation.clients:
+        if not len(client):
+            continue
+        label = client.y.cpu()
+        votes = torch.stack([predict_logits(m, client.x).softmax(1).cpu() for m in setup.references.models]).mean(0)
+        hit, seen_hit = predict_logits(source, client.x).argmax(1).cpu() == label, votes.argmax(1) == label
+        ids = client.sample_ids
+        chosen = (hit & ~seen_hit).numpy()
+        if restrict is not None:
+            chosen &= np.array([_named(i, restrict) for i in ids])
+        remembered.append(ids[chosen])
+        typical.append(ids[~chosen])
+    return np.concatenate(remembered), np.concatenate(typical)
+
+
+def _named(sample_id: str, names: set[str]) -> bool:
+    """Whether a dataset's sample ID is one of ``names``: equal, or the user's ID behind the dataset's name."""
+    return sample_id in names or sample_id.split("-", 2)[-1] in names or sample_id.split("-", 1)[-1] in names
+
+
+def world_pool(setup, size: int, seed: int, restrict: set[str] | None) -> dict[str, np.ndarray]:
+    """U: ``size`` candidates for remembered samples (all, if fewer) and ``size`` other ones, seeded."""
     rng = np.random.default_rng([seed, 0x505])
-    ids = np.concatenate([c.sample_ids for c in setup.federation.clients])
-    canaries = np.asarray(setup.canaries)
-    ordinary = ids[~np.isin(ids, canaries)]
-    return {"canaries": rng.choice(canaries, size=min(size, len(canaries)), replace=False),
-            "ordinary": rng.choice(ordinary, size=size, replace=False)}
+    remembered, typical = ground_truth(setup, restrict)
+    return {"remembered": rng.choice(remembered, size=min(size, len(remembered)), replace=False),
+            "ordinary": rng.choice(typical, size=min(size, len(typical)), replace=False)}
 
 
 def judged(candidate_model, setup, batch, evaluator, sets, source_eval, audit_source, gates) -> dict[str, Any]:
@@ -74,7 +103,7 @@ def judged(candidate_model, setup, batch, evaluator, sets, source_eval, audit_so
     per_sample = audit.per_sample_check(audit_source)
     gate = judge(evaluation, EMPIRICAL_ONLY, source=source_eval, reference=None, gates=gates,
                  audit=audit.as_check(), source_audit=audit_source.as_check(),
-                 audit_equivalence=audit.equivalence_check(), canaries=audit.canaries, per_sample=per_sample)
+                 audit_equivalence=audit.equivalence_check(), atypical=audit.atypical, per_sample=per_sample)
     return {"interim": gate.interim, "held_back": gate.held_back, "per_sample": per_sample.verdict,
             "equivalence": audit.equivalence_check().verdict, "auc": audit.auc,
             "remembered": len(audit.shown(REMEMBERED)), "forget_acc": evaluation.forget_acc}
@@ -97,11 +126,12 @@ def run_world(args: argparse.Namespace, params, root: Path, world: int, scratch:
               gates: PromotionGates) -> list[dict[str, Any]]:
     setup = build_setup(args, seeded_partition(args, params, root, world, scratch), scratch, device)
     federation, sizes = setup.federation, [int(s) for s in args.sizes.split(",")]
-    pool = world_pool(setup, max(sizes) + args.spare, world)
+    pool = world_pool(setup, max(sizes) + args.spare, world, restriction(args, setup))
     everything = ForgetSet.for_sample_ids(np.concatenate(list(pool.values())), federation.clients)
     t = time.perf_counter()
     retrained = train(dataclasses.replace(federation, clients=federation.retained_clients(everything), state={}))
     over = over_forgetting(federation, retrained.state, everything, args.over_forget_epochs, world)
+    pool["remembered"] = missed_by(federation.model_from(retrained.state), federation, pool["remembered"])
     models = {"noop": federation.model_from(setup.original.state), "retrain": federation.model_from(retrained.state),
               "over": over}
     print(f"world {world}: retrain and over-forgetter {time.perf_counter() - t:.1f} s", flush=True)
@@ -114,8 +144,29 @@ def run_world(args: argparse.Namespace, params, root: Path, world: int, scratch:
     return draws
 
 
+@torch.no_grad()
+def missed_by(model, federation, sample_ids: np.ndarray) -> np.ndarray:
+    """The samples among ``sample_ids`` whose training label ``model`` does not predict."""
+    from fedunlearn.federation.local import predict_logits
+
+    if not len(sample_ids):
+        return sample_ids
+    data = federation.forget_data(ForgetSet.for_sample_ids(sample_ids, federation.clients))
+    missed = (predict_logits(model, data.x).argmax(1).cpu() != data.y.cpu()).numpy()
+    return data.sample_ids[missed]
+
+
+def restriction(args: argparse.Namespace, setup) -> set[str] | None:
+    """The rows ground truth may name: ``--planted`` (a file of IDs), the partition's canaries, or any."""
+    if args.truth == "canaries":
+        return set(setup.canaries)
+    if args.truth == "planted":
+        return set(json.loads(Path(args.planted).read_text()))
+    return None
+
+
 def table(draws: list[dict[str, Any]], sizes: list[int]) -> str:
-    lines = ["| forget samples | kind | draws | source shows memorisation | no-op serves (where it does) | "
+    lines = ["| forget samples | kind | draws | audit shows the source remembers | no-op serves (remembered draws) | "
              "exact retrain serves | over-forgetter serves | retrain held back by (count) |",
              "|---|---|---|---|---|---|---|---|"]
     for kind in KINDS:
@@ -123,11 +174,13 @@ def table(draws: list[dict[str, Any]], sizes: list[int]) -> str:
             rows = [d for d in draws if d["kind"] == kind and d["n"] == n]
             if not rows:
                 continue
-            shows = [d for d in rows if d["source_remembers"]]
+            # Remembered draws are remembered by ground truth; ordinary ones only where the audit says so.
+            shows = rows if kind == "remembered" else [d for d in rows if d["source_remembers"]]
             served = {key: sum(bool(d[key]["interim"]) for d in rows) for key, _ in CANDIDATES}
             noop = sum(bool(d["noop"]["interim"]) for d in shows)
             why = Counter(line.split(":")[0] for d in rows for line in d["retrain"]["held_back"])
-            lines.append(f"| {n} | {kind} | {len(rows)} | {len(shows)}/{len(rows)} | "
+            audit_shows = sum(bool(d["source_remembers"]) for d in rows)
+            lines.append(f"| {n} | {kind} | {len(rows)} | {audit_shows}/{len(rows)} | "
                          f"{fmt_rate(noop, len(shows)) if shows else '–'} | {fmt_rate(served['retrain'], len(rows))} | "
                          f"{fmt_rate(served['over'], len(rows))} | "
                          f"{', '.join(f'{c} ({k})' for c, k in why.most_common()) or '–'} |")
@@ -142,6 +195,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--first-world", type=int, default=100, help="the first world's global seed")
     parser.add_argument("--draws", type=int, default=4, help="draws per world, kind and size")
     parser.add_argument("--sizes", default="1,2,4,8,16,40", help="forget-set sizes")
+    parser.add_argument("--truth", choices=("any", "planted", "canaries"), default="any",
+                        help="which remembered samples are drawn: any the source remembers (its own predictions "
+                        "against the references'), only --planted rows, or only the partition's canaries")
+    parser.add_argument("--planted", help="a JSON list of the planted rows' IDs (scripts/user_csv_scenarios.py)")
     parser.add_argument("--spare", type=int, default=20, help="U holds the largest size plus this many per kind")
     parser.add_argument("--over-forget-epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=None, help="override the scenario's training rounds")

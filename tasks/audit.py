@@ -17,8 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from torch import nn
 
 from fedunlearn.certify.gates import GateOutcome
-from fedunlearn.data.store import read_manifest
-from fedunlearn.evaluation.audit import (AuditResult, CanaryRule, AuditSet, audit_forgetting, plot_audit,
+from fedunlearn.evaluation.audit import (AuditResult, AuditSet, audit_forgetting, plot_audit,
                                          restore_references, train_audit_set)
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.protocol import Federation
@@ -67,21 +66,11 @@ def register_audit_set(ws: Workspace, scenario: str, references: AuditSet, data_
                                         "references": str(len(references))})
 
 
-def canary_rule(ws: Workspace, scenario: str) -> CanaryRule | None:
-    """The scenario's canary rule (its partition's ``canary_fraction``), None without canaries: it is a
-    function of the params and the IDs, so it marks canaries a batch already deleted as well."""
-    fraction = ws.params.scenario(scenario).partition.canary_fraction
-    if fraction <= 0:
-        return None
-    return CanaryRule(ws.params.seed, fraction, int(read_manifest(scenario, ws.root)["num_classes"]))
-
-
 @task(name="load-audit-references", cache_policy=NO_CACHE)
 def load_audit_set(ws: Workspace, scenario: str, federation: Federation, deleted: set[str]) -> AuditSet | None:
     """The scenario's latest reference set against ``federation``'s held-out split, without the
     references that trained on rows deleted since or by this batch (``deleted``), which also leave
-    its pool (None: none registered, or too few references left); with the scenario's canary rule,
-    so that every audit of the scenario compares canaries with non-members relabelled alike."""
+    its pool (None: none registered, or too few references left)."""
     versions = ws.registry.versions(audit_model(scenario), role=ROLE)
     if not versions:
         return None
@@ -98,7 +87,6 @@ def load_audit_set(ws: Workspace, scenario: str, federation: Federation, deleted
         references = restore_references(models, [np.asarray(ids) for ids in description["train_ids"]],
                                         np.asarray(description["pool_a_ids"]), federation.test,
                                         np.asarray(description["pool_ids"]), ws.params.audit)
-    references.canaries = canary_rule(ws, scenario)
     held_out = set(np.concatenate([references.pool_a_ids, np.asarray(description["pool_ids"])]).tolist())
     gone = (held_out - set(federation.test.sample_ids.tolist())) | (held_out & deleted)
     if not gone:

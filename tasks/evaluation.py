@@ -70,11 +70,11 @@ def apply_gates(name: str, candidate: Evaluation, certificate: str, source: Eval
                 gates: PromotionGates, audit: AuditResult | None = None,
                 source_audit: AuditResult | None = None) -> GateOutcome:
     """The gates with the audit read both ways: one-sided for the strict verdict, as equivalence and
-    per sample (against the source's own per-sample evidence) for the interim tier; a forget set of
-    canaries keeps the population attack out."""
+    per sample (against the source's own per-sample evidence) for the interim tier; forget samples
+    whose label the references reject keep the population attack out."""
     return judge(candidate, certificate, source=source, reference=reference, gates=gates,
                  audit=audit.as_check() if audit else None,
                  source_audit=source_audit.as_check() if source_audit else None,
                  audit_equivalence=audit.equivalence_check() if audit else None,
-                 canaries=audit.canaries if audit else 0,
+                 atypical=audit.atypical if audit else 0,
                  per_sample=audit.per_sample_check(source_audit) if audit else None)

@@ -50,7 +50,7 @@ def canary_federation(workspace: Path, count: int = 40):
 
     from fedunlearn.config import load_params
     from fedunlearn.data.store import partition_scenario, prepare_dataset
-    from fedunlearn.evaluation.audit import CanaryRule, train_audit_set
+    from fedunlearn.evaluation.audit import train_audit_set
     from fedunlearn.federation.forget_set import ForgetSet
     from fedunlearn.training import load_federation, train, trained
 
@@ -63,7 +63,6 @@ def canary_federation(workspace: Path, count: int = 40):
     federation = trained(federation, source)
     references = train_audit_set(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
-    references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
     federation.calibration = references.calibration_rows(federation.test)
     batch = ForgetSet.for_sample_ids(canary_request_ids(workspace, count), federation.clients)
     return federation, source.cost, references, batch

@@ -14,7 +14,7 @@ from memorising import SCENARIO, canary_request_ids
 from fedunlearn.config import ScenarioConfig, load_params
 from fedunlearn.data.partition import canary_labels, canary_mask
 from fedunlearn.data.store import canary_ids, load_horizontal, partition_scenario, prepare_dataset, read_manifest
-from fedunlearn.evaluation.audit import NOT_FORGOTTEN, CanaryRule, audit_forgetting, train_audit_set
+from fedunlearn.evaluation.audit import NOT_FORGOTTEN, audit_forgetting, train_audit_set
 from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import accuracy
 from fedunlearn.training import load_federation, train
@@ -84,12 +84,11 @@ def test_the_scenario_memorises_its_canaries_and_the_audit_tells_a_no_op_from_a_
                                                               state={})).state)
     references = train_audit_set(federation.test, lambda: federation.model_from(federation.engine().initial_state()),
                                   config=params.audit, seed=params.seed)
-    references.canaries = CanaryRule(params.seed, params.scenario(SCENARIO).partition.canary_fraction, 10)
     forget = federation.forget_data(batch)
     # Memorised: the source predicts many of the wrong labels, the retrain none (chance is 1/10).
     assert accuracy(original, forget) > 0.3 and accuracy(retrain, forget) < 0.1
     no_op = audit_forgetting(original, forget, references)
-    assert no_op.verdict == NOT_FORGOTTEN and no_op.canaries == 40, no_op.interval
+    assert no_op.verdict == NOT_FORGOTTEN and no_op.atypical >= 36, no_op.interval  # told nothing, it finds them
     exact = audit_forgetting(retrain, forget, references)
     assert exact.verdict != NOT_FORGOTTEN and abs(exact.auc - 0.5) < 0.15, exact.interval
 

@@ -8,6 +8,7 @@ default. Both branches of both methods on digits-canary-hfl.
 """
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,8 +37,14 @@ def test_the_calibration_rows_are_the_references_pool_a_never_the_audits_non_mem
 
 def ordinary_batch(federation, references, count: int = 40) -> ForgetSet:
     """``count`` training samples that are not canaries, spread over the clients."""
+    from memorising import SCENARIO
+    from fedunlearn.config import load_params
+    from fedunlearn.data.partition import canary_mask
+
+    params = load_params(Path(__file__).resolve().parent.parent / "params.yaml")
     ids = np.concatenate([c.sample_ids for c in federation.clients])
-    return ForgetSet.for_sample_ids(ids[~references.canaries.of(ids)][::30][:count], federation.clients)
+    planted = canary_mask(ids, params.seed, params.scenario(SCENARIO).partition.canary_fraction)
+    return ForgetSet.for_sample_ids(ids[~planted][::30][:count], federation.clients)
 
 
 def test_a_step_that_reaches_the_level_stops_climbing_and_recovers(canaries):

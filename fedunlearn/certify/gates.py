@@ -177,9 +177,9 @@ def with_reference(candidate: Evaluation, reference: Evaluation, gates: Gates) -
 
 
 def without_reference(candidate: Evaluation, source: Evaluation, gates: PromotionGates,
-                      canaries: int = 0) -> list[GateCheck]:
-    """The checks against the source model and chance (module docstring); with ``canaries`` in the
-    forget set, no population attack (``judge``)."""
+                      atypical: int = 0) -> list[GateCheck]:
+    """The checks against the source model and chance (module docstring); with ``atypical`` forget
+    samples, no population attack (``judge``)."""
     mine, alpha = candidate.evidence.correct, gates.alpha
     class_removal = "forgotten_classes_test" in mine
     test = "remaining_classes_test" if class_removal else "test"
@@ -212,7 +212,7 @@ def without_reference(candidate: Evaluation, source: Evaluation, gates: Promotio
             checks.append(GateCheck.of(excess))
         else:
             checks.append(_unmeasured(name, gates.max_forget_acc_excess))
-    if gates.max_mia_auc_excess is not None and not canaries:
+    if gates.max_mia_auc_excess is not None and not atypical:
         name, attacks = POPULATION_MIA_CHECK, _attacks(candidate)
         per_attack = [check_auc(name, *scores, 0.5 + gates.max_mia_auc_excess, alpha=alpha / len(attacks))
                       for scores in attacks.values()]
@@ -260,7 +260,7 @@ PER_SAMPLE_CHECK = "forget_audit_per_sample"
 
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
           gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None,
-          audit_equivalence: Check | None = None, canaries: int = 0,
+          audit_equivalence: Check | None = None, atypical: int = 0,
           per_sample: Check | None = None) -> GateOutcome:
     """The gate outcome of an unlearned model: against ``reference`` when there is one, else
     against ``source`` and chance; the certificate class and the per-example audit (``audit``:
@@ -270,32 +270,34 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     shows nothing (the model generalises to the forget set, or the sample is too small to see a
     difference): ``inconclusive``, check ``power_vs_no_op``. The interim judgement
     (``interim_judgement``) is recorded beside the strict verdict; it reads the audit as
-    ``audit_equivalence`` (``AuditResult.equivalence_check``) where one is given. ``canaries``: how
-    many forget samples are mislabelled canaries; a population attack would compare them with
-    correctly labelled non-members, so its check stays out of the verdict (the audit compares them
-    with non-members relabelled alike). ``per_sample``: the audit per forget sample
+    ``audit_equivalence`` (``AuditResult.equivalence_check``) where one is given. ``atypical``: how
+    many forget samples carry a label the audit's references reject (``AuditResult.atypical``:
+    mislabelled rows, rare shapes); a population attack would compare them with typical non-members,
+    so its check stays out of the verdict (the audit compares them with never-seen pairs of their
+    difficulty). ``per_sample``: the audit per forget sample
     (``AuditResult.per_sample_check``), read by the interim tier only (``strict`` keeps its rule)."""
-    outcome = _judged(candidate, certificate, source, reference, gates, audit, canaries)
+    outcome = _judged(candidate, certificate, source, reference, gates, audit, atypical)
     no_op = _judged(source, certificate, source, reference if _paired(source, reference) else None, gates,
-                    source_audit, canaries)
+                    source_audit, atypical)
     if reference is None and outcome.verdict == PASS and not _proven(certificate, gates) and no_op.verdict == PASS:
         powerless = GateCheck(name=NO_OP_CHECK, value="the source model (no unlearning) passes these checks too",
                               limit=None, passed=False, verdict=INCONCLUSIVE)
         outcome = GateOutcome.of(outcome.policy, outcome.checks + [powerless])
     judged = interim_judgement(outcome, certificate, no_op, audit_equivalence, per_sample)
-    if canaries and reference is None and gates.max_mia_auc_excess is not None:
-        judged.unmeasured.append(f"{POPULATION_MIA_CHECK} left out: {canaries} forget sample(s) are mislabelled "
-                                 "canaries, which a population attack compares with correctly labelled non-members "
-                                 "(the per-example audit compares them with non-members relabelled alike)")
+    if atypical and reference is None and gates.max_mia_auc_excess is not None:
+        judged.unmeasured.append(f"{POPULATION_MIA_CHECK} left out: {atypical} forget sample(s) carry a label models "
+                                 "that never saw them reject, which a population attack compares with typical "
+                                 "non-members (the per-example audit compares them with never-seen pairs of their "
+                                 "difficulty)")
     return judged
 
 
 def judge_source(source: Evaluation, *, reference: Evaluation | None, gates: PromotionGates,
-                 source_audit: Check | None = None, canaries: int = 0) -> GateOutcome:
+                 source_audit: Check | None = None, atypical: int = 0) -> GateOutcome:
     """The source model (no unlearning) judged by the checks a candidate meets: what the batch's
     checks can measure. A check it fails has power; one it passes cannot tell forgetting from none."""
     return _judged(source, EMPIRICAL_ONLY, source, reference if _paired(source, reference) else None, gates,
-                   source_audit, canaries)
+                   source_audit, atypical)
 
 
 def _paired(source: Evaluation, reference: Evaluation | None) -> bool:
@@ -386,14 +388,14 @@ def _proven(certificate: str, gates: PromotionGates) -> bool:
 
 
 def _judged(candidate: Evaluation, certificate: str, source: Evaluation, reference: Evaluation | None,
-            gates: PromotionGates, audit: Check | None, canaries: int = 0) -> GateOutcome:
+            gates: PromotionGates, audit: Check | None, atypical: int = 0) -> GateOutcome:
     allowed = [g.value for g in gates.allowed_certificates]
     checks = [GateCheck(name="certificate", value=certificate, limit=allowed, passed=certificate in allowed,
                         verdict=PASS if certificate in allowed else FAIL)]
     if reference is not None:
         policy, checks = WITH_REFERENCE, checks + with_reference(candidate, reference, gates)
     else:
-        policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates, canaries)
+        policy, checks = WITHOUT_REFERENCE, checks + without_reference(candidate, source, gates, atypical)
     audited = [GateCheck.of(audit).model_copy(update={"name": AUDIT_CHECK})] if audit is not None else []
     return GateOutcome.of(policy, checks + above_chance(candidate, gates) + backdoor_check(candidate, gates) + audited,
                           proven=_proven(certificate, gates))

@@ -42,14 +42,14 @@ import torch
 from torch import nn
 
 from fedunlearn.config import PER_EXAMPLE_VARIANCE_MIN_REFERENCES, AuditConfig
-from fedunlearn.data.partition import canary_labels, canary_mask
 from fedunlearn.evaluation.backdoor import triggered
-from fedunlearn.evaluation.mia import MIN_STD, label_matched_nonmembers, logit_scaled_confidence
+from fedunlearn.evaluation.mia import (MIN_STD, label_matched_nonmembers, logit_scaled_confidence,
+                                       logit_scaled_confidences)
 from fedunlearn.evaluation.uncertainty import (AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, STRATIFIED_AUC_METHOD,
                                                Check, check_stratified_auc, equivalence_margin, judge_within,
                                                stratified_null_sd)
 from fedunlearn.evaluation.per_sample import (OVER_FORGOTTEN, REMEMBERED, WITHIN_RANGE, NeverSeen, SampleEvidence,
-                                              lower_tail_scores, sample_evidence)
+                                              sample_evidence)
 from fedunlearn.federation.local import Tensors, predict_logits, sgd_epochs
 
 # INCONCLUSIVE is shared with the gate checks; the other two verdicts are the audit's words for pass/fail.
@@ -60,29 +60,10 @@ _CHECK_VERDICT = {audit: check for check, audit in _AUDIT_VERDICT.items()}
 CHECK_NAME = "forget_audit_auc"
 EQUIVALENCE_CHECK = "forget_audit_equivalence"
 PER_SAMPLE_CHECK = "forget_audit_per_sample"
-PER_SAMPLE_METHOD = "holm-robust-t"
-# Added to a canary's label to make its stratum: canaries meet only relabelled non-members.
-CANARY_STRATUM = 1 << 20
-
-
-@dataclass(frozen=True)
-class CanaryRule:
-    """How a partition mislabelled its canaries (``data.partition.canary_mask`` and
-    ``canary_labels`` with the params' seed, the scenario's ``canary_fraction`` and its number of
-    classes): which forget samples are canaries, and how to relabel pool B alike."""
-
-    seed: int
-    fraction: float
-    num_classes: int
-
-    def of(self, sample_ids: np.ndarray) -> np.ndarray:
-        """True for the samples that are canaries (when they are training samples)."""
-        return canary_mask(np.asarray(sample_ids), self.seed, self.fraction)
-
-    def relabel(self, data: Tensors) -> Tensors:
-        """``data`` with the wrong labels the rule gives its samples."""
-        labels = canary_labels(data.sample_ids, data.y.cpu().numpy(), self.seed, self.num_classes)
-        return Tensors(data.x, torch.as_tensor(labels, dtype=torch.long, device=data.y.device), data.sample_ids)
+PER_SAMPLE_METHOD = "difficulty-matched-robust-t"
+# Added to a label to make the stratum of pairs whose label the references reject (mean φ < 0, a
+# probability under one half): a mislabelled or atypical sample meets never-seen pairs of its kind.
+ATYPICAL_STRATUM = 1 << 20
 
 
 @dataclass(eq=False)
@@ -90,8 +71,8 @@ class AuditSet:
     """K reference models and their non-member pool. ``train_ids[k]``: the sample IDs reference
     k trained on (all in pool A, ``pool_a_ids``); ``pool``: pool B; ``pool_phi``: (K, |pool|)
     the references' φ on pool B, kept so that an audit scores only the forget set under them;
-    ``seconds``: wall time of the training; ``canaries``: the partition's canary rule, if it has
-    canaries (set by whoever knows the scenario; the audit then relabels pool B for them)."""
+    ``seconds``: wall time of the training. Nothing in it says which samples are memorised: the
+    audit finds them from the samples' own scores."""
 
     models: list[nn.Module]
     train_ids: list[np.ndarray]
@@ -100,7 +81,6 @@ class AuditSet:
     pool_phi: np.ndarray
     config: AuditConfig
     seconds: float
-    canaries: CanaryRule | None = None
 
     def __len__(self) -> int:
         return len(self.models)
@@ -127,7 +107,7 @@ class AuditSet:
         in_pool = ~np.isin(self.pool.sample_ids, ids)
         return AuditSet([self.models[k] for k in keep], [self.train_ids[k] for k in keep],
                             self.pool_a_ids[~np.isin(self.pool_a_ids, ids)], self.pool.select(in_pool),
-                            self.pool_phi[keep][:, in_pool], self.config, self.seconds, self.canaries)
+                            self.pool_phi[keep][:, in_pool], self.config, self.seconds)
 
 
 def train_audit_set(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
@@ -232,7 +212,9 @@ class AuditResult:
     ``method``: the AUC and its interval (``stratified-delong-logit``: per label against all of
     pool B; ``delong-logit``: records of the earlier audit against one matched subset);
     ``n_compared``: forget samples whose stratum pool B holds (the others have nothing to be
-    compared with; None in earlier records); ``canaries``: forget samples audited as canaries;
+    compared with; None in earlier records); ``canaries``: forget samples an earlier audit was told
+    were canaries (0 since the audit is told nothing); ``atypical``: forget samples whose label the
+    references reject (mean φ < 0), audited against never-seen pairs of that kind;
     ``margin``: the equivalence margin of the interim tier's reading (``equivalence_check``), sized
     to the counts compared (None in earlier records)."""
 
@@ -254,6 +236,7 @@ class AuditResult:
     canaries: int = 0
     margin: float | None = None
     per_sample_alpha: float | None = None
+    atypical: int = 0
 
     def as_check(self) -> Check:
         """The audit as a gate check ("AUC ≤ limit"; ``pass`` = forgotten, ``fail`` = not forgotten)."""
@@ -342,71 +325,90 @@ def _predicts_label(model: nn.Module, data: Tensors) -> np.ndarray:
     return (predict_logits(model, data.x).argmax(1) == data.y.to(next(model.parameters()).device)).cpu().numpy()
 
 
-def _rate_keys(strata: np.ndarray) -> np.ndarray:
-    """The per-sample evidence's rate groups: every canary stratum in one (a planted label is an
-    arbitrary wrong class), each ordinary label its own."""
-    return np.where(strata >= CANARY_STRATUM, CANARY_STRATUM, strata)
+@dataclass(frozen=True)
+class _Pairs:
+    """Never-seen (row, label) pairs of pool B under the candidate and the references: each row with
+    the label the data gives it, then with every other label (``relabelled``)."""
+
+    z: np.ndarray
+    difficulty: np.ndarray
+    labels: np.ndarray
+    hits: np.ndarray
+    relabelled: np.ndarray
+
+    def never_seen(self) -> NeverSeen:
+        return NeverSeen(self.z, self.difficulty, self.hits)
+
+    def strata(self) -> np.ndarray:
+        return _strata(self.labels, self.difficulty)
 
 
-def _nonmembers(target: nn.Module, references: AuditSet, pool: Tensors, pool_phi: np.ndarray,
-                pooled_std: float | None, canaries: CanaryRule | None) -> NeverSeen:
-    """Pool B's z, strata (its labels before any trigger) and hits under ``target``; with
-    ``canaries``, pool B once more relabelled by their rule, in the canary strata."""
-    z = _calibrated(logit_scaled_confidence(target, pool), pool_phi, pooled_std)
-    strata, hits = references.pool.y.cpu().numpy(), _predicts_label(target, pool)
-    if canaries is not None:
-        relabelled = canaries.relabel(references.pool)
-        canary_z = _calibrated(logit_scaled_confidence(target, relabelled), _reference_phi(references, relabelled),
-                               pooled_std)
-        z, hits = np.concatenate([z, canary_z]), np.concatenate([hits, _predicts_label(target, relabelled)])
-        strata = np.concatenate([strata, relabelled.y.cpu().numpy() + CANARY_STRATUM])
-    return NeverSeen(z, strata, _rate_keys(strata), hits)
+def _strata(labels: np.ndarray, difficulty: np.ndarray) -> np.ndarray:
+    """The AUC's strata: the label, apart for pairs whose label the references reject."""
+    return np.asarray(labels) + ATYPICAL_STRATUM * (np.asarray(difficulty) < 0)
+
+
+def _never_seen_pairs(target: nn.Module, references: AuditSet, pool: Tensors, pooled_std: float | None) -> _Pairs:
+    """Every (row, label) pair of ``pool``: the candidate's φ and the references' on each label from
+    one pass each (``logit_scaled_confidences``), so relabelling costs no extra forward pass."""
+    candidate = logit_scaled_confidences(target, pool)
+    reference = np.stack([logit_scaled_confidences(model, pool) for model in references.models])
+    rows, classes = candidate.shape
+    given = pool.y.cpu().numpy()
+    labels = np.tile(np.arange(classes), rows)
+    row_of = np.repeat(np.arange(rows), classes)
+    if pooled_std is None:
+        scale = np.maximum(reference.std(axis=0, ddof=1), MIN_STD).ravel()
+    else:
+        scale = np.full(rows * classes, max(pooled_std, MIN_STD))
+    difficulty = reference.mean(axis=0).ravel()
+    z = (candidate.ravel() - difficulty) / scale
+    with torch.no_grad():
+        predicted = predict_logits(target, pool.x).argmax(1).cpu().numpy()
+    return _Pairs(z, difficulty, labels, predicted[row_of] == labels, labels != given[row_of])
 
 
 def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *,
                      config: AuditConfig | None = None, seed: int = 0,
-                     clean_forget_labels: np.ndarray | None = None,
-                     canaries: CanaryRule | None = None) -> AuditResult:
+                     clean_forget_labels: np.ndarray | None = None) -> AuditResult:
     """Audit whether ``target`` still carries the ``forget`` samples (module docstring: score,
     rule, error rate). ``forget`` must hold none of the references' held-out rows (they would be
     "in" for a reference or their own non-members). ``config`` (default: the references'
     config): ``alpha``, ``tolerance`` and ``fixed_variance`` are read from it. ``seed``: unused
-    since the audit compares with every pool-B sample of the forget set's labels (nothing is
-    drawn); kept for callers. ``clean_forget_labels``: given when the forget samples carry the
-    backdoor trigger and its label, their labels before poisoning; pool B is then stratified on
-    them and triggered the same way. ``canaries`` (default: the references' rule): forget samples
-    it marks are compared with pool B relabelled by it."""
-    config, canaries = config or references.config, canaries or references.canaries
+    since the audit compares with every pool-B pair (nothing is drawn); kept for callers.
+    ``clean_forget_labels``: given when the forget samples carry the backdoor trigger and its label,
+    their labels before poisoning; pool B is then stratified on them and triggered the same way.
+    No argument says which forget samples are memorised: each is judged by its own score against
+    never-seen pairs of its difficulty (``per_sample``)."""
+    config = config or references.config
     started = time.perf_counter()
     _require_outside_pools(forget, references)
     pool, pool_phi, forget_labels = references.pool, references.pool_phi, forget.y.cpu().numpy()
-    is_canary = canaries.of(forget.sample_ids) if canaries is not None else np.zeros(len(forget), dtype=bool)
     if clean_forget_labels is not None:
-        if is_canary.any():
-            raise ValueError("a forget set of canaries carries no backdoor trigger; audit the two apart")
         forget_labels, pool = np.asarray(clean_forget_labels), triggered(pool)
         pool_phi = _reference_phi(references, pool)
     fixed = _uses_fixed_variance(config, len(references))
     pooled_std = _pooled_std(pool_phi) if fixed else None
-    forget_z = _calibrated(logit_scaled_confidence(target, forget), _reference_phi(references, forget), pooled_std)
-    never_seen = _nonmembers(target, references, pool, pool_phi, pooled_std, canaries if is_canary.any() else None)
-    pool_z, pool_strata = never_seen.z, never_seen.strata
-    forget_strata = forget_labels + CANARY_STRATUM * is_canary
+    forget_ref_phi = _reference_phi(references, forget)
+    forget_z = _calibrated(logit_scaled_confidence(target, forget), forget_ref_phi, pooled_std)
+    forget_difficulty = forget_ref_phi.mean(axis=0)
+    pairs = _never_seen_pairs(target, references, pool, pooled_std)
+    pool_z, pool_strata = pairs.z, pairs.strata()
+    forget_strata = _strata(forget_labels, forget_difficulty)
     check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
                                  alpha=config.alpha)
     compared = np.isin(pool_strata, forget_strata)
     margin = equivalence_margin(stratified_null_sd(forget_strata, pool_strata), alpha=config.alpha,
                                 beta=config.equivalence_beta)
     p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
-    t = lower_tail_scores(forget_z, forget_strata, never_seen, is_canary, pool_strata >= CANARY_STRATUM)
-    evidence = sample_evidence(_predicts_label(target, forget), _rate_keys(forget_strata), t, never_seen,
+    evidence = sample_evidence(forget_z, forget_difficulty, _predicts_label(target, forget), pairs.never_seen(),
                                config.alpha)
     samples = _sample_rows(forget.sample_ids, forget_labels, forget_z, p_values, evidence)
     return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
                        len(forget), int(compared.sum()), len(references), fixed, samples,
                        [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
-                       STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), int(is_canary.sum()),
-                       margin, config.alpha)
+                       STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), 0,
+                       margin, config.alpha, int((forget_strata >= ATYPICAL_STRATUM).sum()))
 
 
 def _sample_rows(sample_ids: np.ndarray, labels: np.ndarray, z: np.ndarray, p_values: np.ndarray,

@@ -127,6 +127,16 @@ def logit_scaled_confidence(model: nn.Module, data: Tensors) -> np.ndarray:
     return (true_logit - other_logits).cpu().numpy()
 
 
+def logit_scaled_confidences(model: nn.Module, data: Tensors) -> np.ndarray:
+    """(N, C): φ of every sample on every label, z_c − logsumexp_{j≠c} z_j in float64, from one
+    forward pass (``logit_scaled_confidence`` reads the column of each sample's own label)."""
+    logits = predict_logits(model, data.x).double()
+    classes = logits.shape[1]
+    eye = torch.eye(classes, dtype=torch.bool, device=logits.device)
+    others = logits[:, None, :].expand(-1, classes, -1).masked_fill(eye, float("-inf")).logsumexp(2)
+    return (logits - others).cpu().numpy()
+
+
 def true_label_log_probs(model: nn.Module, data: Tensors) -> np.ndarray:
     """log p_y per sample (= −per-sample cross-entropy), as −log(1 + e^−φ) from
     ``logit_scaled_confidence``: resolved down to losses of 1e-300 instead of rounding to 0."""

@@ -1,34 +1,45 @@
-"""Per-sample forgetting evidence: each forget sample judged against never-seen samples of its kind.
+"""Per-sample forgetting evidence: each forget sample's own score judged against never-seen pairs of
+like difficulty, with nobody telling the audit which samples are memorised.
 
-Two questions per forget sample, both answered against what the same candidate does on samples no
-model of the federation trained on (pool B of the held-out split, relabelled alike for canaries),
-so that the candidate's own scale and accuracy cancel:
+A forget sample (x, y) has a calibrated score z = (φ_cand(x, y) − μ_out(x, y)) / σ_out under the
+candidate (offline LiRA [1]_) and a *difficulty* μ_out(x, y): the references' mean φ on its label —
+how strongly models that never saw x believe y (difficulty calibration [2]_). A memorised atypical
+sample — a mislabelled row, a rare shape — has a low difficulty and, under a model that learnt it, a
+high z; under a model that never saw it, a z like never-seen pairs of the same difficulty. The
+candidate's own strength (a retrain is more confident than the references on right labels and less
+on wrong ones) is read from never-seen pairs under the same candidate, so it cancels.
 
-* **remembered** — the candidate predicts the sample's training label where never-seen samples of
-  its kind almost never get theirs predicted. A sample's p-value is the conformal rate
-  (1 + hits)/(1 + N) of never-seen samples whose label the candidate predicts [1]_, over its rate
-  group: all canaries together (a planted label is an arbitrary wrong class), an ordinary sample's
-  label otherwise. A prediction at a rate above α/2 — an ordinary sample a generalising model gets
-  right, as never-seen samples — is no evidence of memory: such a sample is *unmeasured*. The forget
-  set's strong hits are counted against the Poisson-binomial law of those rates (the evidence
-  combined into one test whose level holds at every request size, one sample included);
-* **over-forgotten** — the candidate marks the sample *below* never-seen samples [2]_: its misses
-  counted against the never-seen miss rates of their labels (Poisson-binomial), and its calibrated
-  score z (offline LiRA [3]_) far under its stratum's never-seen scores (a robust, lower-side scale,
-  Student's t tails, Holm's step-down [4]_ over the forget samples).
+The never-seen pairs are pool B of the held-out split twice over: with the labels the data gives
+its rows (*given*: the user's mislabelled or atypical rows among them, at the data's own rate) and
+with every other label (*relabelled*: what a wrong label looks like to each model). A forget sample
+is compared with its ``NEIGHBOURS`` nearest pairs in difficulty of each kind, and its p-value is the
+larger of the two: each kind alone is the right yardstick for one sort of sample (a mislabelled row
+behaves like a relabelled pair, a hard sample with its true label like a given one), and the larger
+p-value is valid for either. Two questions per sample, both from robust, heavy-tailed fits to the
+neighbours (median, one-sided MAD, Student's t tails):
 
-Each of the three tests runs at a share of α (α/2 remembered, α/4 each over-forgetting test), so a
-candidate that never saw the samples — an exact retrain — is flagged with probability at most α.
-Why these statistics and their measured rates: docs/methods.md, "Per-sample evidence".
+* **remembered** — z far *above* its neighbours: the strong samples (p ≤ ``REMEMBERED_COUNT_SHARE`` · α)
+  counted against their binomial law (one test at every request size, one sample included), and
+  Holm's step-down [3]_ at ``REMEMBERED_HOLM_SHARE`` · α for one extreme sample in a large request;
+* **over-forgotten** — the candidate marks the sample *below* never-seen pairs [4]_: its misses
+  counted against its neighbours' miss rates (Poisson-binomial), and z far under its neighbours
+  (Holm), at α/4 each.
+
+So a candidate that never saw the samples — an exact retrain — is flagged with probability about
+α at most, where its forget samples resemble pool B's pairs of their difficulty. Where they do not
+(inputs unlike any held-out row, such as noise images), the error falls on the safe side for the
+data subject: such samples look remembered, and the batch escalates towards the exact retrain.
+Measured rates: docs/BENCHMARKS.md, "The interim decision at every request size".
 
 References
 ----------
-.. [1] Vovk, Gammerman and Shafer (2005), "Algorithmic Learning in a Random World": conformal p-values.
-.. [2] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
-   Sense of Privacy" (U-LiRA): audit unlearning per example, both ways.
-.. [3] Carlini et al. (2022), "Membership Inference Attacks From First Principles", IEEE S&P.
-.. [4] Holm (1979), "A Simple Sequentially Rejective Multiple Test Procedure", Scandinavian
+.. [1] Carlini et al. (2022), "Membership Inference Attacks From First Principles", IEEE S&P.
+.. [2] Watson et al. (2022), "On the Importance of Difficulty Calibration in Membership Inference
+   Attacks", ICLR.
+.. [3] Holm (1979), "A Simple Sequentially Rejective Multiple Test Procedure", Scandinavian
    Journal of Statistics.
+.. [4] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
+   Sense of Privacy" (U-LiRA): audit unlearning per example, both ways.
 """
 
 from __future__ import annotations
@@ -39,32 +50,36 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-# Chosen before the reported draws, on principle: never-seen scores have heavier tails than a
-# normal's, and an over-forgotten sample sits far beyond them, so heavier tails cost little power.
+# Chosen on principle before any draw was reported: never-seen scores have heavier tails than a
+# normal's, and a memorised or over-forgotten sample sits far beyond them.
 TAIL_DF = 5
 MAD_TO_SD = 1.4826
 MIN_SCALE = 1e-6
+# Never-seen pairs a forget sample is compared with: its NEIGHBOURS nearest in difficulty (chosen on
+# tuning draws, docs/methods.md); fewer pairs in all than MIN_NEIGHBOURS: no yardstick.
+NEIGHBOURS = 200
+MIN_NEIGHBOURS = 20
+OVER_SHARE = 1 / 4
 REMEMBERED, OVER_FORGOTTEN, WITHIN_RANGE, UNMEASURED = "remembered", "over-forgotten", "within range", "unmeasured"
 
 
 @dataclass(frozen=True)
 class NeverSeen:
-    """What the candidate does on never-seen samples: calibrated scores ``z``, their ``strata``
-    (label; canary strata apart), ``rate_keys`` (the rate group: one key for every canary stratum,
-    the label otherwise) and ``hits`` (whether it predicts their label)."""
+    """Never-seen (sample, label) pairs under the candidate: ``z`` their calibrated scores,
+    ``difficulty`` the references' mean φ on the pair's label, ``hits`` whether the candidate
+    predicts that label."""
 
     z: np.ndarray
-    strata: np.ndarray
-    rate_keys: np.ndarray
+    difficulty: np.ndarray
     hits: np.ndarray
 
 
 @dataclass(frozen=True)
 class SampleEvidence:
-    """Per forget sample: ``t`` (calibrated score from its stratum's never-seen centre, NaN where it
-    has none), ``p_remembered`` (the conformal rate of its hit; 1 for a miss) and ``p_over`` (the
-    lower tail of ``t``), and the decisions: ``remembered``, ``over_forgotten``, ``measurable`` (its
-    hit would be evidence of memory)."""
+    """Per forget sample: ``t`` (its z from its neighbours' median in their lower robust scale; NaN
+    without neighbours), ``p_remembered`` (the conformal rate of neighbours scoring at least as high)
+    and ``p_over`` (the lower tail of ``t``), and the decisions ``remembered``, ``over_forgotten``
+    and ``measurable`` (it has neighbours to be judged against)."""
 
     t: np.ndarray
     p_remembered: np.ndarray
@@ -104,65 +119,57 @@ def poisson_binomial_tail(rates: np.ndarray, k: int) -> float:
     return float(min(1.0, law[k:].sum()))
 
 
-def hit_rates(rate_keys: np.ndarray, never_seen: NeverSeen) -> np.ndarray:
-    """Per forget sample, the conformal rate (1 + hits)/(1 + N) of never-seen samples of its rate
-    group whose label the candidate predicts; 1 where the group holds none."""
-    rates = np.ones(len(rate_keys))
-    for key in np.unique(rate_keys):
-        group = never_seen.rate_keys == key
-        if group.any():
-            rates[rate_keys == key] = (1 + never_seen.hits[group].sum()) / (1 + group.sum())
-    return rates
+def nearest(difficulty: np.ndarray, pool_difficulty: np.ndarray, size: int) -> np.ndarray:
+    """(n, size) indices into ``pool_difficulty`` of each sample's ``size`` nearest pairs."""
+    size = min(size, len(pool_difficulty))
+    distance = np.abs(np.asarray(difficulty, float)[:, None] - pool_difficulty[None, :])
+    return np.argpartition(distance, size - 1, axis=1)[:, :size]
 
 
-def miss_rates(rate_keys: np.ndarray, never_seen: NeverSeen) -> np.ndarray:
-    """Per forget sample, the conformal rate of never-seen samples of its rate group the candidate misses."""
-    flipped = NeverSeen(never_seen.z, never_seen.strata, never_seen.rate_keys, ~never_seen.hits)
-    return hit_rates(rate_keys, flipped)
+def _lower_scale(residual: np.ndarray) -> np.ndarray:
+    """Per row, MAD_TO_SD × the median distance of the residuals below the centre."""
+    side = np.where(residual < 0, -residual, np.nan)
+    with np.errstate(all="ignore"):
+        scale = MAD_TO_SD * np.nanmedian(side, axis=1)
+    return np.maximum(np.nan_to_num(scale, nan=MIN_SCALE), MIN_SCALE)
 
 
-def lower_tail_scores(forget_z: np.ndarray, forget_strata: np.ndarray, never_seen: NeverSeen,
-                      forget_groups: np.ndarray, pool_groups: np.ndarray) -> np.ndarray:
-    """t per forget sample: its distance below its stratum's never-seen median, in a robust scale of
-    the never-seen scores below their medians, pooled per kind of stratum (``*_groups``), widened
-    for the median's own error. NaN where its stratum holds no never-seen sample."""
-    strata = np.unique(never_seen.strata)
-    centre = {s: float(np.median(never_seen.z[never_seen.strata == s])) for s in strata}
-    count = {s: int((never_seen.strata == s).sum()) for s in strata}
-    residuals = never_seen.z - np.array([centre[s] for s in never_seen.strata]) if len(never_seen.z) \
-        else never_seen.z
-    scale = {}
-    for g in np.unique(pool_groups):
-        below = -residuals[(pool_groups == g) & (residuals < 0)]
-        scale[g] = max(MAD_TO_SD * float(np.median(below)), MIN_SCALE) if len(below) else math.nan
-    t = np.full(len(forget_z), math.nan)
-    for i, (z, s, g) in enumerate(zip(forget_z, forget_strata, forget_groups)):
-        if s in centre and math.isfinite(scale.get(g, math.nan)):
-            # The centre is a median of count[s] samples: its variance is about π/2 · σ² / n.
-            t[i] = (z - centre[s]) / (scale[g] * math.sqrt(1.0 + math.pi / (2.0 * count[s])))
-    return t
+def sample_evidence(z: np.ndarray, difficulty: np.ndarray, hits: np.ndarray, never_seen: NeverSeen,
+                    alpha: float, size: int = NEIGHBOURS) -> SampleEvidence:
+    """The tests of the module docstring on one forget set, and each sample's reading."""
+    z, difficulty, hits = np.asarray(z, float), np.asarray(difficulty, float), np.asarray(hits, bool)
+    n = len(z)
+    if len(never_seen.z) < MIN_NEIGHBOURS:
+        none = np.zeros(n, dtype=bool)
+        return SampleEvidence(np.full(n, math.nan), np.ones(n), np.ones(n), none, none, none, alpha)
+    neighbours = nearest(difficulty, never_seen.difficulty, size)
+    scores, m = never_seen.z[neighbours], neighbours.shape[1]
+    p_high = (1 + (scores >= z[:, None]).sum(axis=1)) / (1 + m)
+    centre = np.median(scores, axis=1)
+    # The centre is a median of m pairs: its variance is about π/2 · σ² / m.
+    t = (z - centre) / (_lower_scale(scores - centre[:, None]) * math.sqrt(1.0 + math.pi / (2.0 * m)))
+    p_low = stats.t.cdf(t, TAIL_DF)
+    miss = (1 + (~never_seen.hits[neighbours]).sum(axis=1)) / (1 + m)
+    remembered = _remembered(p_high, alpha)
+    over = _over_forgotten(p_low, miss, hits, alpha)
+    return SampleEvidence(t, p_high, p_low, remembered, over & ~remembered, np.ones(n, dtype=bool), alpha)
 
 
-def sample_evidence(forget_hits: np.ndarray, forget_rate_keys: np.ndarray, t: np.ndarray, never_seen: NeverSeen,
-                    alpha: float) -> SampleEvidence:
-    """The three tests of the module docstring on one forget set, and each sample's reading."""
-    forget_hits = np.asarray(forget_hits, dtype=bool)
-    hit, miss = hit_rates(forget_rate_keys, never_seen), miss_rates(forget_rate_keys, never_seen)
-    measurable = hit <= alpha / 2.0
-    strong = forget_hits & measurable
-    remembered = strong if poisson_binomial_tail(hit[measurable], int(strong.sum())) <= alpha / 2.0 else \
-        np.zeros(len(t), dtype=bool)
-    missed = ~forget_hits & (miss < 1.0)
-    over = missed if missed.any() and poisson_binomial_tail(miss[miss < 1.0], int(missed.sum())) <= alpha / 4.0 \
-        else np.zeros(len(t), dtype=bool)
-    finite = np.isfinite(t)
-    p_low = np.ones(len(t))
-    p_low[finite] = stats.t.cdf(t[finite], TAIL_DF)
-    if finite.any():
-        over[finite] |= holm(p_low[finite], alpha / 4.0)
-    p_high = np.where(forget_hits, hit, 1.0)
-    return SampleEvidence(t, p_high, p_low, remembered, over & ~remembered, measurable, alpha)
+def _remembered(p_high: np.ndarray, alpha: float) -> np.ndarray:
+    """The strong samples (p ≤ α/2) when their count is improbable for never-seen ones (≤ α/2)."""
+    strong = p_high <= alpha / 2.0
+    if poisson_binomial_tail(np.full(len(p_high), alpha / 2.0), int(strong.sum())) <= alpha / 2.0:
+        return strong
+    return np.zeros(len(p_high), dtype=bool)
 
 
-__all__ = ["NeverSeen", "SampleEvidence", "holm", "poisson_binomial_tail", "hit_rates", "lower_tail_scores",
-           "sample_evidence", "REMEMBERED", "OVER_FORGOTTEN", "WITHIN_RANGE", "UNMEASURED", "TAIL_DF"]
+def _over_forgotten(p_low: np.ndarray, miss: np.ndarray, hits: np.ndarray, alpha: float) -> np.ndarray:
+    """Misses improbable in number for the neighbours' miss rates, and scores far below them (Holm)."""
+    level = OVER_SHARE * alpha
+    missed = ~hits & (miss < 1.0)
+    counted = missed if missed.any() and poisson_binomial_tail(miss[miss < 1.0], int(missed.sum())) <= level \
+        else np.zeros(len(hits), dtype=bool)
+    return counted | holm(p_low, level)
+
+
+__all__ = ["NeverSeen", "SampleEvidence", "holm", "poisson_binomial_tail", "nearest", "sample_evidence", "REMEMBERED", "OVER_FORGOTTEN", "WITHIN_RANGE", "UNMEASURED", "TAIL_DF", "NEIGHBOURS"]
