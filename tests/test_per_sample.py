@@ -42,6 +42,20 @@ def test_nearest_takes_the_pairs_closest_in_difficulty():
     assert sorted(nearest(np.array([4.0]), pool, 2)[0].tolist()) == [3, 4]
 
 
+def test_pool_bs_own_pairs_join_the_yardstick_where_dense_and_relabelled_ones_fill_in_where_not():
+    """A typical sample meets pool B's own pairs of its difficulty (twice: as nearest pairs and as the
+    dense own kind); a sample far harder than any of pool B's own (a mislabelled row) meets only the
+    relabelled pairs that are as hard."""
+    from fedunlearn.evaluation.per_sample import neighbourhoods
+    own = np.linspace(0.0, 6.0, 300)
+    relabelled = np.linspace(-12.0, -6.0, 900)
+    never_seen = NeverSeen(np.zeros(1200), np.concatenate([own, relabelled]), np.ones(1200, bool),
+                           np.arange(1200) >= 300)
+    typical, wrong = neighbourhoods(np.array([3.0, -10.0]), never_seen)
+    assert len(typical) == 2 and all((rows < 300).all() for rows in typical)
+    assert len(wrong) == 1 and (wrong[0] >= 300).all() and len(wrong[0]) == 200
+
+
 def _shift(difficulty):
     """A candidate's strength against the references', which depends on difficulty: more confident
     on labels the references believe, less on those they reject (what a retrain shows)."""
@@ -56,7 +70,8 @@ def _pairs(rng, n, tails=5, low=-12.0, high=6.0):
 
 
 def _never_seen(rng, size=2500, tails=5) -> NeverSeen:
-    return NeverSeen(*_pairs(rng, size, tails))
+    """Pool B's own pairs at every difficulty (dense enough to be the yardstick everywhere)."""
+    return NeverSeen(*_pairs(rng, size, tails), np.zeros(size, bool))
 
 
 @pytest.mark.parametrize("tails", [5, None])
@@ -129,7 +144,7 @@ def test_typical_samples_a_candidate_gets_wrong_in_numbers_are_over_forgotten():
 
 
 def test_without_never_seen_pairs_every_sample_is_unmeasured():
-    never_seen = NeverSeen(np.array([0.0, 0.1]), np.array([0.0, 1.0]), np.ones(2, bool))
+    never_seen = NeverSeen(np.array([0.0, 0.1]), np.array([0.0, 1.0]), np.ones(2, bool), np.zeros(2, bool))
     evidence = sample_evidence(np.array([50.0, 0.0]), np.array([0.0, 0.0]), np.array([True, True]), never_seen,
                                ALPHA)
     assert evidence.labels() == [UNMEASURED, UNMEASURED]

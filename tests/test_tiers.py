@@ -136,17 +136,18 @@ def test_on_the_interim_tier_the_audit_is_read_two_sided_within_a_margin(strict,
         assert any(line.startswith(reason) for line in outcome.held_back), outcome.held_back
 
 
-def test_a_forget_set_of_canaries_keeps_the_population_attack_out_of_the_verdict():
-    # Mislabelled members against correctly labelled non-members: a population AUC far below chance
-    # says nothing about membership. The check is left out and the reason said.
+def test_atypical_forget_samples_keep_the_population_attack_out_of_the_verdict():
+    # Members whose labels the audit's references reject (mislabelled rows, found by the audit, never
+    # declared) against typical non-members: a population AUC far below chance says nothing about
+    # membership. The check is left out and the reason said.
     low_members, nonmembers = RNG.normal(-3, 1, 40), RNG.normal(0, 1, 300)
     candidate = evaluation(950, np.zeros(40, bool), low_members, nonmembers)
     plain = judge(candidate, "empirical only", source=candidate, reference=None, gates=PromotionGates())
     assert "mia_auc_minus_chance" in verdicts(plain)
     outcome = judge(candidate, "empirical only", source=candidate, reference=None, gates=PromotionGates(),
-                    canaries=40)
+                    atypical=40)
     assert "mia_auc_minus_chance" not in verdicts(outcome)
-    assert any(line.startswith("mia_auc_minus_chance left out: 40 forget sample(s) are mislabelled canaries")
+    assert any(line.startswith("mia_auc_minus_chance left out: 40 forget sample(s) carry a label models that never")
                for line in outcome.unmeasured)
 
 

@@ -337,15 +337,33 @@ class _Pairs:
     relabelled: np.ndarray
 
     def never_seen(self) -> NeverSeen:
-        return NeverSeen(self.z, self.difficulty, self.hits)
+        return NeverSeen(self.z, self.difficulty, self.hits, self.relabelled)
 
     def strata(self) -> np.ndarray:
         return _strata(self.labels, self.difficulty)
 
+    def compared(self) -> np.ndarray:
+        """The pairs the AUC compares with: pool B's own, and relabelled ones only in the strata where
+        pool B holds fewer than ``DENSE_STRATUM`` of its own (where its rows are exchangeable with a
+        random training sample, they are the yardstick; wrong labels stand in where they are too few)."""
+        strata = self.strata()
+        kinds, counts = np.unique(strata[~self.relabelled], return_counts=True)
+        dense = kinds[counts >= DENSE_STRATUM]
+        return ~self.relabelled | ~np.isin(strata, dense)
+
+
+# A stratum with this many of pool B's own pairs compares with those alone.
+DENSE_STRATUM = 20
+# The width (φ units) of the difficulty bins that stratify samples whose label the references reject.
+ATYPICAL_BIN = 2.0
+
 
 def _strata(labels: np.ndarray, difficulty: np.ndarray) -> np.ndarray:
-    """The AUC's strata: the label, apart for pairs whose label the references reject."""
-    return np.asarray(labels) + ATYPICAL_STRATUM * (np.asarray(difficulty) < 0)
+    """The AUC's strata: the label; for a sample whose label the references reject (mean φ < 0),
+    its bin of difficulty instead, so that it meets never-seen pairs as hard as itself."""
+    difficulty = np.asarray(difficulty, float)
+    bins = np.floor(np.maximum(difficulty, -1e6) / ATYPICAL_BIN).astype(np.int64)
+    return np.where(difficulty < 0, ATYPICAL_STRATUM + bins, np.asarray(labels))
 
 
 def _never_seen_pairs(target: nn.Module, references: AuditSet, pool: Tensors, pooled_std: float | None) -> _Pairs:
@@ -393,8 +411,10 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
     forget_z = _calibrated(logit_scaled_confidence(target, forget), forget_ref_phi, pooled_std)
     forget_difficulty = forget_ref_phi.mean(axis=0)
     pairs = _never_seen_pairs(target, references, pool, pooled_std)
-    pool_z, pool_strata = pairs.z, pairs.strata()
-    forget_strata = _strata(forget_labels, forget_difficulty)
+    kept = pairs.compared()
+    pool_z, pool_strata = pairs.z[kept], pairs.strata()[kept]
+    # Scored on the label it carries (a backdoor's target, if triggered), stratified by its difficulty there.
+    forget_strata = _strata(forget.y.cpu().numpy(), forget_difficulty)
     check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
                                  alpha=config.alpha)
     compared = np.isin(pool_strata, forget_strata)
@@ -408,7 +428,7 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
                        len(forget), int(compared.sum()), len(references), fixed, samples,
                        [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
                        STRATIFIED_AUC_METHOD, int(np.isin(forget_strata, pool_strata).sum()), 0,
-                       margin, config.alpha, int((forget_strata >= ATYPICAL_STRATUM).sum()))
+                       margin, config.alpha, int((forget_difficulty < 0).sum()))
 
 
 def _sample_rows(sample_ids: np.ndarray, labels: np.ndarray, z: np.ndarray, p_values: np.ndarray,

@@ -55,9 +55,13 @@ from scipy import stats
 TAIL_DF = 5
 MAD_TO_SD = 1.4826
 MIN_SCALE = 1e-6
-# Never-seen pairs a forget sample is compared with: its NEIGHBOURS nearest in difficulty (chosen on
-# tuning draws, docs/methods.md); fewer pairs in all than MIN_NEIGHBOURS: no yardstick.
+# Never-seen pairs a forget sample is compared with: its NEIGHBOURS nearest pairs of both kinds and,
+# where at least DENSE of pool B's own pairs (the data's labels) lie within BANDWIDTH of its
+# difficulty, those too; each side's p-value is the larger of the two (chosen on tuning draws,
+# docs/methods.md). Fewer pairs in all than MIN_NEIGHBOURS: no yardstick.
 NEIGHBOURS = 200
+DENSE = 40
+BANDWIDTH = 3.0
 MIN_NEIGHBOURS = 20
 OVER_SHARE = 1 / 4
 REMEMBERED, OVER_FORGOTTEN, WITHIN_RANGE, UNMEASURED = "remembered", "over-forgotten", "within range", "unmeasured"
@@ -67,11 +71,12 @@ REMEMBERED, OVER_FORGOTTEN, WITHIN_RANGE, UNMEASURED = "remembered", "over-forgo
 class NeverSeen:
     """Never-seen (sample, label) pairs under the candidate: ``z`` their calibrated scores,
     ``difficulty`` the references' mean φ on the pair's label, ``hits`` whether the candidate
-    predicts that label."""
+    predicts that label, ``relabelled`` True for a pair whose label is not the one the data gives."""
 
     z: np.ndarray
     difficulty: np.ndarray
     hits: np.ndarray
+    relabelled: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,19 @@ def nearest(difficulty: np.ndarray, pool_difficulty: np.ndarray, size: int) -> n
     return np.argpartition(distance, size - 1, axis=1)[:, :size]
 
 
+def neighbourhoods(difficulty: np.ndarray, never_seen: NeverSeen, size: int = NEIGHBOURS) -> list[list[np.ndarray]]:
+    """Per forget sample, the index sets of never-seen pairs it is judged against: its nearest pairs
+    of both kinds, and pool B's own within ``BANDWIDTH`` where they are dense enough."""
+    given = np.flatnonzero(~never_seen.relabelled)
+    union = nearest(np.asarray(difficulty, float), never_seen.difficulty, size)
+    chosen = []
+    for value, rows in zip(np.asarray(difficulty, float), union):
+        near = given[np.abs(never_seen.difficulty[given] - value) <= BANDWIDTH]
+        own = [near[np.argsort(np.abs(never_seen.difficulty[near] - value))[:size]]] if len(near) >= DENSE else []
+        chosen.append([rows] + own)
+    return chosen
+
+
 def _lower_scale(residual: np.ndarray) -> np.ndarray:
     """Per row, MAD_TO_SD × the median distance of the residuals below the centre."""
     side = np.where(residual < 0, -residual, np.nan)
@@ -142,17 +160,28 @@ def sample_evidence(z: np.ndarray, difficulty: np.ndarray, hits: np.ndarray, nev
     if len(never_seen.z) < MIN_NEIGHBOURS:
         none = np.zeros(n, dtype=bool)
         return SampleEvidence(np.full(n, math.nan), np.ones(n), np.ones(n), none, none, none, alpha)
-    neighbours = nearest(difficulty, never_seen.difficulty, size)
-    scores, m = never_seen.z[neighbours], neighbours.shape[1]
-    p_high = (1 + (scores >= z[:, None]).sum(axis=1)) / (1 + m)
-    centre = np.median(scores, axis=1)
-    # The centre is a median of m pairs: its variance is about π/2 · σ² / m.
-    t = (z - centre) / (_lower_scale(scores - centre[:, None]) * math.sqrt(1.0 + math.pi / (2.0 * m)))
-    p_low = stats.t.cdf(t, TAIL_DF)
-    miss = (1 + (~never_seen.hits[neighbours]).sum(axis=1)) / (1 + m)
+    p_high, p_low, t, miss = np.ones(n), np.ones(n), np.full(n, math.nan), np.ones(n)
+    measurable = np.zeros(n, dtype=bool)
+    for i, sets in enumerate(neighbourhoods(difficulty, never_seen, size)):
+        readings = [_reading(z[i], never_seen, rows) for rows in sets]
+        p_high[i], p_low[i], miss[i] = (max(r[k] for r in readings) for k in range(3))
+        t[i] = max(r[3] for r in readings)  # the t of the larger lower-tail p-value
+        # Too few neighbours to reach α/2: a hit could not be evidence of memory.
+        measurable[i] = min(len(rows) for rows in sets) + 1 >= 2.0 / alpha
     remembered = _remembered(p_high, alpha)
     over = _over_forgotten(p_low, miss, hits, alpha)
-    return SampleEvidence(t, p_high, p_low, remembered, over & ~remembered, np.ones(n, dtype=bool), alpha)
+    return SampleEvidence(t, p_high, p_low, remembered, over & ~remembered, measurable, alpha)
+
+
+def _reading(z: float, never_seen: NeverSeen, rows: np.ndarray) -> tuple[float, float, float, float]:
+    """Against the pairs ``rows``: the conformal upper p-value of ``z``, the lower tail of its robust
+    t, the conformal miss rate of those pairs, and t."""
+    scores, m = never_seen.z[rows], len(rows)
+    centre = float(np.median(scores))
+    # The centre is a median of m pairs: its variance is about π/2 · σ² / m.
+    t = (z - centre) / (_lower_scale((scores - centre)[None, :])[0] * math.sqrt(1.0 + math.pi / (2.0 * m)))
+    return ((1 + (scores >= z).sum()) / (1 + m), float(stats.t.cdf(t, TAIL_DF)),
+            (1 + (~never_seen.hits[rows]).sum()) / (1 + m), t)
 
 
 def _remembered(p_high: np.ndarray, alpha: float) -> np.ndarray:
@@ -172,4 +201,5 @@ def _over_forgotten(p_low: np.ndarray, miss: np.ndarray, hits: np.ndarray, alpha
     return counted | holm(p_low, level)
 
 
-__all__ = ["NeverSeen", "SampleEvidence", "holm", "poisson_binomial_tail", "nearest", "sample_evidence", "REMEMBERED", "OVER_FORGOTTEN", "WITHIN_RANGE", "UNMEASURED", "TAIL_DF", "NEIGHBOURS"]
+__all__ = ["NeverSeen", "SampleEvidence", "holm", "poisson_binomial_tail", "nearest", "neighbourhoods",
+           "sample_evidence", "REMEMBERED", "OVER_FORGOTTEN", "WITHIN_RANGE", "UNMEASURED", "TAIL_DF", "NEIGHBOURS"]
