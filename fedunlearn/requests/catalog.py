@@ -63,9 +63,6 @@ class Catalog:
         if request.kind is RequestKind.CLASS:
             ids = [i for i in self.training_ids() if self.labels[i] == request.label]
             what = f"class {request.label}"
-        elif request.client not in self.clients:  # not "already deleted": it never existed
-            return Resolution(problem=f"client {request.client} is not a client of {self.scenario}: its clients are "
-                                      f"{min(self.clients, default=0)} to {max(self.clients, default=-1)}")
         else:
             ids = [i for i, owner in self.owners.items() if owner == request.client]
             what = f"client {request.client}"
