@@ -255,8 +255,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     try:
         return Params.model_validate(copy.deepcopy(_PARSED[text]))
     except ValidationError as err:
-        raise InputError(f"{path}: {describe_validation(err, Params)}. Fix it in {path} and run the command again; "
-                         "nothing was changed") from None
+        problems = describe_validation(err, Params, {NAME_PATTERN: f"is not a name: use {NAME_RULE}"})
+        raise InputError(f"{path}: {problems}. Fix it in {path} and run the command again; nothing was changed") from None
 
 
 def _parse_yaml(path: Path, text: bytes) -> Any:

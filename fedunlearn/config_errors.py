@@ -21,14 +21,15 @@ _TYPE_WORDS = {"int_type": "an integer", "int_from_float": "an integer", "float_
                "dict_type": "a mapping (key: value)", "list_type": "a list", "model_type": "a mapping (key: value)"}
 
 
-def describe_validation(err: ValidationError, model: type[BaseModel]) -> str:
-    """``err`` (raised validating ``model``) in one line: at most ``SHOWN_ERRORS`` problems, then a count."""
-    problems = [describe_error(error, model) for error in err.errors(include_url=False)]
+def describe_validation(err: ValidationError, model: type[BaseModel], patterns: dict[str, str] | None = None) -> str:
+    """``err`` (raised validating ``model``) in one line: at most ``SHOWN_ERRORS`` problems, then a count.
+    ``patterns``: what a text that fails a pattern should be, by pattern (pydantic shows the regex)."""
+    problems = [describe_error(error, model, patterns or {}) for error in err.errors(include_url=False)]
     more = len(problems) - SHOWN_ERRORS
     return "; ".join(problems[:SHOWN_ERRORS]) + (f" (and {more} more)" if more > 0 else "")
 
 
-def describe_error(error: dict[str, Any], model: type[BaseModel]) -> str:
+def describe_error(error: dict[str, Any], model: type[BaseModel], patterns: dict[str, str]) -> str:
     loc = tuple(error["loc"])
     kind, value = error["type"], error.get("input")
     if loc[-1:] == ("[key]",):  # a dict's key (a scenario's name): the path is its parent's
@@ -43,11 +44,8 @@ def describe_error(error: dict[str, Any], model: type[BaseModel]) -> str:
     if kind in _TYPE_WORDS:
         quoted = " (write it without quotes)" if kind != "string_type" and _looks_typed(value) else ""
         return f"{key}: {_shown(value)} is not {_TYPE_WORDS[kind]}{quoted}"
-    if kind == "string_pattern_mismatch":
-        from fedunlearn.config import NAME_PATTERN, NAME_RULE
-
-        if error.get("ctx", {}).get("pattern") == NAME_PATTERN:
-            return f"{key}: {_shown(value)} is not a name: use {NAME_RULE}"
+    if kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") in patterns:
+        return f"{key}: {_shown(value)} {patterns[error['ctx']['pattern']]}"
     message = error["msg"].removeprefix("Value error, ")
     return f"{key}: {message}" if kind == "value_error" else f"{key}: {_shown(value)}: {message}"
 
