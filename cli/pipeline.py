@@ -88,7 +88,8 @@ def register_hold(sub: argparse._SubParsersAction) -> None:
                                       "`fedunlearn status` with the requests the version still holds, and said on "
                                       "those requests' receipts.")
     hold.add_argument("version", metavar="VERSION", help="the registered version, e.g. 1 or v1")
-    hold.add_argument("--reason", required=True, help="why it is kept (said in status, receipts and the log)")
+    hold.add_argument("--reason", required=True, help=f"why it is kept: one line of plain text, at most {MAX_HOLD_REASON} "
+                      "characters (said in status, receipts and the log)")
     hold.add_argument("--scenario", default=DEFAULT_SCENARIO,
                       help="the scenario whose registered model VERSION is (default %(default)s)")
     hold.set_defaults(handler=run_hold)

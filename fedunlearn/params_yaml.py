@@ -40,8 +40,8 @@ class BoundedLoader(yaml.SafeLoader):
             event = self.peek_event()
             target = self.anchors.get(event.anchor)
             if target is not None and id(target) not in self._values:  # an alias inside its own anchor
-                raise Refused(None, None, f"the alias *{event.anchor} refers to a value that contains it; "
-                                    "write the value out instead", event.start_mark)
+                raise Refused(None, None, f"the alias *{event.anchor} refers to a value that contains it; write the "
+                              "value out instead", event.start_mark)
             if target is not None:
                 self._count(self._values[id(target)], event.start_mark)
             return super().compose_node(parent, index)
