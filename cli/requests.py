@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     label.add_argument("--label", type=int, required=True, metavar="L", help="the class label, e.g. 3")
     for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
         parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
-        parser.add_argument("--reason", help="optional note kept with the request")
+        parser.add_argument("--reason", help="optional note kept with the request: one line of plain text, at most "
+                                              "2000 characters")
         parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, an ISO 8601 time "
                             "after now, e.g. 2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after "
                             "submission); a number, a time before now or one with no UTC form is refused (exit 2)")
@@ -100,7 +101,8 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.config import load_params
     from fedunlearn.requests.folders import RequestFolders
     from fedunlearn.requests.inbox import submit_request
-    from fedunlearn.requests.model import SUBJECT_FIELDS, RequestKind, build_request
+    from fedunlearn.requests.model import MAX_REASON_LENGTH, SUBJECT_FIELDS, RequestKind, build_request
+    from fedunlearn.user_files import plain_note
 
     config = load_params(root / "params.yaml").scenario(args.scenario)
     kind = RequestKind(args.request_kind)
@@ -108,7 +110,8 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
         require_client(config, args.scenario, args.client)
     field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
     subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
-    request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject,
+    reason = None if args.reason is None else plain_note(args.reason, "--reason", MAX_REASON_LENGTH)
+    request = build_request({"kind": kind, "scenario": args.scenario, "reason": reason, field: subject,
                              "deadline": args.deadline})
     if kind is RequestKind.SAMPLE:
         require_known_ids(root, args.scenario, request.sample_ids)

@@ -184,6 +184,13 @@ def test_a_hold_reason_is_plain_text_within_its_limit(workspace, reason, said):
     assert said in printed.err and "\x1b" not in printed.err and len(printed.err) < 400
 
 
+def test_a_request_reason_is_plain_text_too(workspace):
+    printed = call_cli(workspace, "request", "client", "--scenario", "digits-hfl", "--client", "0",
+                       "--reason", "asked \x1b]8;;http://x\x07here")
+    assert printed.status == InputError.exit_code and r"control character ('\x1b', character 7)" in printed.err
+    assert not list((workspace / "data/deletion_requests/inbox").glob("*.json"))
+
+
 def test_every_option_and_argument_says_what_it_is():
     from cli import COMMAND_MODULES, build_parser
 
