@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "from the same original, evaluate all (accuracies, |Δ| to retrain, membership inference, "
                     "backdoor, functional distance, cost) and write DIR/results.json, results.md, plots and "
                     "certificates; each row is logged as an MLflow run.")
-    bench.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    bench.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                       help="the scenario of params.yaml to benchmark on (default %(default)s)")
     bench.add_argument("--request", required=True, metavar="SPEC",
                        help=f"{REQUEST_FORMS}; 'largest' may stand for a client id")
     bench.add_argument("--methods", default="all", metavar="LIST",

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ids = sub.add_parser("ids", help="print the sample IDs of the current data version, one per line",
                          description="Print training-sample IDs of the scenario's current data version — what "
                                      "a deletion request names.")
-    ids.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    ids.add_argument("--scenario", default=DEFAULT_SCENARIO, help="the scenario whose sample IDs to list (default "
+                     "%(default)s)")
     ids.add_argument("--client", type=int, help="only this client's samples (HFL/DFL)")
     ids.add_argument("--limit", type=int, help="print at most N IDs")
     ids.set_defaults(handler=run_ids)

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     stop = actions.add_parser("stop", help="stop the workspace's own cluster (a DATABASE_URL server is left alone)")
     stop.set_defaults(handler=run_stop)
     url = actions.add_parser("url", help="the SQLAlchemy URL of a database (no password: ?passfile= names it)")
-    url.add_argument("database", choices=sorted(DRIVERS))
+    url.add_argument("database", choices=sorted(DRIVERS), help="which database: %(choices)s")
     url.set_defaults(handler=run_url)
     status = actions.add_parser("status", help="where the workspace's databases are and whether they answer")
     status.set_defaults(handler=run_status)

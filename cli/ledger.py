@@ -64,7 +64,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
 
 def run_repair(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.config import load_params
-    from fedunlearn.receipts import RECEIPTS_DIR, Receipt
+    from fedunlearn.receipts import RECEIPTS_DIR, load_receipt
     from fedunlearn.requests.catalog import source_resolver
     from fedunlearn.requests.folders import RequestFolders, batch_lock
     from fedunlearn.requests.integrity import repair_ledger
@@ -75,7 +75,7 @@ def run_repair(args: argparse.Namespace, root: Path) -> int:
     datasets = {name: cfg.dataset for name, cfg in params.scenarios.items()}
     receipts = {}
     for path in sorted((root / RECEIPTS_DIR).glob("*.json")):
-        receipt = Receipt.model_validate_json(path.read_text())
+        receipt = load_receipt(path)
         receipts[receipt.batch_id] = (receipt.data_version_before, receipt.data_version_after)
     with batch_lock(folders, rerun="fedunlearn ledger repair"):
         report = repair_ledger(folders, Ledger(root / LEDGER_PATH), datasets, receipts, source_resolver(params),

@@ -15,6 +15,7 @@ from cli.common import (DEFAULT_SCENARIO, describe_batch, erasure_status, prepar
 from fedunlearn.device import DEVICE_CHOICES
 
 HOLD_LOCK_TIMEOUT_S = 60.0  # a hold waits for a running batch, whose retirement step it must not race
+MAX_HOLD_REASON = 500  # characters: it is repeated in tags, the log, status and every receipt it concerns
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     retrain = sub.add_parser("retrain", help="retrain the reference model on the current data version",
                              description="The retrain-reference flow: train from scratch on the current data version "
                                          "and register the version with alias 'retrained' (kept if it exists).")
-    retrain.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    retrain.add_argument("--scenario", default=DEFAULT_SCENARIO, help="the scenario to retrain (default %(default)s)")
     retrain.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
     retrain.set_defaults(handler=run_retrain)
 
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "batch since the last exact retrain was forgotten with a certificate other "
                                        "than 'exact retrain' or 'formal (ε,δ)', retrain on the current data "
                                        "version, serve it (alias current) and mark those receipts exactly forgotten.")
-    repay.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    repay.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                       help="the scenario whose retrain debt to repay (default %(default)s)")
     repay.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")
     repay.add_argument("--only-due", action="store_true",
                        help="a federation in shards: retrain only the shards owed by a request whose latest safe start "
@@ -54,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "<scenario>-comparisons). The forget-set columns are on one deletion batch's "
                                          "forget set, named above the table: its source, unlearned and retrained "
                                          "versions side by side.")
-    compare.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    compare.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                         help="the scenario whose registered versions to compare (default %(default)s)")
     compare.add_argument("--batch", metavar="BATCH_ID",
                          help="the batch whose forget set the forget-set columns are on (default: the newest batch "
                               "with a receipt)")
@@ -85,13 +88,16 @@ def register_hold(sub: argparse._SubParsersAction) -> None:
                                       "`fedunlearn status` with the requests the version still holds, and said on "
                                       "those requests' receipts.")
     hold.add_argument("version", metavar="VERSION", help="the registered version, e.g. 1 or v1")
-    hold.add_argument("--reason", required=True, help="why it is kept (said in status, receipts and the log)")
-    hold.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    hold.add_argument("--reason", required=True, help=f"why it is kept: one line of plain text, at most {MAX_HOLD_REASON} "
+                      "characters (said in status, receipts and the log)")
+    hold.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                      help="the scenario whose registered model VERSION is (default %(default)s)")
     hold.set_defaults(handler=run_hold)
 
 
 def add_process_arguments(process: argparse.ArgumentParser) -> None:
-    process.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    process.add_argument("--scenario", default=DEFAULT_SCENARIO,
+                         help="the scenario whose pending deletion requests to forget (default %(default)s)")
     process.add_argument("--method", default="auto",
                          help="unlearning method (default auto: puf-special for HFL, fedora for VFL class "
                               "requests and ga for VFL sample requests, certified-dfu for DFL)")
@@ -203,11 +209,12 @@ def run_hold(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)
     from fedunlearn.errors import InputError
     from fedunlearn.requests.model import utc_now
+    from fedunlearn.user_files import plain_note
     from stores.workspace import Workspace
     from tasks.retirement import hold_version
 
     version = args.version.removeprefix("v")
-    reason = args.reason.strip()
+    reason = plain_note(args.reason, "--reason", MAX_HOLD_REASON)
     if not version.isdigit() or not reason:
         raise InputError(f"`fedunlearn hold {args.version} --reason {args.reason!r}`: give a version number (e.g. 1) "
                          "and a non-empty reason")

@@ -27,14 +27,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                            "('-' reads standard input)")
     client = kinds.add_parser("client", help="forget every sample of one client (HFL/DFL)",
                               description="Forget all training samples one client holds in the scenario's partition.")
-    client.add_argument("--client", type=int, required=True, metavar="N")
+    client.add_argument("--client", type=int, required=True, metavar="N",
+                        help="the client's number in the scenario's partition: 0 to partition.num_clients - 1")
     label = kinds.add_parser("class", help="forget every training sample of one class",
                              description="Forget all training samples of a class (test samples stay, to measure "
                                          "the forgetting).")
-    label.add_argument("--label", type=int, required=True, metavar="L")
+    label.add_argument("--label", type=int, required=True, metavar="L", help="the class label, e.g. 3")
     for parser, kind in ((samples, "sample"), (client, "client"), (label, "class")):
         parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
-        parser.add_argument("--reason", help="optional note kept with the request")
+        parser.add_argument("--reason", help="optional note kept with the request: one line of plain text, at most "
+                                              "2000 characters")
         parser.add_argument("--deadline", metavar="ISO8601", help="when it must be forgotten by, an ISO 8601 time "
                             "after now, e.g. 2026-12-01T00:00Z (default: requests.deadline_days of params.yaml after "
                             "submission); a number, a time before now or one with no UTC form is refused (exit 2)")
@@ -99,13 +101,17 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.config import load_params
     from fedunlearn.requests.folders import RequestFolders
     from fedunlearn.requests.inbox import submit_request
-    from fedunlearn.requests.model import SUBJECT_FIELDS, RequestKind, build_request
+    from fedunlearn.requests.model import MAX_REASON_LENGTH, SUBJECT_FIELDS, RequestKind, build_request
+    from fedunlearn.user_files import plain_note
 
-    load_params(root / "params.yaml").scenario(args.scenario)
+    config = load_params(root / "params.yaml").scenario(args.scenario)
     kind = RequestKind(args.request_kind)
+    if kind is RequestKind.CLIENT:
+        require_client(config, args.scenario, args.client)
     field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
     subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
-    request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject,
+    reason = None if args.reason is None else plain_note(args.reason, "--reason", MAX_REASON_LENGTH)
+    request = build_request({"kind": kind, "scenario": args.scenario, "reason": reason, field: subject,
                              "deadline": args.deadline})
     if kind is RequestKind.SAMPLE:
         require_known_ids(root, args.scenario, request.sample_ids)
@@ -114,6 +120,20 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only "
           f"delete the data: `fedunlearn ingest --scenario {args.scenario}`)", file=sys.stderr)
     return 0
+
+
+def require_client(config, scenario: str, client: int) -> None:
+    """A client request names a client of the scenario's partition; checked before anything is written
+    (the batch would only quarantine it later, or find the client "already deleted")."""
+    from fedunlearn.errors import InputError
+
+    if config.setting == "vfl":
+        raise InputError(f"{scenario} is vertical (VFL): its parties share every sample ID, so a client request names "
+                         "no samples; request the sample IDs instead (`fedunlearn request samples`); nothing was written")
+    count = config.partition.num_clients
+    if not 0 <= client < count:
+        raise InputError(f"--client {client}: {scenario} has clients 0 to {count - 1} (partition.num_clients: "
+                         f"{count}); give one of them; nothing was written")
 
 
 def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help="the scenario of params.yaml to train (default "
+                        "%(default)s)")
     parser.add_argument("--rounds", type=int, help="override params.yaml's train.rounds")
     parser.add_argument("--local-epochs", type=int, help="override params.yaml's train.local_epochs")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="override params.yaml's device")

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "salted commitment to its sample IDs, the salt included: the file tells "
                                          "those IDs to whoever holds it), the batch's statements, their inclusion "
                                          "proofs and the signed head (C2SP tlog-proof).")
-    receipt.add_argument("request_id", metavar="REQUEST_ID")
+    receipt.add_argument("request_id", metavar="REQUEST_ID", help="the request's ID, as `fedunlearn request` printed it")
     receipt.add_argument("--out", required=True, type=Path, metavar="FILE",
                          help="where to write the receipt: a new file (never a link or a directory)")
     receipt.add_argument("--force", action="store_true", help="replace FILE if it exists")
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "of the batch's statements and, with --since, that the log OLD saw is a "
                                         "prefix of the log FILE's head signs. Prints the key ID it verified against.",
                             epilog=VERIFY_EPILOG)
-    verify.add_argument("file", type=Path, metavar="FILE")
+    verify.add_argument("file", type=Path, metavar="FILE", help="the receipt (`fedunlearn receipt --out FILE` wrote it)")
     verify.add_argument("--public-key", required=True, type=Path, metavar="KEY",
                         help="the log's verifier key (data/transparency/log.pub of the operator's workspace)")
     verify.add_argument("--key-id", metavar="HEX", help="the key ID (8 hex digits) you were given for the log, "

@@ -4,17 +4,44 @@ pydantic models validate it and are what flows, the CLI and the Prefect UI forms
 from __future__ import annotations
 
 import copy
+import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError,
+                      field_validator, model_validator)
 
+from fedunlearn.config_errors import describe_validation
 from fedunlearn.errors import InputError
+from fedunlearn.params_yaml import YamlSyntax, load_bounded
 from fedunlearn.user_files import read_capped
 
 Setting = Literal["hfl", "vfl", "dfl"]
+
+# Strict scalars: lax pydantic reads `shards: "3"` as 3 and `shards: true` as 1, silently. A float
+# field still takes an integer (`lr: 1`); none takes a quoted number, a boolean, inf or nan.
+Int = Annotated[int, Strict()]
+Number = Annotated[float, Strict(), AllowInfNan(False)]
+Flag = Annotated[bool, Strict()]
+Seed = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]  # NumPy's legacy seeding takes 32 bits
+# A scenario or dataset name becomes a folder, a file and a registered model's name: no '/', no
+# leading '.' (the same rule as a request's scenario, fedunlearn.requests.model).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_RULE = "1-64 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit"
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+_NAME = re.compile(NAME_PATTERN)
+# Upper bounds keep every later computation finite (a deadline of 1e308 days overflowed `status`)
+# while staying far above any real setting.
+MAX_DAYS = 3650
+MAX_HOURS = MAX_DAYS * 24
+MAX_ROUNDS = 1_000_000
+MAX_EPOCHS = 100_000
+MAX_BATCH_SIZE = 1 << 20
+MAX_CLIENTS = 100_000
+MAX_THREADS = 1024
+MAX_COUNT = 1_000_000_000
+MAX_REFERENCES = 4096
 
 
 class ForgettingPolicy(str, Enum):
@@ -33,26 +60,26 @@ class _Strict(BaseModel):
 class TrainConfig(_Strict):
     """Federated training hyperparameters (FedAvg as server SGD on pseudo-gradients)."""
 
-    rounds: int = Field(20, ge=1, description="communication rounds")
-    local_epochs: int = Field(1, ge=1, description="epochs each client trains per round")
-    lr: float = Field(0.05, gt=0, description="client SGD learning rate")
-    batch_size: int = Field(32, ge=1)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    client_fraction: float = Field(1.0, gt=0, le=1, description="share of clients sampled per round")
-    server_lr: float = Field(1.0, gt=0, description="η_s: w ← w + η_s Σ_i (n_i/n)(w_i − w)")
+    rounds: Int = Field(20, ge=1, le=MAX_ROUNDS, description="communication rounds")
+    local_epochs: Int = Field(1, ge=1, le=MAX_EPOCHS, description="epochs each client trains per round")
+    lr: Number = Field(0.05, gt=0, description="client SGD learning rate")
+    batch_size: Int = Field(32, ge=1, le=MAX_BATCH_SIZE)
+    momentum: Number = Field(0.0, ge=0, lt=1)
+    client_fraction: Number = Field(1.0, gt=0, le=1, description="share of clients sampled per round")
+    server_lr: Number = Field(1.0, gt=0, description="η_s: w ← w + η_s Σ_i (n_i/n)(w_i − w)")
 
 
 class PartitionConfig(_Strict):
     """How the data is split (the DVC ``partition`` stage's parameters)."""
 
     scheme: Literal["iid", "dirichlet", "vertical"] = "dirichlet"
-    num_clients: int = Field(10, ge=1, description="clients (HFL/DFL) or parties (VFL)")
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
-    test_fraction: float = Field(0.2, ge=0, lt=1, description="share of samples held out for testing")
+    num_clients: Int = Field(10, ge=1, le=MAX_CLIENTS, description="clients (HFL/DFL) or parties (VFL)")
+    alpha: Number = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
+    test_fraction: Number = Field(0.2, ge=0, lt=1, description="share of samples held out for testing")
     features: str = Field("raw", pattern=r"^(raw|pca[1-9][0-9]*)$",
                           description="raw, or pca<k>: the first k principal components (fit on the held-out split)")
-    unit_norm: bool = Field(False, description="scale every sample to unit L2 norm (bounded features, R = 1)")
-    canary_fraction: float = Field(0.0, ge=0, lt=0.5, description="share of training samples that become "
+    unit_norm: Flag = Field(False, description="scale every sample to unit L2 norm (bounded features, R = 1)")
+    canary_fraction: Number = Field(0.0, ge=0, lt=0.5, description="share of training samples that become "
                                    "mislabelled canaries (a wrong label drawn per ID; their IDs are listed in the "
                                    "partition manifest): a membership signal an audit can measure. HFL/DFL only")
 
@@ -62,8 +89,8 @@ class TopologyConfig(_Strict):
     until connected. Not data, so not a DVC partition parameter."""
 
     kind: Literal["ring", "er"] = "ring"
-    p: float = Field(0.3, gt=0, le=1, description="Erdős–Rényi edge probability")
-    seed: int | None = Field(None, description="Erdős–Rényi seed (None: the params' global seed)")
+    p: Number = Field(0.3, gt=0, le=1, description="Erdős–Rényi edge probability")
+    seed: Seed | None = Field(None, description="Erdős–Rényi seed (None: the params' global seed)")
 
 
 class Runtime(str, Enum):
@@ -78,22 +105,22 @@ class Runtime(str, Enum):
 
 
 class ScenarioConfig(_Strict):
-    dataset: str
+    dataset: Name
     setting: Setting
     model: str = "cnn"
-    l2: float = Field(0.0, ge=0, description="L2 regularisation in the per-sample objective (logreg)")
+    l2: Number = Field(0.0, ge=0, description="L2 regularisation in the per-sample objective (logreg)")
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     topology: TopologyConfig | None = Field(None, description="DFL only (default: a ring)")
     train: TrainConfig = Field(default_factory=TrainConfig)
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads while the benchmark and the deletion "
+    threads: Int | None = Field(None, ge=1, le=MAX_THREADS, description="torch intra-op threads while the benchmark and the deletion "
                                 "batches compute (None: torch's default, one per core); 1 suits models whose steps "
                                 "are too small for a second thread to pay off")
     runner: Runtime = Field(Runtime.in_process, description="the engine of training and unlearning: in-process (our "
                            "loop), flower (a local Flower deployment) or flower-simulation; Flower is HFL only")
-    shards: int = Field(1, ge=1, description="K: the clients split into K shards, each training its own FedAvg model, "
+    shards: Int = Field(1, ge=1, le=MAX_CLIENTS, description="K: the clients split into K shards, each training its own FedAvg model, "
                         "served as their ensemble; exact forgetting retrains only the shards that held a deleted sample "
                         "(fedunlearn/sharded_federation.py, docs/shards.md). 1: one federation. HFL, in-process only")
-    shards_vectorised: bool | None = Field(None, description="train the shards together as one vectorised batch "
+    shards_vectorised: Flag | None = Field(None, description="train the shards together as one vectorised batch "
                                            "(torch.func.vmap; federation/stacked_fedavg.py): True, False, or None: "
                                            "where a CUDA device is present")
 
@@ -120,24 +147,24 @@ class ScenarioConfig(_Strict):
 class RequestsConfig(_Strict):
     """How the inbox treats request files."""
 
-    inbox_grace_seconds: float = Field(300.0, ge=0, description="a file that does not parse yet and changed less "
+    inbox_grace_seconds: Number = Field(300.0, ge=0, le=MAX_HOURS * 3600, description="a file that does not parse yet and changed less "
                                        "than this long ago is taken to be still being written: it waits for the "
                                        "next run instead of going to quarantine")
-    deadline_days: float = Field(30.0, gt=0, description="a request's deadline when it names none: this long after "
+    deadline_days: Number = Field(30.0, gt=0, le=MAX_DAYS, description="a request's deadline when it names none: this long after "
                                  "submitted_at (GDPR Art. 12(3): one month)")
-    urgent_hours: float = Field(72.0, ge=0, description="a request due within this long is urgent: submitting it "
+    urgent_hours: Number = Field(72.0, ge=0, le=MAX_HOURS, description="a request due within this long is urgent: submitting it "
                                 "starts a batch at once")
-    batch_threshold: int = Field(10, ge=1, description="this many requests submitted within batch_window_hours "
+    batch_threshold: Int = Field(10, ge=1, le=MAX_COUNT, description="this many requests submitted within batch_window_hours "
                                  "start a batch")
-    batch_window_hours: float = Field(1.0, gt=0, description="the window of batch_threshold")
-    max_wait_hours: float = Field(24.0, gt=0, description="a request still pending this long after its submission "
+    batch_window_hours: Number = Field(1.0, gt=0, le=MAX_HOURS, description="the window of batch_threshold")
+    max_wait_hours: Number = Field(24.0, gt=0, le=MAX_HOURS, description="a request still pending this long after its submission "
                                   "starts a batch")
-    max_retrain_debt: int = Field(50, ge=0, description="requests forgotten only approximately (no exact retrain "
+    max_retrain_debt: Int = Field(50, ge=0, le=MAX_COUNT, description="requests forgotten only approximately (no exact retrain "
                                   "since) above which a deletion batch repays the debt with an exact retrain")
-    exact_safety_factor: float = Field(2.0, ge=1, description="the exact retrain that repays interim forgetting is "
+    exact_safety_factor: Number = Field(2.0, ge=1, le=100, description="the exact retrain that repays interim forgetting is "
                                        "scheduled this many times its last measured duration before the earliest "
                                        "owed deadline")
-    exact_margin_hours: float = Field(6.0, ge=0, description="and this much earlier again: room for a failed run "
+    exact_margin_hours: Number = Field(6.0, ge=0, le=MAX_HOURS, description="and this much earlier again: room for a failed run "
                                       "to be retried before the deadline")
 
 
@@ -148,24 +175,24 @@ PER_EXAMPLE_VARIANCE_MIN_REFERENCES = 64
 class AuditConfig(_Strict):
     """How the references are trained and the audit judged (defaults are the documented ones)."""
 
-    num_references: int = Field(4, ge=2, description="K reference models (≥ 2: a variance needs two)")
-    reference_pool_fraction: float = Field(
+    num_references: Int = Field(4, ge=2, le=MAX_REFERENCES, description="K reference models (≥ 2: a variance needs two)")
+    reference_pool_fraction: Number = Field(
         0.5, gt=0, lt=1, description="share of the held-out split in pool A, the references' training pool; "
         "the rest (pool B) supplies the non-members")
-    subset_fraction: float = Field(0.5, gt=0, le=1,
+    subset_fraction: Number = Field(0.5, gt=0, le=1,
                                    description="share of pool A each reference trains on (its own seeded subset)")
-    epochs: int = Field(20, ge=1, description="central SGD epochs per reference")
-    lr: float = Field(0.05, gt=0, description="SGD learning rate of the references")
-    batch_size: int = Field(32, ge=1, description="SGD mini-batch size of the references")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum of the references")
-    alpha: float = Field(0.05, gt=0, lt=0.5, description="error rate of the verdict: an exact retrain is "
+    epochs: Int = Field(20, ge=1, le=MAX_EPOCHS, description="central SGD epochs per reference")
+    lr: Number = Field(0.05, gt=0, description="SGD learning rate of the references")
+    batch_size: Int = Field(32, ge=1, le=MAX_BATCH_SIZE, description="SGD mini-batch size of the references")
+    momentum: Number = Field(0.9, ge=0, lt=1, description="SGD momentum of the references")
+    alpha: Number = Field(0.05, gt=0, lt=0.5, description="error rate of the verdict: an exact retrain is "
                          "called 'not forgotten' with probability ≤ alpha")
-    tolerance: float = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
+    tolerance: Number = Field(0.05, ge=0, lt=0.5, description="the forget set counts as forgotten while its AUC "
                              "against never-seen samples is ≤ 0.5 + tolerance")
-    equivalence_beta: float = Field(
+    equivalence_beta: Number = Field(
         0.01, gt=0, lt=0.5, description="the interim tier's audit: the rate at which a candidate that looks like "
         "a retrain (true AUC 0.5) may be held back; sizes the equivalence margin to the audit's counts")
-    fixed_variance: bool | None = Field(
+    fixed_variance: Flag | None = Field(
         None, description="one σ pooled over pool B (True) or a σ per example (False); None: pooled below "
         f"{PER_EXAMPLE_VARIANCE_MIN_REFERENCES} references (Carlini et al. 2022)")
 
@@ -182,18 +209,26 @@ class MlflowConfig(_Strict):
 
 
 class Params(_Strict):
-    seed: int = 0
+    seed: Seed = 0
     device: str = "auto"
     forgetting_policy: ForgettingPolicy = Field(
         ForgettingPolicy.interim, description="interim: an approximate version that fails no check serves at once, "
         "an exact retrain is scheduled before the earliest deadline; strict: escalate until a version passes every "
         "check (an exact retrain at worst)")
-    prepare: list[str] = Field(default_factory=list, description="datasets the prepare stage writes")
+    prepare: list[Name] = Field(default_factory=list, description="datasets the prepare stage writes")
     datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
     requests: RequestsConfig = Field(default_factory=RequestsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig, description="the per-example forgetting audit")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="the MLflow tracking store")
-    scenarios: dict[str, ScenarioConfig]
+    scenarios: dict[Name, ScenarioConfig]
+
+    @field_validator("datasets")
+    @classmethod
+    def _dataset_names(cls, datasets: dict) -> dict:
+        bad = [name for name in datasets if not isinstance(name, str) or not _NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"the dataset name {bad[0]!r} is not a name: use {NAME_RULE}")
+        return datasets
 
     def scenario(self, name: str) -> ScenarioConfig:
         if name not in self.scenarios:
@@ -220,22 +255,21 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     try:
         return Params.model_validate(copy.deepcopy(_PARSED[text]))
     except ValidationError as err:
-        raise InputError(f"{path} is invalid:\n{err}\nFix these fields in {path} and run the command again") from err
+        problems = describe_validation(err, Params, {NAME_PATTERN: f"is not a name: use {NAME_RULE}"})
+        raise InputError(f"{path}: {problems}. Fix it in {path} and run the command again; nothing was changed") from None
 
 
 def _parse_yaml(path: Path, text: bytes) -> Any:
     """The YAML document, or ``InputError`` naming the file, the line and column, and the problem
     (YAML's own message names only ``<byte string>``)."""
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "an unknown place"
-        problem = " ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None))
-                           if part) or str(err)
-        raise InputError(f"{path} is not valid YAML at {where}: {problem}. Fix the syntax there (indentation, a "
-                         "missing ':' or closing quote or bracket; compare with the project's params.yaml) and run "
-                         "the command again; nothing was changed") from None
+        document = load_bounded(text)
+    except YamlSyntax as err:
+        if not err.problem.syntax:
+            raise InputError(f"{path} is refused at {err}, then run the command again; nothing was changed") from None
+        raise InputError(f"{path} is not valid YAML at {err}. Fix the syntax there (indentation, a missing ':' or "
+                         "closing quote or bracket; compare with the project's params.yaml) and run the command "
+                         "again; nothing was changed") from None
     if document is not None and not isinstance(document, dict):
         raise InputError(f"{path} must be a YAML mapping (keys such as `seed:`, `datasets:`, `scenarios:`), not a "
                          f"{type(document).__name__}: fix the file and run the command again")

@@ -15,11 +15,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedunlearn.benchmark.report import markdown_table
 from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
 from fedunlearn.certify.gates import NO_OP_CHECK, GateOutcome
+from fedunlearn.errors import StateDamaged
 from fedunlearn.evaluation.records import VERSION_METRICS
 from fedunlearn.requests.folders import RECEIPTS_DIR, write_text_atomic
 from fedunlearn.requests.model import utc_now
@@ -338,9 +339,26 @@ def owes_retrain(receipt: Receipt) -> bool:
     return receipt.outcome == UNLEARNED and approximate and receipt.exactly_forgotten is None
 
 
+def parse_receipt(content: str | bytes, where: str | Path) -> Receipt:
+    """The receipt ``content`` holds; ``StateDamaged`` naming ``where`` (its file) when it is not one
+    (cut short, edited by hand), not pydantic's "validation error for Receipt" that names no file."""
+    try:
+        return Receipt.model_validate_json(content)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise StateDamaged(f"{where} is not a readable receipt ({f'{field}: ' if field else ''}{first['msg']}): "
+                           "restore it from the DVC remote (`fedunlearn restore`) or a backup, then run the command "
+                           "again") from None
+
+
+def load_receipt(path: Path) -> Receipt:
+    return parse_receipt(path.read_bytes(), path)
+
+
 def read_receipts(root: Path, scenario: str) -> list[Receipt]:
     """Every receipt of ``scenario``, oldest first."""
-    receipts = [Receipt.model_validate_json(p.read_text()) for p in (Path(root) / RECEIPTS_DIR).glob("*.json")]
+    receipts = [load_receipt(p) for p in (Path(root) / RECEIPTS_DIR).glob("*.json")]
     return sorted((r for r in receipts if r.scenario == scenario), key=lambda r: r.created_at)
 
 
@@ -358,4 +376,4 @@ def write_receipt(root: Path, receipt: Receipt) -> Path:
 
 def read_receipt(root: Path, batch_id: str) -> Receipt | None:
     path = receipt_path(root, batch_id)
-    return Receipt.model_validate_json(path.read_text()) if path.is_file() else None
+    return load_receipt(path) if path.is_file() else None

@@ -32,3 +32,18 @@ def read_stream(handle: BinaryIO, name: str, what: str, limit: int, advice: str,
     if len(data) > limit:
         raise error(f"{name} is larger than {describe_size(limit)}, the limit for {what}: {advice}")
     return data
+
+
+def plain_note(text: str, flag: str, limit: int) -> str:
+    """A note typed on the command line (a hold's reason): stripped, one line of printable characters,
+    at most ``limit`` of them. An escape code would act on every terminal that later shows the note
+    (status, receipts, the log), so it is refused, naming the first one, rather than kept."""
+    note = text.strip()
+    at = next((i for i, char in enumerate(note) if not char.isprintable()), None)
+    if at is not None:
+        raise InputError(f"{flag} holds a control character ({note[at]!r}, character {at + 1}): give plain text on one "
+                         "line; nothing was changed")
+    if len(note) > limit:
+        raise InputError(f"{flag} is {len(note)} characters long, over the limit of {limit}: shorten it (a case "
+                         "number and a few words); nothing was changed")
+    return note

@@ -38,7 +38,7 @@ from typing import Iterator
 import yaml
 
 from fedunlearn.errors import BatchFailed, FedunlearnError, InputError, StateDamaged
-from fedunlearn.receipts import RECEIPTS_DIR, Receipt
+from fedunlearn.receipts import RECEIPTS_DIR, Receipt, parse_receipt
 from fedunlearn.requests.folders import REQUESTS_DIR, RequestFolders
 from fedunlearn.requests.integrity import check_ledger
 from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
@@ -440,7 +440,7 @@ def _restore(root: Path, url: str, tracking_uri: str | None) -> Restored:
     stages = locked_stages(root)
     if stages:
         run_dvc(root, ["pull", "-q", *stages])
-    receipts = [Receipt.model_validate_json(content) for name, content in files.items()
+    receipts = [parse_receipt(content, f"{name} (in the snapshot)") for name, content in files.items()
                 if name.startswith(f"{Path(RECEIPTS_DIR).as_posix()}/")]
     owed = _owed_versions(folders, {r.batch_id for r in receipts})
     fetched = _fetch_versions(root, owed) if owed else []

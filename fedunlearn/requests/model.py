@@ -29,6 +29,7 @@ MAX_REQUEST_BYTES = 10 * 1024 * 1024
 MAX_FUTURE = timedelta(days=1)
 MAX_IDS_PER_REQUEST = 100_000
 MAX_SAMPLE_ID_LENGTH = 512
+MAX_REASON_LENGTH = 2000
 # A request ID doubles as a file name (<request_id>.json): a safe charset, no leading dot, no "..".
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SCENARIO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -109,7 +110,7 @@ class DeletionRequestModel(BaseModel):
     submitted_at: datetime = Field(default_factory=utc_now, description="when the request was made (UTC)")
     deadline: datetime | None = Field(None, description="when it must be forgotten by (UTC; default: submitted_at "
                                                         "+ requests.deadline_days of params.yaml, one month)")
-    reason: str | None = Field(None, max_length=2000, description="optional note kept with the request")
+    reason: str | None = Field(None, max_length=MAX_REASON_LENGTH, description="optional note kept with the request")
 
     @field_validator("request_id", mode="before")
     @classmethod

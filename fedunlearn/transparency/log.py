@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 from filelock import FileLock
 
-from fedunlearn.receipts import Receipt
+from fedunlearn.receipts import Receipt, load_receipt
 from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.ledger import LedgerEntry, content_checksum
 from fedunlearn.transparency import merkle
@@ -525,7 +525,7 @@ def all_receipts(root: Path) -> list[Receipt]:
     """Every batch receipt of the workspace, of every scenario."""
     from fedunlearn.requests.folders import RECEIPTS_DIR
 
-    return [Receipt.model_validate_json(p.read_text()) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
+    return [load_receipt(p) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
 
 
 def sync_workspace(root: Path, model_hash: ModelHash | None = None, published: Iterable[tuple[str, str]] = ()
