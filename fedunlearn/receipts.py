@@ -340,8 +340,22 @@ def owes_retrain(receipt: Receipt) -> bool:
 
 def read_receipts(root: Path, scenario: str) -> list[Receipt]:
     """Every receipt of ``scenario``, oldest first."""
-    receipts = [Receipt.model_validate_json(p.read_text()) for p in (Path(root) / RECEIPTS_DIR).glob("*.json")]
+    receipts = [read_receipt_file(p) for p in (Path(root) / RECEIPTS_DIR).glob("*.json")]
     return sorted((r for r in receipts if r.scenario == scenario), key=lambda r: r.created_at)
+
+
+def read_receipt_file(path: Path) -> Receipt:
+    """A receipt file read back; one that does not is damage named by its path (``StateDamaged``)."""
+    from pydantic import ValidationError
+
+    from fedunlearn.errors import StateDamaged
+
+    try:
+        return Receipt.model_validate_json(path.read_text())
+    except (ValidationError, UnicodeDecodeError) as err:
+        why = err.errors()[0]["msg"] if isinstance(err, ValidationError) else "not UTF-8"
+        raise StateDamaged(f"the receipt {path} does not read back ({why}): restore it from the DVC remote "
+                           "(`fedunlearn restore`) or a backup; nothing was changed") from None
 
 
 def receipt_path(root: Path, batch_id: str) -> Path:
