@@ -212,12 +212,12 @@ def batch_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
     serving = receipt.models.get("unlearned") if receipt.promoted else receipt.models.get("current")
     digest = model_hash(receipt.scenario, serving.version) if serving and model_hash else None
     return canonical({"type": BATCH, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
-                      "receipt_created_at": _time(receipt.created_at), "request_count": len(receipt.request_ids),
+                      "receipt_created_at": leaf_time(receipt.created_at), "request_count": len(receipt.request_ids),
                       "data_version_before": receipt.data_version_before,
                       "data_version_after": receipt.data_version_after, "outcome": receipt.outcome,
                       "method": receipt.method, "guarantee": receipt.guarantee,
                       "promoted": receipt.promoted, "forgetting": receipt.forgetting,
-                      "exact_due": _time(receipt.exact_due),
+                      "exact_due": leaf_time(receipt.exact_due),
                       "serving": {"version": serving.version, "data_version": serving.data_version,
                                   "model_sha256": digest} if serving else None})
 
@@ -225,11 +225,11 @@ def batch_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
 def exact_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
     done = receipt.exactly_forgotten
     return canonical({"type": EXACT, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
-                      "at": _time(done.at), "version": done.version, "by": done.by,
+                      "at": leaf_time(done.at), "version": done.version, "by": done.by,
                       "model_sha256": model_hash(receipt.scenario, done.version) if model_hash else None})
 
 
-def _time(value) -> str | None:
+def leaf_time(value) -> str | None:
     return value.isoformat() if value is not None else None
 
 

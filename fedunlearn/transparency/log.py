@@ -36,7 +36,7 @@ from fedunlearn.receipts import Receipt
 from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.ledger import LedgerEntry, content_checksum
 from fedunlearn.transparency import merkle
-from fedunlearn.transparency.backing import (Backing, ModelHash, _time, batch_leaf, exact_leaf,  # noqa: F401
+from fedunlearn.transparency.backing import (Backing, ModelHash, batch_leaf, exact_leaf, leaf_time,  # noqa: F401
                                              unbacked_leaves, version_statements)
 from fedunlearn.transparency.failures import LogRewritten, ReceiptMalformed
 from fedunlearn.transparency.note import Checkpoint, Signer, Verifier, open_checkpoint, parse_vkey, split_note
@@ -91,8 +91,8 @@ def deletion_leaf(entry: LedgerEntry, salt: bytes) -> bytes:
     ids = sorted(set(entry.sample_ids) | set(entry.merged_ids))
     return canonical({"type": DELETION, "request_id": entry.request_id, "batch_id": entry.batch_id,
                       "scenario": entry.scenario, "kind": entry.kind.value if entry.kind else None,
-                      "submitted_at": _time(entry.submitted_at), "applied_at": _time(entry.applied_at),
-                      "deadline": _time(entry.deadline),
+                      "submitted_at": leaf_time(entry.submitted_at), "applied_at": leaf_time(entry.applied_at),
+                      "deadline": leaf_time(entry.deadline),
                       "ledger_commitment": ledger_commitment(salt, entry_checksum(entry)),
                       "ids_count": len(ids), "ids_commitment": ids_commitment(salt, ids)})
 
