@@ -502,7 +502,8 @@ def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: li
              model_hash: ModelHash | None, backing: Backing | None = None) -> list[LeafRecord]:
     """The leaves the ledger, receipts and registry call for that the log lacks, in the order they
     happened: ledger entries first, then each receipt whose requests are all logged, then exact
-    forgetting, then the retirements and holds the registry holds (``backing.versions``)."""
+    forgetting, then the retirements and holds the registry holds (``backing.versions``). A receipt
+    without its batch record is not logged: no record would back its statements."""
     logged = {r.key for r in records if r.kind == "deletion"}
     batches = {r.key for r in records if r.kind == "batch"}
     exact = {r.key for r in records if r.kind == "exact"}
@@ -516,7 +517,8 @@ def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: li
         add("deletion", entry.request_id, deletion_leaf(entry, salt), salt)
         logged.add(entry.request_id)
     for receipt in sorted(receipts, key=lambda r: r.created_at):
-        if receipt.batch_id not in batches and receipt.request_ids and set(receipt.request_ids) <= logged:
+        recorded = backing is None or receipt.batch_id in backing.batch_records  # else it would be refused
+        if receipt.batch_id not in batches and receipt.request_ids and set(receipt.request_ids) <= logged and recorded:
             add("batch", receipt.batch_id, batch_leaf(receipt, model_hash))
             batches.add(receipt.batch_id)
         if receipt.exactly_forgotten is not None and receipt.batch_id in batches and receipt.batch_id not in exact:
