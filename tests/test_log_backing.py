@@ -159,7 +159,8 @@ def test_hold_on_a_damaged_log_writes_nothing_and_keeps_the_evidence(trained_dig
     assert call_cli(root, "ledger", "verify").status == 4
 
 
-def test_process_refuses_a_forged_leaf_before_it_takes_anything(trained_digits_hfl):
+def test_process_refuses_a_forged_leaf_before_it_takes_anything(trained_digits_hfl, prefect_server):
+    """On the session's Prefect server (the flow's own would start one: most of a minute)."""
     root = trained_digits_hfl
     batch_id = logged_interim(root)
     from fedunlearn.receipts import read_receipt
