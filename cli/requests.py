@@ -186,7 +186,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
 def run_status(args: argparse.Namespace, root: Path) -> int:
     from cli.text import plain
-    from fedunlearn.errors import RequestOverdue
+    from fedunlearn.errors import RequestOverdue, StateDamaged
     from runtime.local_server import served_prefect_api
     from tasks.status import deletion_status
     from stores.workspace import Workspace
@@ -199,4 +199,6 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
     warning = status.repayment_warning()
     if warning:  # a warning, not an exit status: status exits non-zero only once a deadline is missed (9)
         print(f"warning: {warning}", file=sys.stderr)
+    if status.health:  # the health check: damage or a version that must not serve, each printed with its fix
+        return StateDamaged.exit_code
     return RequestOverdue.exit_code if status.overdue else 0

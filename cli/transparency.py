@@ -157,12 +157,12 @@ def refuse_quarantined(root: Path, request_id: str) -> None:
 
 def run_receipt(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.errors import InputError
-    from fedunlearn.transparency.log import read_verifier, sync_workspace
+    from fedunlearn.transparency.log import read_verifier
     from fedunlearn.transparency.proofs import build_receipt, verify_receipt
-    from stores.transparency import weights_sha256
+    from stores.transparency import signed_log
 
     _check_out(args.out, args.force)
-    log = sync_workspace(root, weights_sha256(root), _published(root))
+    log = signed_log(root)
     try:
         text = build_receipt(log, args.request_id)
     except InputError:
@@ -214,14 +214,13 @@ def _verify(args: argparse.Namespace) -> list[str]:
 
 
 def run_prove_consistency(args: argparse.Namespace, root: Path) -> int:
-    from fedunlearn.transparency.log import sync_workspace
     from fedunlearn.transparency.proofs import prove_consistency
     from fedunlearn.transparency.untrusted import RECEIPT_LIMIT, read_text
-    from stores.transparency import weights_sha256
+    from stores.transparency import signed_log
 
     kept = read_text(args.since, "a receipt or tree head", RECEIPT_LIMIT)
     _check_out(args.out, args.force)
-    log = sync_workspace(root, weights_sha256(root), _published(root))
+    log = signed_log(root)
     text = prove_consistency(log, kept, str(args.since), args.request)
     _write_out(args.out, text, args.force)
     print(f"wrote {args.out}: today's signed head, the consistency proof from {args.since} and the inclusion proof")
@@ -231,11 +230,11 @@ def run_prove_consistency(args: argparse.Namespace, root: Path) -> int:
 def run_new_log(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
     from fedunlearn.transparency.log import TransparencyLog, all_receipts
-    from stores.transparency import publish_tree_head, weights_sha256
+    from stores.transparency import publish_tree_head, weights_sha256, workspace_backing
 
     published = _published(root)
     old, new = TransparencyLog(root).start_new_log(Ledger(root / LEDGER_PATH).entries(), all_receipts(root),
-                                                   weights_sha256(root), published)
+                                                   weights_sha256(root), published, workspace_backing(root))
     print(f"NEW MERKLE LOG: {new} replaces {old}; the old log's files are kept as data/transparency/retired-*. "
           "Receipts signed by the old log do not extend to the new one: tell their holders")
     print("\n".join(publish_tree_head(root).lines()))
@@ -246,12 +245,17 @@ def log_check_lines(root: Path, entries) -> tuple[bool, list[str]]:
     """``ledger verify``'s lines on the Merkle log (against the published heads too), and whether it is intact."""
     from fedunlearn.transparency.failures import LogRewritten
     from fedunlearn.transparency.log import TransparencyLog
+    from stores.transparency import workspace_backing
 
     try:
         published, unread = _published(root), []
     except LogRewritten as err:
         published, unread = [], [f"Merkle log: {err}"]
-    check = TransparencyLog(root).check(entries, published)
+    try:
+        backing = workspace_backing(root)
+    except LogRewritten as err:  # a receipt that does not read back: the leaves about it cannot be checked
+        backing, unread = None, unread + [f"Merkle log: {err}"]
+    check = TransparencyLog(root).check(entries, published, backing)
     return not check.problems and not unread, check.lines() + unread
 
 
@@ -263,18 +267,18 @@ def after_repair(args: argparse.Namespace, root: Path) -> int | None:
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
     from fedunlearn.transparency.failures import LogRewritten
     from fedunlearn.transparency.log import TransparencyLog, all_receipts, sync_workspace
-    from stores.transparency import weights_sha256
+    from stores.transparency import weights_sha256, workspace_backing
 
     published = _published(root)
     try:
-        sync_workspace(root, weights_sha256(root), published)
+        sync_workspace(root, weights_sha256(root), published, workspace_backing(root))
         return None
     except LogRewritten as err:
         if not getattr(args, "new_log", False):
             print(f"Merkle log NOT signed: {err}")
             return StateDamaged.exit_code
     old, new = TransparencyLog(root).start_new_log(Ledger(root / LEDGER_PATH).entries(), all_receipts(root),
-                                                   weights_sha256(root), published)
+                                                   weights_sha256(root), published, workspace_backing(root))
     print(f"NEW MERKLE LOG: {new} replaces {old}; the old log's files are kept as data/transparency/retired-*. "
           "Receipts signed by the old log do not extend to the new one: tell their holders")
     return None

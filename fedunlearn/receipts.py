@@ -344,6 +344,9 @@ def parse_receipt(content: str | bytes, where: str | Path) -> Receipt:
     (cut short, edited by hand), not pydantic's "validation error for Receipt" that names no file."""
     try:
         return Receipt.model_validate_json(content)
+    except UnicodeDecodeError:
+        raise StateDamaged(f"{where} is not a readable receipt (not UTF-8): restore it from the DVC remote "
+                           "(`fedunlearn restore`) or a backup, then run the command again") from None
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"])

@@ -38,6 +38,7 @@ from tasks.debt import (Debt, close_by_retrain, mark_repaid, mark_shards_repaid,
 from tasks.receipts import publish_receipt
 from tasks.retirement import retire_forgotten
 from tasks.status import publish_status
+from tasks.transparency import verify_before_writing
 from stores.workspace import ScenarioScope, Workspace
 
 
@@ -64,6 +65,7 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
     scope, chosen = ScenarioScope(ws, scenario), command_device(ws, device)
     lock = ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn repay-debt --scenario {scenario}")
     with lock, intra_op_threads(scope.config.threads):
+        verify_before_writing(ws.root, f"`fedunlearn repay-debt --scenario {scenario}`")  # damage: nothing written
         return repay(scope, chosen, reproduce_data(ws, scenario), only_due)
 
 

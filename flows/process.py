@@ -70,6 +70,7 @@ from tasks.models import backdoor_ids, load_source_model
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
+from tasks.transparency import verify_before_writing
 from tasks.unlearning import flower_methods, gpu_slot
 
 MethodChoice = Enum("MethodChoice", {"auto": "auto", **{name: name for name in available_methods()}}, type=str)
@@ -165,6 +166,8 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         submit_requests(scope, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
             intra_op_threads(scope.config.threads):
+        # Damage stops the batch before anything is written; the intake checks the ledger itself.
+        verify_before_writing(ws.root, f"`fedunlearn process --scenario {scenario}`", ledger_checked=True)
         taken = intake_requests(scope, take_owed=True)
         clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scope.scenario, "quarantined",

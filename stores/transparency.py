@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedunlearn.transparency.log import LOG_DIR, ModelHash, TransparencyLog, sync_workspace
+from fedunlearn.transparency.backing import Backing, VersionView
+from fedunlearn.transparency.log import LOG_DIR, ModelHash, TransparencyLog, all_receipts, backing_of, sync_workspace
 from stores.registry.weights import tree_digest
 
 REMOTE_DIR = "transparency"
@@ -33,8 +34,14 @@ def weights_sha256(root: Path) -> ModelHash:
     from stores.registry.weights import WEIGHTS
 
     registry: list[Registry] = []
+    known: dict[tuple[str, str], str | None] = {}  # read once per command: a version's weights do not change
 
     def digest(scenario: str, version: str) -> str | None:
+        if (scenario, version) not in known:
+            known[scenario, version] = read(scenario, version)
+        return known[scenario, version]
+
+    def read(scenario: str, version: str) -> str | None:
         try:
             if not registry:
                 registry.append(Registry(root))
@@ -60,11 +67,44 @@ class Published:
                 + [f"tree head not published to {why}" for why in self.skipped])
 
 
+def registry_view(root: Path) -> dict[tuple[str, str], VersionView]:
+    """Every registered version of the workspace as its tags describe it (none without a store)."""
+    from stores.registry.runs import Runs, tracking_uri
+
+    uri = tracking_uri(root)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return {}
+    views = {}
+    for v in Runs(root).client.search_model_versions(""):
+        tags = v.tags
+        views[v.name, str(v.version)] = VersionView(
+            v.name, str(v.version), tags.get("role"), tags.get("forgetting"), tags.get("certificate"),
+            tags.get("retirement"), tags.get("retired_by"), tags.get("retired_at"), tags.get("weights_sha256"),
+            tags.get("hold"), tags.get("hold_at"))
+    return views
+
+
+def workspace_backing(root: Path, model_hash: ModelHash | None = None) -> Backing:
+    """What the log's leaves are checked against: the receipts, the batch records on file and the
+    registry's versions (``fedunlearn.transparency.backing``)."""
+    from fedunlearn.requests.folders import RequestFolders
+
+    batches = RequestFolders(Path(root)).batches
+    records = {p.name.removesuffix(".json") for p in batches.glob("*.json")} if batches.is_dir() else set()
+    return backing_of(all_receipts(root), records, registry_view(Path(root)), model_hash or weights_sha256(root))
+
+
+def signed_log(root: Path, model_hash: ModelHash | None = None) -> TransparencyLog:
+    """The log synced and signed, every leaf checked against its record, every published head bound."""
+    model_hash = model_hash or weights_sha256(root)
+    return sync_workspace(root, model_hash, published_heads(root), workspace_backing(root, model_hash))
+
+
 def publish_tree_head(root: Path, run_id: str | None = None) -> Published:
-    """Sync and sign the log (once it extends every published head), then copy its head and
-    public key to the DVC remote and MLflow."""
+    """Sync and sign the log (once it extends every published head and every leaf is backed by
+    its record), then copy its head and public key to the DVC remote and MLflow."""
     root = Path(root)
-    log = sync_workspace(root, weights_sha256(root), published_heads(root))
+    log = signed_log(root)
     head = log.head() or ""
     size = int(head.split("\n")[1])
     published = Published(size)
@@ -168,3 +208,53 @@ def _heads_in_mlflow(root: Path) -> list[tuple[str, str]]:
                         text = handle.read(HEAD_LIMIT + 1).decode("utf-8", "replace")
                     found.append((f"MLflow run {run_id}'s {artifact.path}", text))
     return found
+
+
+@dataclass
+class Damage:
+    """What ``workspace_damage`` found: each line names the file, the leaf or the entry, and its fix."""
+
+    lines: list[str] = field(default_factory=list)
+    ledger: bool = False  # the ledger itself is damaged (the log was then not checked against it)
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+def workspace_damage(root: Path) -> Damage:
+    """The ledger against the batch records, the Merkle log against the ledger, its signed heads
+    (on file and published) and every leaf against its record, the receipts read back. Reads only."""
+    from fedunlearn.requests.folders import RequestFolders
+    from fedunlearn.requests.integrity import check_ledger
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
+    from fedunlearn.transparency.failures import LogRewritten
+    from stores.registry import registered_batch_ids
+
+    root, found = Path(root), Damage()
+    ledger = check_ledger(RequestFolders(root), Ledger(root / LEDGER_PATH), lambda: registered_batch_ids(root))
+    problems = ledger.problems()  # a torn tail only an unfinished append can have left is no damage
+    if problems:  # the log is checked against an intact ledger only
+        return Damage([f"ledger {LEDGER_PATH}: {problem} (`fedunlearn ledger repair` restores it)"
+                       for problem in problems], ledger=True)
+    try:
+        published, backing = published_heads(root), workspace_backing(root)
+    except LogRewritten as err:  # a receipt that does not read back, a published head that cannot be read
+        return Damage(found.lines + [str(err)])
+    check = TransparencyLog(root).check(ledger.inspection.entries, published, backing)
+    found.lines += [f"Merkle log: {problem}" for problem in check.problems]
+    return found
+
+
+def refuse_if_damaged(root: Path, command: str, ledger_checked: bool = False) -> None:
+    """Verify, then write: a command that signs or tags calls this first; on damage it raises
+    ``LogRewritten`` (exit status 4) and nothing was written — no tag, no leaf, no head — so the
+    evidence stays as it was found. ``ledger_checked``: the caller checks the ledger itself before
+    it changes anything (a batch's intake, whose messages name the batch), so a damaged ledger is
+    left to it."""
+    from fedunlearn.transparency.failures import LogRewritten
+
+    damage = workspace_damage(root)
+    if damage and not (damage.ledger and ledger_checked):
+        more = f" (and {len(damage.lines) - 1} more: `fedunlearn ledger verify`)" if len(damage.lines) > 1 else ""
+        raise LogRewritten(f"{command} refused: {damage.lines[0]}{more}. Nothing was written: no tag, no leaf, no "
+                           "tree head; the damaged files are as they were found")

@@ -24,14 +24,13 @@ from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import load_records
 from fedunlearn.retirement import BatchFacts, RetirementPlan, VersionFacts, batches_from, plan_retirement
 from fedunlearn.transparency.log import TransparencyLog
-from fedunlearn.transparency.statements import canonical
+from fedunlearn.transparency.statements import HOLD, RETIREMENT  # noqa: F401 (the names this module gave them)
 from stores.erasure import erasure_stores, prefect_store
 from stores.registry import HOLD_TAG
-from stores.registry.retirement import RETIRED, RETIREMENT_TAG, RETIRING, WEIGHTS_HASH_TAG
-from stores.transparency import publish_tree_head
+from stores.registry.retirement import RETIRED, RETIREMENT_TAG, RETIRING
+from stores.transparency import publish_tree_head, refuse_if_damaged
 from stores.workspace import Workspace
 
-RETIREMENT, HOLD = "fedunlearn.retirement@v1", "fedunlearn.hold@v1"
 # Stores whose files are the product's own scratch and caches: a copy of retired weights there is deleted.
 SCRATCH_STORES = ("temporary files", "model caches", "benchmark outputs")
 
@@ -93,7 +92,10 @@ class Retired:
 def retire_forgotten(ws: Workspace, scenario: str) -> Retired:
     """Every version whose owed batches are all exactly forgotten loses its weights (a ``retiring``
     one left by a killed run first); copies in the scratch stores go; every store is scanned for the
-    weights; the receipts say which versions retired; the Merkle log records each retirement."""
+    weights; the receipts say which versions retired; the Merkle log records each retirement — and
+    those of versions retired by a run killed before their leaf. The log, the checkpoint and the
+    ledger are verified first: on damage nothing is tagged, deleted or signed."""
+    refuse_if_damaged(ws.root, f"the retirement of {scenario}'s versions")
     done = Retired()
     for v in ws.registry.versions(scenario):
         if v.tags.get(RETIREMENT_TAG) == RETIRING:
@@ -108,8 +110,8 @@ def retire_forgotten(ws: Workspace, scenario: str) -> Retired:
     if done.versions or done.benchmark_originals:
         done.copies_deleted = delete_copies(ws)
         done.check = weights_check(ws)
-        log_retirements(ws, scenario, done.versions)
         print(done.line(scenario))
+    log_retirements(ws, scenario)
     return done
 
 
@@ -184,31 +186,28 @@ def note_on_receipts(ws: Workspace, scenario: str, plan: RetirementPlan) -> dict
     return noted
 
 
-def log_retirements(ws: Workspace, scenario: str, versions: dict[str, str]) -> None:
-    """A leaf per retirement (the version, the batch, the weights' digest) under a newly signed head."""
-    log = TransparencyLog(ws.root)
-    logged = {r.key for r in log.records() if r.kind == "retirement"}
-    leaves = []
-    for version, batch_id in versions.items():
-        key = f"{scenario} v{version}"
-        if key not in logged:
-            found = ws.registry.version(scenario, version)
-            leaves.append(("retirement", key, canonical({
-                "type": RETIREMENT, "scenario": scenario, "version": version, "retired_by": batch_id,
-                "weights_sha256": found.tags.get(WEIGHTS_HASH_TAG), "at": found.tags.get("retired_at")})))
-    if leaves:
-        log.append_statements(leaves)
+def unlogged_retirements(ws: Workspace, scenario: str) -> list[str]:
+    """The scenario's retired versions the Merkle log has no leaf for (a run killed after the tombstone)."""
+    logged = {r.key for r in TransparencyLog(ws.root).records() if r.kind == "retirement"}
+    return [str(v.version) for v in ws.registry.versions(scenario)
+            if v.tags.get(RETIREMENT_TAG) == RETIRED and f"{scenario} v{v.version}" not in logged]
+
+
+def log_retirements(ws: Workspace, scenario: str) -> None:
+    """A leaf per retired version without one (the version, the batch, the weights' digest, read
+    from its tombstone by the log's sync) under a newly signed head."""
+    if unlogged_retirements(ws, scenario):
         serving = ws.registry.alias_ref(scenario, "current")  # its run carries the newest head, as a batch's does
         publish_tree_head(ws.root, serving.run_id if serving else None)
 
 
-def hold_version(ws: Workspace, scenario: str, version: str, reason: str, now: datetime) -> list[str]:
+def hold_version(ws: Workspace, scenario: str, version: str, reason: str, now: datetime | None = None) -> list[str]:
     """Keep ``version``'s weights on purpose: tagged, logged in the Merkle log (the reason's words
-    are the operator's), the receipts of the requests it holds told. Returns those requests."""
+    are the operator's; the leaf is made from the tags, so a run killed between the two is completed
+    by the next signing), the receipts of the requests it holds told. Returns those requests. The
+    log, the checkpoint and the ledger are verified first: on damage nothing is tagged or signed."""
+    refuse_if_damaged(ws.root, f"`fedunlearn hold {version} --scenario {scenario}`")
     ws.registry.hold(scenario, version, reason)
-    log = TransparencyLog(ws.root)
-    log.append_statements([("hold", f"{scenario} v{version}", canonical({
-        "type": HOLD, "scenario": scenario, "version": version, "reason": reason, "at": now.isoformat()}))])
     publish_tree_head(ws.root)
     plan = retirement_plan(ws, scenario)
     note_on_receipts(ws, scenario, plan)

@@ -38,6 +38,7 @@ from fedunlearn.unlearning.escalation import is_exact_retrain
 from stores.registry import HOLD_TAG, retired_batch
 from tasks.debt import REPAY_DEPLOYMENT, repayment_time, retrain_debt
 from tasks.retirement import retirement_plan
+from tasks.status_health import health_lines, retirement_health_lines
 from tasks.status_lines import (QuarantineLine, ScheduledRetrain, next_retrain_line, quarantine_line,
                                 quarantine_lines, runs_for)
 from tasks.requests import read_inbox
@@ -91,6 +92,7 @@ class DeletionStatus:
     start_by: datetime | None = None  # the latest safe start of the exact retrain the debt is owed
     siblings: list[str] = field(default_factory=list)  # forgetting owed across the dataset's scenarios (sibling_lines)
     retirement: list[str] = field(default_factory=list)  # versions pending retirement, held, retired (retirement_lines)
+    health: list[str] = field(default_factory=list)  # damage and wrong serving, each with its fix (status_health)
 
     def repayment_warning(self) -> str | None:
         """Said before the deadline, while a repayment started now may still meet it: the latest safe
@@ -114,6 +116,7 @@ class DeletionStatus:
 
     def markdown(self) -> str:
         lines = [f"## Deletion status of {self.scenario} at {self.now:%Y-%m-%d %H:%M}Z", ""]
+        lines += [*self.health, ""] if self.health else []
         if self.pending:
             overdue = sum(p.overdue(self.now) for p in self.pending)
             lines += [f"**{len(self.pending)} pending request(s)**" + (f", **{overdue} OVERDUE**" if overdue else ""),
@@ -229,12 +232,18 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
                           [quarantine_line(q, quarantined_sample_ids(ws.folders, q.name))
                            for q in quarantined[:SHOWN_QUARANTINED]], len(quarantined),
                           scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by,
-                          sibling_lines(ws, scenario, now), retirement_lines(ws, scenario))
+                          sibling_lines(ws, scenario, now), retirement_lines(ws, scenario),
+                          workspace_health(ws, scenario))
+
+
+def workspace_health(ws: Workspace, scenario: str) -> list[str]:
+    return health_lines(ws, scenario, retirement_plan(ws, scenario))
 
 
 def retirement_lines(ws: Workspace, scenario: str) -> list[str]:
     """The versions that learnt deleted samples: pending retirement (with the date their weights must
-    be gone by), held on purpose (with the requests they still hold), and how many retired."""
+    be gone by), held on purpose (with the requests they still hold), and how many retired; those due
+    now and those whose weights were gone before they retired (``status_health``)."""
     plan = retirement_plan(ws, scenario)
     versions = {str(v.version): v for v in ws.registry.versions(scenario)}
     lines = [f"**pending retirement**: v{n} ({versions[n].tags.get('role', '?')}) learnt {len(plan.owed[n])} batch(es) "
@@ -246,7 +255,7 @@ def retirement_lines(ws: Workspace, scenario: str) -> list[str]:
     retired = [f"v{n}" for n, v in versions.items() if retired_batch(v)]
     if retired:
         lines.append(f"retired: {', '.join(retired)} (weights deleted, records kept: `fedunlearn compare`)")
-    return lines
+    return lines + retirement_health_lines(ws, scenario, plan)
 
 
 def sibling_lines(ws: Workspace, scenario: str, now: datetime) -> list[str]:

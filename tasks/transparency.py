@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from stores.transparency import publish_tree_head
+from stores.transparency import publish_tree_head, refuse_if_damaged
 
 
 @task(name="publish-tree-head", cache_policy=NO_CACHE)
@@ -24,3 +24,11 @@ def publish_tree_head_task(root: Path, run_id: str | None = None) -> int:
     for line in published.lines():
         get_run_logger().info(line)
     return published.size
+
+
+@task(name="verify-before-writing", cache_policy=NO_CACHE)
+def verify_before_writing(root: Path, command: str, ledger_checked: bool = False) -> None:
+    """Verify, then write: the ledger, the Merkle log (its heads, published ones, every leaf against
+    its record) and the receipts checked before a command tags, logs or signs anything; damage
+    stops it (``LogRewritten``, exit status 4) with nothing written."""
+    refuse_if_damaged(Path(root), command, ledger_checked)

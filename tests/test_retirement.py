@@ -74,7 +74,7 @@ def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test
     ``forgetting="interim"``: forgotten approximately, an exact retrain still owed."""
     from fedunlearn.receipts import ModelRef, Receipt, write_receipt
     from fedunlearn.requests.batch import BatchRecord, BatchStatus, VersionChange
-    from fedunlearn.requests.ledger import LedgerEntry
+    from fedunlearn.requests.ledger import LEDGER_PATH, Ledger, LedgerEntry
     from stores.workspace import Workspace
 
     ws = Workspace.open(root)
@@ -84,13 +84,15 @@ def owe_one_exact_batch(root: Path, batch_id: str = "batch-20261128T000000Z-test
                         submitted_at=datetime(2026, 11, 28, tzinfo=timezone.utc))
     BatchRecord(batch_id=batch_id, scenario=SCENARIO, dataset="digits", status=BatchStatus.COMPLETE, requests=[entry],
                 data_versions={SCENARIO: VersionChange(before=before, after="after-" + before)}).save(ws.folders)
+    Ledger(root / LEDGER_PATH).append([entry])  # the ledger holds what the receipt says was applied
     ref = ModelRef(version="1", role="original", data_version=before, run_id=v1.run_id)
     write_receipt(root, Receipt(batch_id=batch_id, scenario=SCENARIO, request_ids=["req-retire-1"], deleted_samples=1,
                                 forgotten_per_client={"0": 1}, data_version_before=before,
                                 data_version_after="after-" + before, method="retrain" if forgetting == "exact" else "fedora",
                                 forgetting=forgetting,
-                                models={"original": ref, "source": ref, "current": None,
-                                        "unlearned": ModelRef(version="2", role="retrained", data_version="after")},
+                                # The version serving after it is one the registry holds: the log checks
+                                # the batch statement's serving version against the registry before signing.
+                                models={"original": ref, "source": ref, "current": None, "unlearned": ref},
                                 promoted=True, metrics={},
                                 costs={}, batch_record=f"data/deletion_requests/batches/{batch_id}.json"))
     return batch_id

@@ -28,25 +28,24 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from filelock import FileLock
 
-from fedunlearn.receipts import Receipt, load_receipt
+from fedunlearn.receipts import Receipt
 from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.ledger import LedgerEntry, content_checksum
 from fedunlearn.transparency import merkle
+from fedunlearn.transparency.backing import (Backing, ModelHash, batch_leaf, exact_leaf, leaf_time,  # noqa: F401
+                                             unbacked_leaves, version_statements)
 from fedunlearn.transparency.failures import LogRewritten, ReceiptMalformed
 from fedunlearn.transparency.note import Checkpoint, Signer, Verifier, open_checkpoint, parse_vkey, split_note
-from fedunlearn.transparency.statements import (BATCH, DELETION, DELETION_V1, EXACT, canonical, ids_commitment,
-                                                ledger_commitment)
+from fedunlearn.transparency.statements import DELETION, DELETION_V1, canonical, ids_commitment, ledger_commitment
 
 LOG_DIR = Path("data/transparency")
 SECRETS_DIR = Path(".secrets")
 KEY_FILE = SECRETS_DIR / "transparency-log.json"
 RETIRED_ORIGINS = "retired-origins"  # origins given up by `ledger new-log`: their published heads bind no more
-# The serving version's model hash, looked up by a layer that can read the registry (None: unknown).
-ModelHash = Callable[[str, str], str | None]  # (scenario, version) -> SHA-256 hex
 
 
 @dataclass
@@ -92,36 +91,10 @@ def deletion_leaf(entry: LedgerEntry, salt: bytes) -> bytes:
     ids = sorted(set(entry.sample_ids) | set(entry.merged_ids))
     return canonical({"type": DELETION, "request_id": entry.request_id, "batch_id": entry.batch_id,
                       "scenario": entry.scenario, "kind": entry.kind.value if entry.kind else None,
-                      "submitted_at": _time(entry.submitted_at), "applied_at": _time(entry.applied_at),
-                      "deadline": _time(entry.deadline),
+                      "submitted_at": leaf_time(entry.submitted_at), "applied_at": leaf_time(entry.applied_at),
+                      "deadline": leaf_time(entry.deadline),
                       "ledger_commitment": ledger_commitment(salt, entry_checksum(entry)),
                       "ids_count": len(ids), "ids_commitment": ids_commitment(salt, ids)})
-
-
-def batch_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
-    """What the operator commits to for a batch; other subjects' request IDs are only counted."""
-    serving = receipt.models.get("unlearned") if receipt.promoted else receipt.models.get("current")
-    digest = model_hash(receipt.scenario, serving.version) if serving and model_hash else None
-    return canonical({"type": BATCH, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
-                      "receipt_created_at": _time(receipt.created_at), "request_count": len(receipt.request_ids),
-                      "data_version_before": receipt.data_version_before,
-                      "data_version_after": receipt.data_version_after, "outcome": receipt.outcome,
-                      "method": receipt.method, "guarantee": receipt.guarantee,
-                      "promoted": receipt.promoted, "forgetting": receipt.forgetting,
-                      "exact_due": _time(receipt.exact_due),
-                      "serving": {"version": serving.version, "data_version": serving.data_version,
-                                  "model_sha256": digest} if serving else None})
-
-
-def exact_leaf(receipt: Receipt, model_hash: ModelHash | None) -> bytes:
-    done = receipt.exactly_forgotten
-    return canonical({"type": EXACT, "batch_id": receipt.batch_id, "scenario": receipt.scenario,
-                      "at": _time(done.at), "version": done.version, "by": done.by,
-                      "model_sha256": model_hash(receipt.scenario, done.version) if model_hash else None})
-
-
-def _time(value) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 # --- the key -----------------------------------------------------------------------------------------
@@ -283,19 +256,22 @@ class TransparencyLog:
         return FileLock(str(self.directory / ".lock"))
 
     def sync(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None,
-             published: Iterable[tuple[str, str]] = ()) -> list[LeafRecord]:
-        """Log what the ledger and the receipts hold and the log does not yet, and sign a head
-        over it; returns the leaves appended. Raises ``LogRewritten`` (and signs nothing) when the
-        ledger or the log no longer reads as the history every head signed here or ``published``
-        (source, signed note: the copies on the DVC remote and in MLflow) commits to."""
+             published: Iterable[tuple[str, str]] = (), backing: Backing | None = None) -> list[LeafRecord]:
+        """Log what the ledger, the receipts and the registry (``backing.versions``: retirements,
+        holds) hold and the log does not yet, and sign a head over it; returns the leaves appended.
+        Raises ``LogRewritten`` (and writes nothing) when the ledger or the log no longer reads as
+        the history every head signed here or ``published`` (source, signed note: the copies on the
+        DVC remote and in MLflow) commits to, or when a leaf is backed by no record (``backing``)."""
         signer, made = load_signer(self.root)
+        backing = backing or backing_of(receipts)
         with self._lock():
-            if self.torn_tail():
-                with open(self.leaves_path, "r+b") as handle:
-                    handle.truncate(self.leaves_path.stat().st_size - self.torn_tail())
             records = self.records()
             _check_prefix(records, entries)
-            new = _pending(records, entries, receipts, model_hash)
+            self._check_backed(records, backing)
+            new = _pending(records, entries, receipts, model_hash, backing)
+            if self.torn_tail():  # the cut-off append is dropped only once nothing is refused
+                with open(self.leaves_path, "r+b") as handle:
+                    handle.truncate(self.leaves_path.stat().st_size - self.torn_tail())
             self._check_heads(records + new, signer.verifier, list(published))  # before anything is written
             if made:
                 _write_key(self.root, signer)
@@ -307,6 +283,21 @@ class TransparencyLog:
             if new or head is None or Checkpoint.parse(split_note(head, "head")[0], "head").size != len(records):
                 self._sign(records, signer)
         return new
+
+    def _check_backed(self, records: list[LeafRecord], backing: Backing) -> None:
+        unbacked = unbacked_leaves(records, backing)
+        if unbacked:
+            head = self.head()
+            size = Checkpoint.parse(split_note(head, "head")[0], "head").size if head else 0
+            covered = [u for u in unbacked if u.index < size]
+            fix = (f"a signed head covers leaf {covered[0].index}: restore data/transparency/ from the DVC remote "
+                   "(`fedunlearn restore`), or start a new log (`fedunlearn ledger new-log`)" if covered else
+                   f"no signed head covers it: remove the line of leaf {unbacked[0].index} (and those after it) from "
+                   f"{LOG_DIR / 'leaves.jsonl'}, or restore data/transparency/ from the DVC remote (`fedunlearn "
+                   "restore`)")
+            raise LogRewritten(f"{LOG_DIR / 'leaves.jsonl'}: {unbacked[0].line()}"
+                               + (f" (and {len(unbacked) - 1} more)" if len(unbacked) > 1 else "")
+                               + f"; nothing was signed. Fix: {fix}")
 
     def append_statements(self, statements: list[tuple[str, str, bytes]]) -> None:
         """Append leaves as they are (kind, key, bytes) and sign: for tests that play a dishonest
@@ -353,9 +344,11 @@ class TransparencyLog:
         write_text_atomic(self.checkpoint_path, note)
         return note
 
-    def check(self, entries: list[LedgerEntry], published: Iterable[tuple[str, str]] = ()) -> LogCheck:
+    def check(self, entries: list[LedgerEntry], published: Iterable[tuple[str, str]] = (),
+              backing: Backing | None = None) -> LogCheck:
         """The log against the ledger's hash chain, its own signed heads and the ``published``
-        ones (source, signed note); changes nothing."""
+        ones (source, signed note), and with ``backing`` every leaf against its record; changes
+        nothing."""
         found = LogCheck()
         try:
             records = self.records()
@@ -365,6 +358,8 @@ class TransparencyLog:
             return found
         found.size = len(records)
         found.problems += _ledger_problems(records, entries)
+        if backing is not None:
+            found.problems += [u.line() for u in unbacked_leaves(records, backing)]
         logged = sum(1 for r in records if r.kind == "deletion")
         found.pending = max(0, len(entries) - logged) if not found.problems else 0
         if verifier is None:
@@ -378,7 +373,7 @@ class TransparencyLog:
         return found
 
     def start_new_log(self, entries: list[LedgerEntry], receipts: list[Receipt], model_hash: ModelHash | None = None,
-                      published: Iterable[tuple[str, str]] = ()) -> tuple[str, str]:
+                      published: Iterable[tuple[str, str]] = (), backing: Backing | None = None) -> tuple[str, str]:
         """On an operator's explicit request (`ledger new-log`, `ledger repair --new-log`): the old
         log's files are kept as ``retired-<n>-*``, its origin and those of every published head are
         listed as retired, and a new log under a new origin (so that no old receipt can be shown to
@@ -400,7 +395,7 @@ class TransparencyLog:
                 handle.write("".join(f"{name}\n" for name in sorted(retired)))
             name = _next_origin(old.name if old else new_origin(), retired)
             renamed = _write_key(self.root, Signer(name, old.private) if old else Signer.generate(name))
-        self.sync(entries, receipts, model_hash, published)
+        self.sync(entries, receipts, model_hash, published, backing)
         return (old.name if old else "(key lost)"), renamed.name
 
 
@@ -467,7 +462,15 @@ def _ledger_problems(records: list[LeafRecord], entries: list[LedgerEntry]) -> l
     problems = []
     for position, record in enumerate(logged):
         entry = entries[position] if position < len(entries) else None
-        statement = record.statement
+        try:
+            statement = record.statement
+        except ValueError:  # its bytes were changed: no head can match it either
+            problems.append(f"leaf {record.index} (deletion {record.key}) is not a JSON statement: its bytes were "
+                            "changed")
+            continue
+        if not isinstance(statement, dict):
+            problems.append(f"leaf {record.index} (deletion {record.key}) is not a statement")
+            continue
         if record.key not in where:
             problems.append(f"leaf {record.index} logs request {record.key} as ledger entry {position + 1}, and the "
                             "ledger no longer holds it (the entry was removed)")
@@ -496,9 +499,11 @@ def _same_entry(record: LeafRecord, statement: dict[str, Any], entry: LedgerEntr
 
 
 def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: list[Receipt],
-             model_hash: ModelHash | None) -> list[LeafRecord]:
-    """The leaves the ledger and receipts call for that the log lacks, in the order they happened:
-    ledger entries first, then each receipt whose requests are all logged, then exact forgetting."""
+             model_hash: ModelHash | None, backing: Backing | None = None) -> list[LeafRecord]:
+    """The leaves the ledger, receipts and registry call for that the log lacks, in the order they
+    happened: ledger entries first, then each receipt whose requests are all logged, then exact
+    forgetting, then the retirements and holds the registry holds (``backing.versions``). A receipt
+    without its batch record is not logged: no record would back its statements."""
     logged = {r.key for r in records if r.kind == "deletion"}
     batches = {r.key for r in records if r.kind == "batch"}
     exact = {r.key for r in records if r.kind == "exact"}
@@ -512,28 +517,50 @@ def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: li
         add("deletion", entry.request_id, deletion_leaf(entry, salt), salt)
         logged.add(entry.request_id)
     for receipt in sorted(receipts, key=lambda r: r.created_at):
-        if receipt.batch_id not in batches and receipt.request_ids and set(receipt.request_ids) <= logged:
+        recorded = backing is None or receipt.batch_id in backing.batch_records  # else it would be refused
+        if receipt.batch_id not in batches and receipt.request_ids and set(receipt.request_ids) <= logged and recorded:
             add("batch", receipt.batch_id, batch_leaf(receipt, model_hash))
             batches.add(receipt.batch_id)
         if receipt.exactly_forgotten is not None and receipt.batch_id in batches and receipt.batch_id not in exact:
             add("exact", receipt.batch_id, exact_leaf(receipt, model_hash))
             exact.add(receipt.batch_id)
+    for kind, key, leaf in version_statements(records, backing.versions if backing else None):
+        add(kind, key, leaf)
     return new
 
 
 def all_receipts(root: Path) -> list[Receipt]:
-    """Every batch receipt of the workspace, of every scenario."""
+    """Every batch receipt of the workspace, of every scenario; one that does not read back is
+    damage, named (``LogRewritten``): a statement cannot be checked against it."""
+    from pydantic import ValidationError
+
     from fedunlearn.requests.folders import RECEIPTS_DIR
 
-    return [load_receipt(p) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
+    receipts = []
+    for path in sorted((Path(root) / RECEIPTS_DIR).glob("*.json")):
+        try:
+            receipts.append(Receipt.model_validate_json(path.read_text()))
+        except (ValidationError, UnicodeDecodeError, OSError) as err:
+            why = err.errors()[0]["msg"] if isinstance(err, ValidationError) else err.__class__.__name__
+            raise LogRewritten(f"the receipt {path} does not read back ({why}); nothing was signed. Restore it from "
+                               "the DVC remote (`fedunlearn restore`) or a backup") from None
+    return receipts
 
 
-def sync_workspace(root: Path, model_hash: ModelHash | None = None, published: Iterable[tuple[str, str]] = ()
-                   ) -> TransparencyLog:
-    """The workspace's log brought up to date with its ledger and receipts, and signed once it
-    extends every head signed here and every ``published`` one (``stores.transparency``)."""
+def backing_of(receipts: list[Receipt], batch_records: Iterable[str] | None = None, versions=None,
+               digest=None) -> Backing:
+    """The records the leaves are checked against; without ``batch_records``, the receipts' own."""
+    found = {r.batch_id: r for r in receipts}
+    return Backing(found, frozenset(found if batch_records is None else batch_records), versions, digest)
+
+
+def sync_workspace(root: Path, model_hash: ModelHash | None = None, published: Iterable[tuple[str, str]] = (),
+                   backing: Backing | None = None) -> TransparencyLog:
+    """The workspace's log brought up to date with its ledger, receipts and (``backing``) registry,
+    and signed once it extends every head signed here and every ``published`` one and every leaf
+    is backed by its record (``stores.transparency``)."""
     from fedunlearn.requests.ledger import LEDGER_PATH, Ledger
 
     log = TransparencyLog(root)
-    log.sync(Ledger(Path(root) / LEDGER_PATH).entries(), all_receipts(root), model_hash, published)
+    log.sync(Ledger(Path(root) / LEDGER_PATH).entries(), all_receipts(root), model_hash, published, backing)
     return log

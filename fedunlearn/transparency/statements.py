@@ -23,6 +23,7 @@ DELETION_V1 = "fedunlearn.deletion@v1"  # leaves logged before issue 47: a bare 
 DELETION = "fedunlearn.deletion@v2"
 DELETIONS = (DELETION_V1, DELETION)
 BATCH, EXACT = "fedunlearn.batch-receipt@v1", "fedunlearn.exact-forgetting@v1"
+RETIREMENT, HOLD = "fedunlearn.retirement@v1", "fedunlearn.hold@v1"
 LEDGER_DOMAIN = b"fedunlearn.ledger-entry@v1\n"  # so that no ID commitment can pass for a ledger one
 
 

@@ -30,6 +30,9 @@ from stores.registry.weights import MODEL_ARTIFACT, WEIGHTS, load_state, tree_di
 
 RETIREMENT_TAG, RETIRED_BY_TAG, WEIGHTS_HASH_TAG, HOLD_TAG = "retirement", "retired_by", "weights_sha256", "hold"
 RETIRING, RETIRED = "retiring", "retired"
+# Set instead of weights_sha256 when a version due to retire had no weights left to hash (removed outside
+# fedunlearn): it retires all the same, recorded as gone, rather than failing every run that retires.
+WEIGHTS_MISSING_TAG = "weights_missing"
 WEIGHT_ARTIFACTS = (WEIGHTS, MODEL_ARTIFACT)  # the run's files that are the model; the budget is numbers about it
 
 
@@ -65,8 +68,11 @@ class Retirement:
         if found.tags.get(RETIREMENT_TAG) == RETIRED:
             return False
         if found.tags.get(RETIREMENT_TAG) != RETIRING:  # a resumed retirement has them already: the weights are gone
-            digest = self._remember_weights(found)
-            for key, value in ((WEIGHTS_HASH_TAG, digest), (RETIRED_BY_TAG, batch_id), (RETIREMENT_TAG, RETIRING)):
+            if WEIGHTS in {a.path for a in self.client.list_artifacts(found.run_id)}:
+                known = (WEIGHTS_HASH_TAG, self._remember_weights(found))
+            else:
+                known = (WEIGHTS_MISSING_TAG, utc_now().isoformat(timespec="seconds"))
+            for key, value in (known, (RETIRED_BY_TAG, batch_id), (RETIREMENT_TAG, RETIRING)):
                 self.client.set_model_version_tag(name, version, key, value)
         for alias in [a for a, v in self.client.get_registered_model(name).aliases.items() if str(v) == str(version)]:
             self.client.delete_registered_model_alias(name, alias)
