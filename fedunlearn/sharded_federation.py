@@ -3,7 +3,8 @@
 SISA ("Machine Unlearning", Bourtoule et al., IEEE S&P 2021) for federated learning, as FedShard
 (2025) and isolated sharding (IJCAI 2024) do it: the clients are split into K shards, each shard
 trains its own FedAvg model on its own clients only, and the served model aggregates the shard
-models (``models.ensemble.ShardEnsemble``: the log of their mean softmax). A deleted sample was
+models (``models.ensemble.ShardEnsemble``: the log of their mean softmax, each shard weighted by the
+training samples it holds). A deleted sample was
 seen by one shard's model alone, so forgetting it exactly means retraining that shard from scratch
 — about 1/K of a full retrain — while every other shard model is, bit for bit, what training from
 scratch on its unchanged data gives.
@@ -20,8 +21,8 @@ Hyperparameters (a scenario's params.yaml):
 
 Unlearning methods run on the touched shard models only (``unlearn_by_shard``): a method sees a
 plain federation of the shard's clients, with the batch's samples of that shard; the others keep
-their weights. A shard whose every sample is deleted drops out of the aggregate (its ``live`` entry
-is 0). Each shard's ``digest`` names everything its from-scratch training depends on (its data,
+their weights. A shard weighs what it holds after the batch (``sizes``); one whose every sample is
+deleted drops out of the aggregate (its ``live`` entry and weight are 0). Each shard's ``digest`` names everything its from-scratch training depends on (its data,
 configuration, seed, architecture): an exact retrain reuses a shard model trained from scratch on
 the same digest, since retraining it would give the same weights.
 """
@@ -108,6 +109,13 @@ class ShardedFederation(FederatedState):
                               shard_seed(self.seed, self.count, index), self.device, self.num_classes,
                               self.map_updates, self.calibration)
 
+    def sizes(self, batch: ForgetSet | None = None) -> list[int]:
+        """The training samples each shard holds (less ``batch``'s): its weight in the ensemble."""
+        held = [sum(len(self.clients[c]) for c in self.members(k)) for k in range(self.count)]
+        for client, ids in (batch.forget_ids if batch is not None else {}).items():
+            held[self.shard_of[client]] -= len(ids)
+        return held
+
     def touched(self, batch: ForgetSet) -> list[int]:
         """The shards holding a sample ``batch`` deletes."""
         return sorted({self.shard_of[c] for c in batch.forget_ids})
@@ -136,18 +144,17 @@ class ShardedFederation(FederatedState):
     def unlearn_by_shard(self, method: "UnlearningMethod", batch: ForgetSet) -> Outcome:
         """``method`` on each shard ``batch`` touches, as a federation of that shard alone; every
         other shard model is kept as it is. The outcome's state is the new ensemble."""
-        states, live = self.shard_states(), [bool(v) for v in self.state["live"].tolist()]
-        outcomes: dict[int, Outcome] = {}
-        for index in self.touched(batch):
-            sub, sub_batch = self.shard(index), self.shard_batch(batch, index)
-            if sub_batch.num_forget >= sum(len(c) for c in sub.clients):
-                live[index] = False  # every sample of the shard deleted: no model is left to serve
-                continue
-            outcomes[index] = method.unlearn(sub, sub_batch)
-            states[index] = outcomes[index].state
-        if not any(live):
+        states, outcomes = self.shard_states(), dict[int, Outcome]()
+        # Each shard weighs what it holds after the batch, as an exact retrain would weigh it; a shard
+        # whose every sample is deleted (weight 0) has no model left to serve.
+        weights = [n if alive else 0 for n, alive in zip(self.sizes(batch), self.state["live"].tolist())]
+        if not any(weights):
             raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
-        return merged_outcome(join_states(states, live), outcomes, self.touched(batch))
+        for index in self.touched(batch):
+            if weights[index] > 0:
+                outcomes[index] = method.unlearn(self.shard(index), self.shard_batch(batch, index))
+                states[index] = outcomes[index].state
+        return merged_outcome(join_states(states, weights), outcomes, self.touched(batch))
 
 
 def merged_outcome(state: State, outcomes: Mapping[int, Outcome], touched: list[int]) -> Outcome:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
 from fedunlearn.config import Params
@@ -148,15 +147,15 @@ def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mappin
     ensemble state (a shard without data left out), the cost and each shard's origin."""
     states: list[State | None] = [reuse.get(k) for k in range(federation.count)]
     origins = {k: "reused" if k in reuse else "trained" for k in range(federation.count)}
-    live = [any(len(c) for c in federation.shard(k, {}).clients) for k in range(federation.count)]
+    weights = federation.sizes()  # each shard weighs the samples it trained on; none: it drops out
     cost = Cost()
     if federation.stacks:
         for index, (state, spent) in train_stacked(federation, [k for k in range(federation.count) if k not in reuse],
-                                                   watcher, states).items():
+                                                   watcher).items():
             states[index], cost = state, cost + spent
             if on_shard is not None:
                 on_shard(index, state)
-        return join_states(states, live), cost, origins
+        return join_states(states, weights), cost, origins
     for index in range(federation.count):
         shard = federation.shard(index, {})
         if index in reuse:
@@ -166,7 +165,7 @@ def train_shards(federation: ShardedFederation, watcher: _Watcher, reuse: Mappin
         cost += spent
         if on_shard is not None:
             on_shard(index, states[index])
-    return join_states(states, live), cost, origins
+    return join_states(states, weights), cost, origins
 
 
 def trained(federation: Federation, model: TrainedModel) -> Federation:
@@ -185,23 +184,18 @@ def prepare_unlearning(federation: Federation) -> dict[str, float]:
     return {"curvature_statistics_seconds": precompute_statistics(federation)}
 
 
-def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _Watcher,
-                  states: list[State | None]) -> dict[int, tuple[State, Cost]]:
+def train_stacked(federation: ShardedFederation, indices: list[int], watcher: _Watcher
+                  ) -> dict[int, tuple[State, Cost]]:
     """Shards ``indices`` trained together (``StackedFedAvg``), each costed as ``fedavg_rounds`` costs
-    its rounds; ``watcher`` sees the ensemble (``states`` filled in) after each round."""
+    its rounds; ``watcher`` sees each shard's own model after each round, as the loop shows it."""
     if not indices:
         return {}
     shards = [federation.shard(k, {}) for k in indices]
-    initial = shards[0].engine().initial_state()
 
     def show(number: int, result: StackedRound) -> None:
         if watcher.on_round is not None:
-            current = list(states)
-            for k, state in zip(indices, result.states):
-                current[k] = state
-            loss = float(np.mean(result.train_losses))
-            watcher(number, join_states([s if s is not None else initial for s in current],
-                                        [s is not None for s in current]), loss)
+            for k, state, loss in zip(indices, result.states, result.train_losses):
+                watcher(number, state, float(loss), k)
 
     history = StackedFedAvg([s.engine() for s in shards]).fit([s.clients for s in shards], on_round=show)
     per_sample = shards[0].flops_per_sample()

@@ -42,6 +42,7 @@ from tasks.training import map_with_prefect, train_through_flower
 from stores.workspace import ScenarioScope, Workspace
 
 
+SHARD_METRIC_PREFIX = "shard_"  # a federation in shards: shard k's rounds under shard_<k>/test_acc, .../train_loss
 RUNNER_FIELD = ("the engine that trains: in-process (our loop), flower (a local Flower deployment: a SuperLink and a "
                 "SuperNode per client on 127.0.0.1) or flower-simulation (Flower's simulation engine); Flower runs HFL "
                 "scenarios only. Empty: the scenario's runner in params.yaml, else in-process")
@@ -193,11 +194,11 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
             sharded = isinstance(federation, ShardedFederation) and step.shard is not None
             shown = federation.shard(step.shard, {}) if sharded else federation  # one shard: its own model
             test_acc = accuracy(shown.model_from(step.state), federation.test)
-            shard = "" if step.shard is None else f"shard {step.shard} "
-            log_round({"test_acc": test_acc, "train_loss": step.train_loss},
-                      step.round + (step.shard or 0) * cfg.train.rounds)
-            print(f"{shard}round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
-                  f"train_loss={step.train_loss:.4f}")
+            # A shard's rounds are its own curve: the version's ``test_acc`` is the served ensemble's alone.
+            key = f"{SHARD_METRIC_PREFIX}{step.shard}/" if sharded else ""
+            log_round({f"{key}test_acc": test_acc, f"{key}train_loss": step.train_loss}, step.round)
+            print(f"{'shard ' + str(step.shard) + ' ' if sharded else ''}round {step.round}/{cfg.train.rounds}: "
+                  f"test_acc={test_acc:.4f} train_loss={step.train_loss:.4f}")
 
         if isinstance(federation, ShardedFederation):
             trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report, kept)

@@ -3,8 +3,9 @@
 * Lineage: a trained version of a sharded scenario carries, per shard, the digest of what its
   from-scratch training depended on and where its model came from — version tags ``shards``,
   ``shard_digests``, ``shard_origins`` (``trained``, or ``reused:v<N>``: the same digest's model,
-  trained from scratch for version N) and ``shards_retrained`` — and ``shards.json`` on its run
-  (clients, samples, digest, the model's hash, origin).
+  trained from scratch for version N), ``shards_retrained`` and ``shard_weights`` (each shard's
+  weight in the served ensemble) — and ``shards.json`` on its run (clients, samples, digest, the
+  model's hash, origin, weight).
 * Exact retrain: only the shards whose digest changed (they held a deleted sample) are trained; a
   shard with a digest an original or retrained version (or a checkpoint) already has is reused.
 * Resumption: each shard model trained for a version is checkpointed under
@@ -25,10 +26,12 @@ from fedunlearn.faults import failpoint
 from fedunlearn.federation.local import State
 from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import TrainedModel
+from models.ensemble import state_weights
 from stores.workspace import Workspace
 
 SHARDS_ARTIFACT = "shards.json"
 EXACT_ROLES = ("original", "retrained", "repaid")  # a repaid version's kept shards carry no digest
+AGGREGATION = "log of the mean softmax of the live shards, each weighted by its training samples (weight)"
 SHARD_TRAINED = "after-shard-trained"  # failpoint: a shard model checkpointed, the version not registered
 
 
@@ -94,16 +97,17 @@ def shard_lineage(federation: ShardedFederation, trained: TrainedModel, origins:
     own = {k: o for k, o in (trained.shard_origins or {}).items() if o == "trained"}
     merged = {k: own.get(k) or ("trained" if origins.get(k) == "checkpoint" else origins.get(k, "trained"))
               for k in range(federation.count)}
-    states = federation.shard_states(trained.state)
+    states, weights = federation.shard_states(trained.state), state_weights(trained.state)
     shards = [{"shard": k, "clients": federation.members(k), "samples": sum(len(c) for c in federation.shard(k).clients),
                "digest": federation.digest(k), "origin": merged[k], "live": bool(trained.state["live"][k]),
-               "model_sha256": _state_hash(states[k])} for k in range(federation.count)]
+               "weight": weights[k], "model_sha256": _state_hash(states[k])} for k in range(federation.count)]
     retrained = [str(s["shard"]) for s in shards if s["origin"] == "trained"]
     # A kept shard's model was not trained from scratch on its digest: no later retrain may reuse it.
     tags = {"shards": str(federation.count),
             "shard_digests": ",".join("-" if s["origin"].startswith("kept:") else s["digest"] for s in shards),
-            "shard_origins": ",".join(s["origin"] for s in shards), "shards_retrained": ",".join(retrained) or "none"}
-    return tags, json.dumps({"shards": federation.count, "aggregation": "log of the mean softmax of the live shards",
+            "shard_origins": ",".join(s["origin"] for s in shards), "shards_retrained": ",".join(retrained) or "none",
+            "shard_weights": ",".join(f"{w:g}" for w in weights)}
+    return tags, json.dumps({"shards": federation.count, "aggregation": AGGREGATION,
                              "assignment": list(federation.shard_of), "per_shard": shards}, indent=2) + "\n"
 
 

@@ -3,6 +3,9 @@
 * K = 1 (or no ``shards`` key) is today's federation, bit for bit;
 * an exact retrain of one shard equals training that shard from scratch on its retained data, the
   other shards unchanged — through the ``retrain`` method and through the trainer's ``reuse``;
+* the served ensemble weighs each shard by the training samples it holds (a shard shrunk by a
+  deletion counts for what is left, an emptied one drops out); a version registered before the
+  weights loads with equal weights;
 * a client request touches that client's shard only, for every HFL method of the registry (each
   under the conformance suite's tiny federation): the other shard models keep their weights;
 * a run killed between a shard's training and the version's registration resumes from the shard
@@ -94,19 +97,40 @@ def test_a_retrained_shard_equals_its_training_from_scratch_and_the_others_are_u
     assert 0 < outcome.cost.flops < train(retained).cost.flops
 
 
-def test_the_ensemble_averages_the_live_shards_and_drops_a_shard_without_data():
-    federation = sharded(3)  # one client per shard: a client request empties its shard
-    outcome = get_method("finetune", setting="hfl", rounds=1).unlearn(
-        federation, ForgetSet("client", {1: federation.clients[1].sample_ids}, clients=[1]))
-    assert outcome.state["live"].tolist() == [1.0 if s != federation.shard_of[1] else 0.0 for s in range(3)]
+def shard_softmaxes(federation: ShardedFederation, state: dict, x: torch.Tensor) -> list[torch.Tensor]:
+    return [torch.softmax(federation.shard(k, state).model_from(s)(x), -1)
+            for k, s in enumerate(split_state(state, federation.count))]
+
+
+def test_the_ensemble_weighs_each_shard_by_what_it_holds_and_drops_a_shard_without_data():
+    federation = sharded(3)  # one client per shard
+    emptied, shrunk, kept = 1, 0, 2  # a client (its shard) wholly deleted, half of another's samples
+    half = federation.clients[shrunk].sample_ids[: len(federation.clients[shrunk]) // 2]
+    held = [len(c) for c in federation.clients]
+    outcome = get_method("finetune", setting="hfl", rounds=1).unlearn(federation, ForgetSet(
+        "sample", {shrunk: half, emptied: federation.clients[emptied].sample_ids}))
+    expected = {federation.shard_of[shrunk]: held[shrunk] - len(half), federation.shard_of[emptied]: 0,
+                federation.shard_of[kept]: held[kept]}
+    assert outcome.state["weights"].tolist() == [expected[k] for k in range(3)]
+    assert outcome.state["live"].tolist() == [0.0 if k == federation.shard_of[emptied] else 1.0 for k in range(3)]
     model = federation.model_from(outcome.state)
     assert isinstance(model, ShardEnsemble)
     x = federation.test.x[:5]
-    shards = [federation.shard(k, outcome.state).model_from(state)
-              for k, state in enumerate(split_state(outcome.state, 3))]
-    live = [k for k in range(3) if outcome.state["live"][k]]
-    mean = torch.stack([torch.softmax(shards[k](x), -1) for k in live]).mean(0)
-    assert torch.allclose(torch.softmax(model(x), -1), mean, atol=1e-6)
+    mixture = sum(expected[k] * p for k, p in enumerate(shard_softmaxes(federation, outcome.state, x)))
+    assert torch.allclose(torch.softmax(model(x), -1), mixture / sum(expected.values()), atol=1e-6)
+
+
+def test_a_version_registered_without_weights_serves_its_live_shards_plain_mean():
+    """A state dict saved before the ensemble had weights (``live`` only) loads with equal weights."""
+    federation = sharded(3)
+    old = {k: v for k, v in federation.state.items() if k != "weights"}
+    old["live"] = torch.tensor([1.0, 0.0, 1.0])
+    model = federation.model_from(old)
+    assert model.weights.tolist() == [1.0, 1.0, 1.0] and "weights" not in old  # the caller's dict untouched
+    x = federation.test.x[:5]
+    softmaxes = shard_softmaxes(federation, old, x)
+    assert torch.allclose(torch.softmax(model(x), -1), (softmaxes[0] + softmaxes[2]) / 2, atol=1e-6)
+    assert federation.state["weights"].tolist() == [float(n) for n in federation.sizes()]  # trained: its samples
 
 
 @pytest.mark.parametrize("name", available_methods("hfl"))
@@ -163,7 +187,10 @@ def test_stacked_shard_training_equals_the_loop_on_the_cpu():
     base.clients[2] = base.clients[2].select(np.arange(len(base.clients[2])) < 17)
     loop, stacked = (ShardedFederation.of(base, 2, vectorised=flag) for flag in (False, True))
     assert stacked.stacks and not loop.stacks
-    a, b = train(loop), train(stacked)
+    seen: dict[bool, list] = {False: [], True: []}
+    a, b = (train(f, on_round=lambda step, f=f: seen[f.stacks].append((step.shard, step.round))) for f in (loop, stacked))
+    # both show each shard's own rounds (its own MLflow curve), never an ensemble in the making
+    assert sorted(seen[True]) == sorted(seen[False]) == [(k, r) for k in (0, 1) for r in (1, 2)]
     assert a.state.keys() == b.state.keys()
     assert all(torch.allclose(a.state[k], b.state[k], atol=1e-6, rtol=0) for k in a.state)
     assert (a.cost.flops, a.cost.comm_bytes) == (b.cost.flops, b.cost.comm_bytes)

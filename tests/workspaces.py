@@ -248,15 +248,16 @@ def init_workspace_at(root: Path) -> Path:
     return init_workspace(root, template=PROJECT_ROOT)
 
 
-def add_sharded_digits(root: Path, scenario: str, rounds: int) -> None:
-    """The workspace's params.yaml with ``scenario``: digits on 4 HFL clients in 2 shards, ``rounds`` rounds."""
+def add_sharded_digits(root: Path, scenario: str, rounds: int, shards: int = 2) -> None:
+    """The workspace's params.yaml with ``scenario``: digits on 4 HFL clients in ``shards`` shards (1:
+    one federation), ``rounds`` rounds."""
     text = (root / "params.yaml").read_text()
     (root / "params.yaml").write_text(text.replace("scenarios:\n", f"""scenarios:
   {scenario}:
     dataset: digits
     setting: hfl
     model: cnn
-    shards: 2
+    shards: {shards}
     partition: {{scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}}
     train: {{rounds: {rounds}, local_epochs: 1, lr: 0.1, batch_size: 16}}
 """, 1))
