@@ -104,7 +104,7 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     load_params(root / "params.yaml").scenario(args.scenario)
     kind = RequestKind(args.request_kind)
     field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
-    subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
+    subject = own_ids(root, args.scenario, read_sample_ids(args)) if kind is RequestKind.SAMPLE else getattr(args, field)
     request = build_request({"kind": kind, "scenario": args.scenario, "reason": args.reason, field: subject,
                              "deadline": args.deadline})
     if kind is RequestKind.SAMPLE:
@@ -114,6 +114,21 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     print(f"wrote {path.relative_to(root)}; forget it with `fedunlearn process --scenario {args.scenario}` (or only "
           f"delete the data: `fedunlearn ingest --scenario {args.scenario}`)", file=sys.stderr)
     return 0
+
+
+def own_ids(root: Path, scenario: str, ids: list[str]) -> list[str]:
+    """The IDs as the data holds them: a user source's IDs are its own (the ID column, the image's
+    path); the form ``<dataset>-<ID>`` that earlier versions stored is accepted too, and written as
+    the source's own ID."""
+    from fedunlearn.data.store import PARTITIONS_DIR
+    from fedunlearn.requests.catalog import load_catalog
+
+    if not (root / PARTITIONS_DIR / scenario / "manifest.json").is_file():
+        return ids
+    catalog = load_catalog(scenario, root, set())
+    prefix = f"{catalog.dataset}-"
+    return [i[len(prefix):] if i not in catalog.labels and i.startswith(prefix) and i[len(prefix):] in catalog.labels
+            else i for i in ids]
 
 
 def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedunlearn.dataset_specs import DatasetSpec, with_workspace_paths
 from fedunlearn.errors import InputError
 from fedunlearn.user_files import read_capped
 
@@ -189,7 +190,8 @@ class Params(_Strict):
         "an exact retrain is scheduled before the earliest deadline; strict: escalate until a version passes every "
         "check (an exact retrain at worst)")
     prepare: list[str] = Field(default_factory=list, description="datasets the prepare stage writes")
-    datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    datasets: dict[str, DatasetSpec] = Field(default_factory=dict, description="users' own data, by name: "
+                                             "fedunlearn/dataset_specs.py (relative paths: to the workspace root)")
     requests: RequestsConfig = Field(default_factory=RequestsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig, description="the per-example forgetting audit")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="the MLflow tracking store")
@@ -218,7 +220,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
             _PARSED.clear()
         _PARSED[text] = _parse_yaml(path, text)
     try:
-        return Params.model_validate(copy.deepcopy(_PARSED[text]))
+        params = Params.model_validate(copy.deepcopy(_PARSED[text]))
+        params.datasets = with_workspace_paths(params.datasets, path.parent)
+        return params
     except ValidationError as err:
         raise InputError(f"{path} is invalid:\n{err}\nFix these fields in {path} and run the command again") from err
 

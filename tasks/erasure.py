@@ -62,7 +62,7 @@ def _fingerprints(ws: Workspace, record: BatchRecord) -> Fingerprints:
         missing -= {i for source in sources for i in source.sample_ids}
     if missing:
         spec = ws.params.datasets.get(record.dataset)
-        dataset = load_source(record.dataset, spec)
+        dataset = load_source(record.dataset, spec, ws.root)
         sources.append(RowSource.from_arrays(f"source:{record.dataset}", dataset.sample_ids, dataset.features,
                                              only=missing))
     return erasure.take_fingerprints(sources, deleted)
