@@ -41,6 +41,8 @@ class TrainConfig(_Strict):
     momentum: float = Field(0.0, ge=0, lt=1)
     client_fraction: float = Field(1.0, gt=0, le=1, description="share of clients sampled per round")
     server_lr: float = Field(1.0, gt=0, description="η_s: w ← w + η_s Σ_i (n_i/n)(w_i − w)")
+    min_test_acc: float = Field(0.0, ge=0, le=1, description="an original below this test accuracy is not "
+                                "registered (nor one no better than the majority class, nor one whose loss is NaN)")
 
 
 class PartitionConfig(_Strict):
