@@ -71,6 +71,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
     status.set_defaults(handler=run_status)
 
+    rescan = sub.add_parser("rescan", help="read your source file again for the deleted rows it still holds",
+                            description="Where a dataset's source is your system of record (system_of_record: "
+                                        "true in params.yaml), a deletion batch names the rows to delete there and "
+                                        "keeps their erasure pending. After you deleted them, this reads the source "
+                                        "again (by ID and by row): each batch whose rows are gone is marked cleared "
+                                        "in its receipt and the status artifact is published again. Exit status 6 "
+                                        "while rows are still there (they are listed).")
+    rescan.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
+    rescan.set_defaults(handler=run_rescan)
+
 
 def read_sample_ids(args: argparse.Namespace) -> list[str]:
     from fedunlearn.requests.model import MAX_REQUEST_BYTES
@@ -181,7 +191,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
 def run_status(args: argparse.Namespace, root: Path) -> int:
     from cli.text import plain
-    from fedunlearn.errors import RequestOverdue
+    from fedunlearn.errors import ErasureNotVerified, RequestOverdue
     from runtime.local_server import served_prefect_api
     from tasks.status import deletion_status
     from stores.workspace import Workspace
@@ -194,4 +204,24 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
     warning = status.repayment_warning()
     if warning:  # a warning, not an exit status: status exits non-zero only once a deadline is missed (9)
         print(f"warning: {warning}", file=sys.stderr)
-    return RequestOverdue.exit_code if status.overdue else 0
+    if status.overdue:
+        return RequestOverdue.exit_code
+    return ErasureNotVerified.exit_code if status.erasure_pending else 0  # the user's rows to delete: listed above
+
+
+def run_rescan(args: argparse.Namespace, root: Path) -> int:
+    from cli.common import prepare_flow_run, require_scenario
+
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
+    from fedunlearn.errors import ErasureNotVerified
+    from flows.rescan import rescan_source
+
+    prepare_flow_run(args.verbose)
+    result = rescan_source(scenario=args.scenario, root=str(root))
+    for batch_id in result.cleared:
+        print(f"{batch_id}: the deleted rows are gone from the source; its receipt says so")
+    for batch_id, line in result.still.items():
+        print(f"{batch_id}: {line}")
+    if not result.cleared and not result.still:
+        print(f"no erasure is pending at the source of {args.scenario}'s dataset")
+    return ErasureNotVerified.exit_code if result.still else 0
