@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
     status.set_defaults(handler=run_status)
 
+    register_rescan(sub)
+
+
+def register_rescan(sub: argparse._SubParsersAction) -> None:
     rescan = sub.add_parser("rescan", help="read your source file again for the deleted rows it still holds",
                             description="Where a dataset's source is your system of record (system_of_record: "
                                         "true in params.yaml), a deletion batch names the rows to delete there and "
