@@ -53,7 +53,7 @@ class DataCheck:
                                                                    "labels)" if self.conflicting_duplicates else ""),
                f"outliers (distance to the class centre, robust z > {OUTLIER_SCORE}): {self.outlier_count}"
                + (f", e.g. {', '.join(self.outliers[:SHOWN])}" if self.outliers else "")]
-        out.append("training: " + (f"about {self.train_seconds:.0f} s of compute on this machine (rounds × local "
+        out.append("training: " + (f"about {self.train_seconds:.{0 if self.train_seconds >= 10 else 1}f} s of compute on this machine (rounds × local "
                                    "epochs × samples, timed on a few steps of the model; Prefect, MLflow and DVC add "
                                    "their own)" if self.train_seconds is not None else "not estimated for VFL"))
         return out + self.notes

