@@ -258,7 +258,7 @@ def add_sharded_digits(root: Path, scenario: str, rounds: int) -> None:
     model: cnn
     shards: 2
     partition: {{scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}}
-    train: {{rounds: {rounds}, local_epochs: 1, lr: 0.1, batch_size: 16}}
+    train: {{rounds: {rounds}, local_epochs: 3, lr: 0.1, batch_size: 16}}
 """, 1))
 
 
