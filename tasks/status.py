@@ -170,16 +170,18 @@ class DeletionStatus:
 
     def _forgotten_lines(self) -> list[str]:
         interim = [p for p in self.forgotten if p.state == INTERIM]
-        exact = [p for p in self.forgotten if p.state == EXACT]
+        exact = [p for p in self.forgotten if p.state == EXACT and not p.erasure_pending]
+        erasing = [p for p in self.forgotten if p.state == EXACT and p.erasure_pending]  # never counted exact
         lines = ["", f"**{len(interim)} interim** (forgotten approximately, exact forgetting owed), "
-                     f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
-                                                 else "") + (f" (the latest {SHOWN_EXACT} listed)"
-                                                             if len(exact) > SHOWN_EXACT else "")]
+                     + (f"**{len(erasing)} erasure pending** (forgotten by the model, rows still in the source), "
+                        if erasing else "")
+                     + f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
+                                                   else "") + (f" (the latest {SHOWN_EXACT} listed)"
+                                                               if len(exact) > SHOWN_EXACT else "")]
         if not self.forgotten:
             return lines
         # Every owed or late request; of the exact ones in time, the latest few (the rest are counted above).
         on_time = sorted((p for p in exact if not p.overdue(self.now)), key=lambda p: p.exact_at, reverse=True)
-        erasing = [p for p in exact if p.erasure_pending]
         shown = list(dict.fromkeys(interim + erasing + self.late + on_time[:SHOWN_EXACT]))
         lines += ["", "| request | state | deadline | exact forgetting | batch |", "|---|---|---|---|---|"]
         for p in sorted(shown, key=lambda p: (not p.owed(), p.deadline)):

@@ -124,3 +124,19 @@ def test_status_never_says_exact_beside_a_pending_erasure(state, shown):
     assert row.shown_state() == shown and row.owed()
     assert row.overdue(now + timedelta(days=2))  # erased late is late, whenever the model forgot
     assert StatusRow("r", "sample", now, now + timedelta(days=1), "b", EXACT, now).shown_state() == EXACT
+
+
+def test_the_status_counts_an_erasure_pending_request_apart_from_the_exact_ones_and_names_the_rows():
+    from datetime import datetime, timedelta, timezone
+
+    from tasks.status import DeletionStatus
+
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [StatusRow("req-a", "sample", now, now + timedelta(days=1), "b1", EXACT, now, erasure_pending=True),
+            StatusRow("req-b", "sample", now, now + timedelta(days=1), "b2", EXACT, now)]
+    status = DeletionStatus("s", now, [], None, "retrain debt: none", None, forgotten=rows,
+                            source_erasure=["b1: erasure PENDING at the source data/user/x.csv: ..."])
+    text = status.markdown()
+    assert "**1 erasure pending**" in text and "**1 exact**" in text and "**ERASURE PENDING**: b1:" in text
+    assert "| req-a | erasure pending |" in text and "| req-b | exact |" in text and status.erasure_pending
+    assert not DeletionStatus("s", now, [], None, "-", None, forgotten=rows[1:]).erasure_pending
