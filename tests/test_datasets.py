@@ -137,3 +137,14 @@ def test_a_relative_path_is_relative_to_the_workspace_not_the_shell(tmp_path, mo
     assert load_source("t", spec).sample_ids.tolist() == ["p1", "p2"]
     assert load_source("t", {"source": "csv", "path": "data/user/t.csv", "id_column": "pid"},
                        root=tmp_path).sample_ids.tolist() == ["p1", "p2"]
+
+
+def test_a_ledger_entry_in_the_prefixed_form_still_deletes_the_sample(tmp_path):
+    from fedunlearn.config import load_params
+    from fedunlearn.data.store import load_prepared, prepare_dataset
+
+    (tmp_path / "t.csv").write_text("pid,f,label\np1,1,a\np2,2,b\np3,3,a\n")
+    (tmp_path / "params.yaml").write_text("datasets:\n  t: {source: csv, path: t.csv, id_column: pid}\n"
+                                          "scenarios: {}\n")
+    prepare_dataset("t", load_params(tmp_path / "params.yaml"), tmp_path, {"t-p2", "p3"})
+    assert load_prepared("t", tmp_path).sample_ids.tolist() == ["p1"]
