@@ -202,12 +202,15 @@ def erasure_line(report: ErasureReport) -> str:
     if report.found:
         held = "; ".join(f"store {s.name}: {', '.join(s.found)}" for s in report.stores if s.found)
         return f"erasure NOT verified: the bytes of {len(report.found)} deleted sample(s) are still in {held}"
-    if not report.verified:
+    if not report.verified and not report.source_pending:
         return f"erasure not verifiable: none of the {report.deleted_samples} deleted samples can be recognised"
+    if report.source_pending:
+        return f"{report.source.line()}; no other store in scope holds a deleted row"
     skipped = "; ".join(f"{s.name} ({s.note})" for s in report.stores if not s.in_scope)
+    source = f"; {report.source.line()}" if report.source is not None else ""
     return (f"erasure verified: no bytes of the {report.checked_samples} checked samples in "
             f"{report.files_scanned} files of the stores {', '.join(s.name for s in report.stores if s.in_scope)}"
-            f"{caveat}{'; not scanned: ' + skipped if skipped else ''}")
+            f"{caveat}{'; not scanned: ' + skipped if skipped else ''}{source}")
 
 
 def erasure_status(report: ErasureReport | None) -> int:

@@ -31,6 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     ids.add_argument("--limit", type=int, help="print at most N IDs")
     ids.set_defaults(handler=run_ids)
 
+    check = sub.add_parser("check-data", help="what a scenario's data looks like to the pipeline, and its training time",
+                           description="Read the scenario's dataset from its source, split as prepare and partition "
+                                       "split it, and print its rows, classes, held-out split, samples per client, "
+                                       "ID column, duplicate feature rows and outliers (robust z-score of the "
+                                       "distance to the class centre), and an estimate of the training's compute "
+                                       "time on this machine. Changes nothing.")
+    check.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    check.set_defaults(handler=run_check_data)
+
 
 def run_init(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.requests.folders import RequestFolders
@@ -83,4 +92,14 @@ def run_ids(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)
     ids = sample_ids(root, args.scenario, args.client)
     print("\n".join(ids[:max(args.limit, 0)] if args.limit is not None else ids))
+    return 0
+
+
+def run_check_data(args: argparse.Namespace, root: Path) -> int:
+    require_scenario(root, args.scenario)
+    from fedunlearn.config import load_params
+    from fedunlearn.data_check import check_data
+
+    for line in check_data(load_params(root / "params.yaml"), args.scenario, root).lines():
+        print(line)
     return 0

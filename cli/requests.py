@@ -73,6 +73,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
     status.set_defaults(handler=run_status)
 
+    register_rescan(sub)
+
+
+def register_rescan(sub: argparse._SubParsersAction) -> None:
+    rescan = sub.add_parser("rescan", help="read your source file again for the deleted rows it still holds",
+                            description="Where a dataset's source is your system of record (system_of_record: "
+                                        "true in params.yaml), a deletion batch names the rows to delete there and "
+                                        "keeps their erasure pending. After you deleted them, this reads the source "
+                                        "again (by ID and by row): each batch whose rows are gone is marked cleared "
+                                        "in its receipt and the status artifact is published again. Exit status 6 "
+                                        "while rows are still there (they are listed).")
+    rescan.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"default {DEFAULT_SCENARIO}")
+    rescan.set_defaults(handler=run_rescan)
+
 
 def read_sample_ids(args: argparse.Namespace) -> list[str]:
     from fedunlearn.requests.model import MAX_REQUEST_BYTES
@@ -109,7 +123,7 @@ def run_request(args: argparse.Namespace, root: Path) -> int:
     if kind is RequestKind.CLIENT:
         require_client(config, args.scenario, args.client)
     field = SUBJECT_FIELDS[kind]  # --client and --label are stored under the subject's own field name
-    subject = read_sample_ids(args) if kind is RequestKind.SAMPLE else getattr(args, field)
+    subject = own_ids(root, args.scenario, read_sample_ids(args)) if kind is RequestKind.SAMPLE else getattr(args, field)
     reason = None if args.reason is None else plain_note(args.reason, "--reason", MAX_REASON_LENGTH)
     request = build_request({"kind": kind, "scenario": args.scenario, "reason": reason, field: subject,
                              "deadline": args.deadline})
@@ -134,6 +148,21 @@ def require_client(config, scenario: str, client: int) -> None:
     if not 0 <= client < count:
         raise InputError(f"--client {client}: {scenario} has clients 0 to {count - 1} (partition.num_clients: "
                          f"{count}); give one of them; nothing was written")
+
+
+def own_ids(root: Path, scenario: str, ids: list[str]) -> list[str]:
+    """The IDs as the data holds them: a user source's IDs are its own (the ID column, the image's
+    path); the form ``<dataset>-<ID>`` that earlier versions stored is accepted too, and written as
+    the source's own ID."""
+    from fedunlearn.data.store import PARTITIONS_DIR
+    from fedunlearn.requests.catalog import load_catalog
+
+    if not (root / PARTITIONS_DIR / scenario / "manifest.json").is_file():
+        return ids
+    catalog = load_catalog(scenario, root, set())
+    prefix = f"{catalog.dataset}-"
+    return [i[len(prefix):] if i not in catalog.labels and i.startswith(prefix) and i[len(prefix):] in catalog.labels
+            else i for i in ids]
 
 
 def require_known_ids(root: Path, scenario: str, ids: list[str]) -> None:
@@ -186,7 +215,7 @@ def run_ingest(args: argparse.Namespace, root: Path) -> int:
 
 def run_status(args: argparse.Namespace, root: Path) -> int:
     from cli.text import plain
-    from fedunlearn.errors import RequestOverdue, StateDamaged
+    from fedunlearn.errors import ErasureNotVerified, RequestOverdue, StateDamaged
     from runtime.local_server import served_prefect_api
     from tasks.status import deletion_status
     from stores.workspace import Workspace
@@ -201,4 +230,24 @@ def run_status(args: argparse.Namespace, root: Path) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if status.health:  # the health check: damage or a version that must not serve, each printed with its fix
         return StateDamaged.exit_code
-    return RequestOverdue.exit_code if status.overdue else 0
+    if status.overdue:
+        return RequestOverdue.exit_code
+    return ErasureNotVerified.exit_code if status.erasure_pending else 0  # the user's rows to delete: listed above
+
+
+def run_rescan(args: argparse.Namespace, root: Path) -> int:
+    from cli.common import prepare_flow_run, require_scenario
+
+    require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
+    from fedunlearn.errors import ErasureNotVerified
+    from flows.rescan import rescan_source
+
+    prepare_flow_run(args.verbose)
+    result = rescan_source(scenario=args.scenario, root=str(root))
+    for batch_id in result.cleared:
+        print(f"{batch_id}: the deleted rows are gone from the source; its receipt says so")
+    for batch_id, line in result.still.items():
+        print(f"{batch_id}: {line}")
+    if not result.cleared and not result.still:
+        print(f"no erasure is pending at the source of {args.scenario}'s dataset")
+    return ErasureNotVerified.exit_code if result.still else 0

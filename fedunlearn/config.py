@@ -13,6 +13,7 @@ from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, Strict, StringC
                       field_validator, model_validator)
 
 from fedunlearn.config_errors import describe_validation
+from fedunlearn.dataset_specs import DatasetSpec, with_workspace_paths
 from fedunlearn.errors import InputError
 from fedunlearn.params_yaml import YamlSyntax, load_bounded
 from fedunlearn.user_files import read_capped
@@ -67,6 +68,8 @@ class TrainConfig(_Strict):
     momentum: Number = Field(0.0, ge=0, lt=1)
     client_fraction: Number = Field(1.0, gt=0, le=1, description="share of clients sampled per round")
     server_lr: Number = Field(1.0, gt=0, description="η_s: w ← w + η_s Σ_i (n_i/n)(w_i − w)")
+    min_test_acc: Number = Field(0.0, ge=0, le=1, description="an original below this test accuracy is not "
+                                 "registered (nor one no better than the majority class, nor one whose loss is NaN)")
 
 
 class PartitionConfig(_Strict):
@@ -216,7 +219,8 @@ class Params(_Strict):
         "an exact retrain is scheduled before the earliest deadline; strict: escalate until a version passes every "
         "check (an exact retrain at worst)")
     prepare: list[Name] = Field(default_factory=list, description="datasets the prepare stage writes")
-    datasets: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    datasets: dict[str, DatasetSpec] = Field(default_factory=dict, description="users' own data, by name: "
+                                             "fedunlearn/dataset_specs.py (relative paths: to the workspace root)")
     requests: RequestsConfig = Field(default_factory=RequestsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig, description="the per-example forgetting audit")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="the MLflow tracking store")
@@ -253,7 +257,9 @@ def load_params(path: str | Path = "params.yaml") -> Params:
             _PARSED.clear()
         _PARSED[text] = _parse_yaml(path, text)
     try:
-        return Params.model_validate(copy.deepcopy(_PARSED[text]))
+        params = Params.model_validate(copy.deepcopy(_PARSED[text]))
+        params.datasets = with_workspace_paths(params.datasets, path.parent)
+        return params
     except ValidationError as err:
         problems = describe_validation(err, Params, {NAME_PATTERN: f"is not a name: use {NAME_RULE}"})
         raise InputError(f"{path}: {problems}. Fix it in {path} and run the command again; nothing was changed") from None

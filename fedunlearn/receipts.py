@@ -22,6 +22,7 @@ from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL, GUARANTEES, NO
 from fedunlearn.certify.gates import NO_OP_CHECK, GateOutcome
 from fedunlearn.errors import StateDamaged
 from fedunlearn.evaluation.records import VERSION_METRICS
+from fedunlearn.requests.erasure import SourceErasure
 from fedunlearn.requests.folders import RECEIPTS_DIR, write_text_atomic
 from fedunlearn.requests.model import utc_now
 
@@ -135,6 +136,18 @@ class Receipt(BaseModel):
                                "and were retired once they were exactly forgotten: weights deleted, record kept")
     held: dict[str, str] = Field(default_factory=dict, description="versions that learnt these requests' samples and "
                                  "keep their weights on purpose (`fedunlearn hold`): version -> the hold's reason")
+
+    @property
+    def source_erasure(self) -> SourceErasure | None:
+        """What became of the user's source file (None: a built-in, or a source outside the workspace)."""
+        found = (self.erasure or {}).get("source")
+        return SourceErasure.model_validate(found) if found else None
+
+    @property
+    def erasure_pending(self) -> bool:
+        """The deleted rows are still in the user's source, for the user to delete (until a rescan)."""
+        source = self.source_erasure
+        return source is not None and source.pending
 
     @property
     def guarantee(self) -> str | None:
@@ -289,8 +302,11 @@ class Receipt(BaseModel):
         stores = report.get("stores", [])
         scanned = ", ".join(s["name"] for s in stores if s["in_scope"]) or "none"
         skipped = "; ".join(f"{s['name']} ({s['note']})" for s in stores if not s["in_scope"])
-        if report.get("verified"):
-            verdict = f"Erasure **verified** in {scanned}"
+        source = SourceErasure.model_validate(report["source"]) if report.get("source") else None
+        if source is not None and source.pending:
+            verdict = f"Erasure **PENDING** at the user's source ({source.line()}); the stores {scanned} hold no deleted row"
+        elif report.get("verified") or (source is not None and source.cleared_at and not report.get("found")):
+            verdict = f"Erasure **verified** in {scanned}" + (f"; {source.line()}" if source else "")
         elif report.get("found"):
             held = "; ".join(f"{s['name']}: {', '.join(s['found'][:3])}" for s in stores if s.get("found"))
             verdict = f"Erasure **NOT verified**: deleted rows are still in {held}"

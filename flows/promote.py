@@ -61,7 +61,7 @@ def promote_and_receipt(scope: ScenarioScope, unlearned: Unlearned) -> Receipted
     move_alias(ws, scenario, "current", (exact or chosen.version).version)
     failpoint("after-alias-move")
     erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
-                          batch.found_clean)
+                          batch.found_clean, record)
     aliases = {"original": ws.registry.alias_ref(scenario, "original"),
                "current": ws.registry.alias_ref(scenario, "current")}
     receipt = receipt_for(record, unlearning, aliases, erasure.model_dump(mode="json"), tier,

@@ -31,6 +31,7 @@ from fedunlearn.receipts import ModelRef
 from fedunlearn.runtime_choice import check_flower_training, flower_engine, runtime_tag, training_runtime
 from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import TrainedModel, TrainingRound, train
+from fedunlearn.training_gate import TrainingRejected, judge_training
 from flows.results import TrainResult
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
@@ -189,8 +190,10 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
     """Train from scratch (but the shards ``kept``), each round's metrics on ``run_id``, and register
     the result with alias ``tags["role"]`` (a partial repayment: no alias; its caller moves current)."""
     ws, scenario, cfg = scope.ws, scope.scenario, scope.config
+    losses: list[float] = []
     with ws.registry.step_metrics(run_id) as log_round:
         def report(step: TrainingRound) -> None:
+            losses.append(float(step.train_loss))
             sharded = isinstance(federation, ShardedFederation) and step.shard is not None
             shown = federation.shard(step.shard, {}) if sharded else federation  # one shard: its own model
             test_acc = accuracy(shown.model_from(step.state), federation.test)
@@ -215,6 +218,8 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
     metrics.forget_acc = metrics.mia_auc = math.nan
     if poisoned:
         metrics.bd_asr = attack_success_rate(model, federation.test)
+    if tags["role"] == "original":  # a failed training is not registered as a model to serve
+        gate_original(scenario, cfg.train, metrics.test_acc, federation.test.y.cpu().numpy(), losses)
     ref = register_version(ws, scenario, ModelWeights(trained.state, trained.node_states), model,
                            tuple(federation.test.x.shape[1:]), tags, {}, metrics,
                            {**shard_texts, **({BACKDOOR_ARTIFACT: "\n".join(sorted(poisoned)) + "\n"} if poisoned
@@ -224,6 +229,15 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
     if isinstance(federation, ShardedFederation):
         clear_checkpoints(ws, scenario)
     return ref, metrics
+
+
+def gate_original(scenario: str, train_cfg, test_acc: float, test_labels, losses: list[float]) -> None:
+    """``TrainingRejected`` (exit 2, the MLflow run ends FAILED, nothing registered) for an original
+    whose training failed (``fedunlearn.training_gate``)."""
+    verdict = judge_training(test_acc, test_labels, losses, train_cfg.min_test_acc, train_cfg.lr, train_cfg.momentum,
+                             train_cfg.rounds)
+    if not verdict.passed:
+        raise TrainingRejected(verdict.message(scenario))
 
 
 def train_in_shards(ws: Workspace, scenario: str, federation: ShardedFederation, tags: dict[str, str],

@@ -437,7 +437,7 @@ def close_without_model(judging: Judging) -> None:
     record, source = batch.record, batch.source
     remove_alias(ws, scenario, "current")
     erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
-                          batch.found_clean)
+                          batch.found_clean, record)
     receipt = receipt_without_model(record, source.ref, ws.registry.alias_ref(scenario, "original"),
                                     erasure.model_dump(mode="json"),
                                     ws.relative(record_path(ws.folders, record.batch_id)))

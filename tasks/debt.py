@@ -185,7 +185,7 @@ def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -
     ws.registry.set_version_tag(scenario, version.version, FORGETTING_TAG, "exact")
     ws.registry.set_alias(scenario, "current", version.version)
     for record in open_batches(ws, scenario):
-        erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record))
+        erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record), record=record)
         receipt = receipt_closed_by_retrain(
             record, version, ws.registry.alias_ref(scenario, "original"), erasure.model_dump(mode="json"), by,
             utc_now(), record.deadlines(ws.params.requests.deadline_days),

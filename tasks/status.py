@@ -61,16 +61,23 @@ class PendingRequest:
     where: str  # "inbox", the batch that applied it and has not unlearned it yet, or the batch that forgot it
     state: str = PENDING  # pending | interim | exact
     exact_at: datetime | None = None  # when it was forgotten exactly
+    erasure_pending: bool = False  # its rows are still in the user's source file, for the user to delete
 
     def age(self, now: datetime) -> timedelta:
         return now - self.submitted_at
 
     def overdue(self, now: datetime) -> bool:
-        """Not forgotten exactly by its deadline (still owed, or repaid too late)."""
-        return (self.exact_at or now) > self.deadline
+        """Not forgotten exactly, or not erased, by its deadline (still owed, or repaid too late)."""
+        return ((now if self.erasure_pending else self.exact_at) or now) > self.deadline
 
     def owed(self) -> bool:
-        return self.state != EXACT
+        return self.state != EXACT or self.erasure_pending
+
+    def shown_state(self) -> str:
+        """The state as the table shows it: never ``exact`` beside an erasure still pending."""
+        if not self.erasure_pending:
+            return self.state
+        return "erasure pending" if self.state == EXACT else f"{self.state}, erasure pending"
 
 
 @dataclass
@@ -93,6 +100,12 @@ class DeletionStatus:
     siblings: list[str] = field(default_factory=list)  # forgetting owed across the dataset's scenarios (sibling_lines)
     retirement: list[str] = field(default_factory=list)  # versions pending retirement, held, retired (retirement_lines)
     health: list[str] = field(default_factory=list)  # damage and wrong serving, each with its fix (status_health)
+    source_erasure: list[str] = field(default_factory=list)  # rows the user must delete from their source
+
+    @property
+    def erasure_pending(self) -> bool:
+        """A batch's deleted rows are still in the user's source file (``fedunlearn rescan`` checks again)."""
+        return bool(self.source_erasure)
 
     def repayment_warning(self) -> str | None:
         """Said before the deadline, while a repayment started now may still meet it: the latest safe
@@ -128,6 +141,7 @@ class DeletionStatus:
         else:
             lines.append("no pending requests")
         lines += self._forgotten_lines()
+        lines += ["", *(f"**ERASURE PENDING**: {line}" for line in self.source_erasure)] if self.source_erasure else []
         lines += ["", *self.siblings] if self.siblings else []
         if self.unreadable:
             lines += ["", f"{len(self.unreadable)} inbox file(s) the next batch quarantines: "
@@ -158,17 +172,20 @@ class DeletionStatus:
 
 
     def _forgotten_lines(self) -> list[str]:
-        interim = [p for p in self.forgotten if p.owed()]
-        exact = [p for p in self.forgotten if not p.owed()]
+        interim = [p for p in self.forgotten if p.state == INTERIM]
+        exact = [p for p in self.forgotten if p.state == EXACT and not p.erasure_pending]
+        erasing = [p for p in self.forgotten if p.state == EXACT and p.erasure_pending]  # never counted exact
         lines = ["", f"**{len(interim)} interim** (forgotten approximately, exact forgetting owed), "
-                     f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
-                                                 else "") + (f" (the latest {SHOWN_EXACT} listed)"
-                                                             if len(exact) > SHOWN_EXACT else "")]
+                     + (f"**{len(erasing)} erasure pending** (forgotten by the model, rows still in the source), "
+                        if erasing else "")
+                     + f"**{len(exact)} exact**" + (f", {len(self.late)} of them after their deadline" if self.late
+                                                   else "") + (f" (the latest {SHOWN_EXACT} listed)"
+                                                               if len(exact) > SHOWN_EXACT else "")]
         if not self.forgotten:
             return lines
         # Every owed or late request; of the exact ones in time, the latest few (the rest are counted above).
         on_time = sorted((p for p in exact if not p.overdue(self.now)), key=lambda p: p.exact_at, reverse=True)
-        shown = interim + self.late + on_time[:SHOWN_EXACT]
+        shown = list(dict.fromkeys(interim + erasing + self.late + on_time[:SHOWN_EXACT]))
         lines += ["", "| request | state | deadline | exact forgetting | batch |", "|---|---|---|---|---|"]
         for p in sorted(shown, key=lambda p: (not p.owed(), p.deadline)):
             if p.owed():
@@ -176,7 +193,7 @@ class DeletionStatus:
                        else f"due in {_span(p.deadline - self.now)}")
             else:
                 due = f"at {p.exact_at:%Y-%m-%d %H:%M}Z" + (" (LATE)" if p.overdue(self.now) else "")
-            lines.append(f"| {p.request_id} | {p.state} | {p.deadline:%Y-%m-%d %H:%M}Z | {due} | {p.where} |")
+            lines.append(f"| {p.request_id} | {p.shown_state()} | {p.deadline:%Y-%m-%d %H:%M}Z | {due} | {p.where} |")
         return lines
 
 
@@ -233,7 +250,8 @@ def deletion_status(ws: Workspace, scenario: str, now: datetime | None = None) -
                            for q in quarantined[:SHOWN_QUARANTINED]], len(quarantined),
                           scheduled_retrain(ws.root, scenario) if debt.receipts else None, start_by,
                           sibling_lines(ws, scenario, now), retirement_lines(ws, scenario),
-                          workspace_health(ws, scenario))
+                          workspace_health(ws, scenario),
+                          [f"{r.batch_id}: {r.source_erasure.line()}" for r in receipts if r.erasure_pending])
 
 
 def workspace_health(ws: Workspace, scenario: str) -> list[str]:
@@ -289,7 +307,7 @@ def forgotten_requests(record, receipt: Receipt, days: float) -> list[PendingReq
     return [PendingRequest(e.request_id, e.kind.value if e.kind else "sample", e.submitted_at or record.created_at,
                            receipt.deadlines.get(e.request_id) or e.due(days, record.created_at),
                            record.batch_id + (f" ({receipt.outcome})" if receipt.outcome != "unlearned" else ""),
-                           INTERIM if owed else EXACT, exact_at)
+                           INTERIM if owed else EXACT, exact_at, receipt.erasure_pending)
             for e in record.requests]
 
 

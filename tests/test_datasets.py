@@ -37,7 +37,7 @@ def test_csv_loader_with_string_labels_and_own_ids(tmp_path):
     path = tmp_path / "people.csv"
     path.write_text("pid,age,score,label\n7,30,1.5,yes\n9,41,2.5,no\n11,22,0.5,yes\n")
     data = load_csv("people", path, label_column="label", id_column="pid")
-    assert data.sample_ids.tolist() == ["people-7", "people-9", "people-11"]
+    assert data.sample_ids.tolist() == ["7", "9", "11"]  # the ID column as written, no prefix
     assert data.class_names == ["no", "yes"] and data.labels.tolist() == [1, 0, 1]
     assert data.features.shape == (3, 2)
     with pytest.raises(ValueError, match="no label column 'target'"):
@@ -53,7 +53,7 @@ def test_image_folder_loader(tmp_path):
             Image.fromarray(np.full((10, 10), 40 * i, dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
     data = load_image_folder("pets", tmp_path, size=8)
     assert data.input_shape == (1, 8, 8) and data.labels.tolist() == [0, 0, 1, 1]
-    assert data.sample_ids[0] == "pets-cat/0.png"
+    assert data.sample_ids[0] == "cat/0.png"
 
 
 def test_missing_user_files_name_the_path(tmp_path):
@@ -78,3 +78,73 @@ def test_device_auto_falls_back_to_cpu_without_accelerators():
             resolve_device("cuda")
     with pytest.raises(ValueError, match="unknown device"):
         resolve_device("tpu")
+
+
+def test_csv_ids_are_the_columns_text_exactly(tmp_path):
+    path = tmp_path / "clinic.csv"
+    path.write_text("pid,a,b,label\npat-07476,1,2,x\n00042,3,4,y\n")
+    data = load_csv("clinic", path, id_column="pid")
+    assert data.sample_ids.tolist() == ["pat-07476", "00042"]
+
+
+def test_parquet_source_reads_like_a_csv(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"pid": ["p1", "p2", "p3"], "f": [1.0, 2.0, 3.0], "label": ["a", "b", "a"]}).to_parquet(path)
+    data = load_source("t", {"source": "parquet", "path": str(path), "id_column": "pid"})
+    assert data.sample_ids.tolist() == ["p1", "p2", "p3"] and data.labels.tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("spec,key,hint", [
+    ({"source": "image_folder", "path": "x", "greyscale": False}, "greyscale", "grayscale"),
+    ({"source": "csv", "path": "x", "id_col": "pid"}, "id_col", "id_column"),
+    ({"source": "torchvision", "path": "x", "nmae": "MNIST"}, "nmae", "name"),
+])
+def test_an_unknown_dataset_key_is_refused_naming_it_and_the_allowed_keys(spec, key, hint):
+    from fedunlearn.dataset_specs import parse_spec
+    from fedunlearn.errors import InputError
+
+    with pytest.raises(InputError) as raised:
+        parse_spec("mine", spec)
+    message = str(raised.value)
+    assert f"'{key}'" in message and f"did you mean '{hint}'" in message and "path" in message, message
+    assert "datasets.mine" in message
+
+
+def test_params_with_a_misspelt_dataset_key_do_not_load(tmp_path):
+    from fedunlearn.config import load_params
+    from fedunlearn.errors import InputError
+
+    (tmp_path / "params.yaml").write_text("datasets:\n  pets: {source: image_folder, path: img, greyscale: false}\n"
+                                          "scenarios: {}\n")
+    with pytest.raises(InputError, match="greyscale.*grayscale"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_a_relative_path_is_relative_to_the_workspace_not_the_shell(tmp_path, monkeypatch):
+    from fedunlearn.config import load_params
+
+    (tmp_path / "data" / "user").mkdir(parents=True)
+    (tmp_path / "data" / "user" / "t.csv").write_text("pid,f,label\np1,1,a\np2,2,b\n")
+    (tmp_path / "params.yaml").write_text("datasets:\n  t: {source: csv, path: data/user/t.csv, id_column: pid}\n"
+                                          "scenarios: {}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    spec = load_params(tmp_path / "params.yaml").datasets["t"]
+    assert spec.path == str(tmp_path / "data" / "user" / "t.csv") and spec.declared_path == "data/user/t.csv"
+    assert load_source("t", spec).sample_ids.tolist() == ["p1", "p2"]
+    assert load_source("t", {"source": "csv", "path": "data/user/t.csv", "id_column": "pid"},
+                       root=tmp_path).sample_ids.tolist() == ["p1", "p2"]
+
+
+def test_a_ledger_entry_in_the_prefixed_form_still_deletes_the_sample(tmp_path):
+    from fedunlearn.config import load_params
+    from fedunlearn.data.store import load_prepared, prepare_dataset
+
+    (tmp_path / "t.csv").write_text("pid,f,label\np1,1,a\np2,2,b\np3,3,a\n")
+    (tmp_path / "params.yaml").write_text("datasets:\n  t: {source: csv, path: t.csv, id_column: pid}\n"
+                                          "scenarios: {}\n")
+    prepare_dataset("t", load_params(tmp_path / "params.yaml"), tmp_path, {"t-p2", "p3"})
+    assert load_prepared("t", tmp_path).sample_ids.tolist() == ["p1"]

@@ -259,7 +259,7 @@ def add_sharded_digits(root: Path, scenario: str, rounds: int, shards: int = 2) 
     model: cnn
     shards: {shards}
     partition: {{scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}}
-    train: {{rounds: {rounds}, local_epochs: 1, lr: 0.1, batch_size: 16}}
+    train: {{rounds: {rounds}, local_epochs: 3, lr: 0.1, batch_size: 16}}
 """, 1))
 
 

@@ -5,8 +5,9 @@ Built-in sources ship inside installed packages (nothing is downloaded at run ti
 (scikit-learn). Users' own data loads from disk: an image folder, a CSV with a label column,
 or torchvision MNIST / FashionMNIST / CIFAR-10 files already under a local root.
 
-Every sample gets an immutable ID ``<dataset>-<index>`` (or the CSV's own ID column) when the
-raw dataset is prepared; deletion requests, the ledger and partitions speak in these IDs.
+Every sample gets an immutable ID when the raw dataset is prepared: the value in a table's ID
+column exactly as written there, an image's path under its folder (``cat/0001.png``), else
+``<dataset>-<index>``; deletion requests, the ledger and partitions speak in these IDs.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fedunlearn.dataset_specs import (TORCHVISION_NAMES, USER_SOURCES, CsvSpec, DatasetSpec, ImageFolderSpec,  # noqa: F401
+                                   ParquetSpec, parse_spec, resolved)
 from fedunlearn.errors import InputError
 
 BUILTIN_DATASETS = ("mnist5k", "digits", "breast_cancer", "wine")
-USER_SOURCES = ("csv", "image_folder", "torchvision")
-TORCHVISION_DATASETS = ("MNIST", "FashionMNIST", "CIFAR10")
+TORCHVISION_DATASETS = TORCHVISION_NAMES
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
 
@@ -101,13 +103,35 @@ def load_csv(name: str, path: str | Path, label_column: str = "label",
     """A CSV with numeric feature columns and a label column (labels may be strings). A row without
     an ID or a label, a feature that is not a finite number, and an ID given twice are refused
     (``InputError``) naming the file, the lines and the column: each would silently change which
-    sample a deletion request names."""
+    sample a deletion request names. IDs are the ID column's text as written (``00042`` stays so)."""
     import pandas as pd
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"CSV file not found: {path} (set datasets.{name}.path in params.yaml)")
-    frame = pd.read_csv(path)
+        raise FileNotFoundError(f"CSV file not found: {path} (set datasets.{name}.path in params.yaml; a relative "
+                                "path is relative to the workspace root, the folder holding params.yaml)")
+    frame = pd.read_csv(path, dtype={id_column: str} if id_column else None)
+    return _from_frame(name, path, frame, label_column, id_column)
+
+
+def load_table(name: str, spec: CsvSpec) -> Dataset:
+    """A CSV or Parquet source as its spec declares it."""
+    if isinstance(spec, ParquetSpec):
+        import pandas as pd
+
+        path = Path(spec.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Parquet file not found: {path} (set datasets.{name}.path in params.yaml; a "
+                                    "relative path is relative to the workspace root, the folder holding params.yaml)")
+        frame = pd.read_parquet(path)
+        if spec.id_column in frame.columns:
+            frame[spec.id_column] = frame[spec.id_column].where(frame[spec.id_column].isna(),
+                                                                frame[spec.id_column].astype(str))
+        return _from_frame(name, path, frame, spec.label_column, spec.id_column)
+    return load_csv(name, spec.path, spec.label_column, spec.id_column)
+
+
+def _from_frame(name: str, path: Path, frame, label_column: str, id_column: str | None) -> Dataset:
     if label_column not in frame.columns:
         raise InputError(f"{path}: no label column {label_column!r}; columns are {list(frame.columns)} (set "
                          f"datasets.{name}.label_column in params.yaml)")
@@ -118,8 +142,7 @@ def load_csv(name: str, path: str | Path, label_column: str = "label",
     _refuse_gaps(path, frame, label_column, id_column, feature_frame)
     classes = sorted(frame[label_column].astype(str).unique().tolist())
     labels = frame[label_column].astype(str).map({c: i for i, c in enumerate(classes)}).to_numpy()
-    ids = (np.array([f"{name}-{v}" for v in frame[id_column].astype(str)]) if id_column
-           else _make_ids(name, len(frame)))
+    ids = frame[id_column].astype(str).to_numpy(dtype=str) if id_column else _make_ids(name, len(frame))
     return Dataset(name, feature_frame.to_numpy(dtype=np.float32), labels.astype(np.int64), ids,
                    "tabular", len(classes), classes)
 
@@ -162,12 +185,13 @@ def _refuse_gaps(path: Path, frame, label_column: str, id_column: str | None, fe
 
 
 def load_image_folder(name: str, root: str | Path, size: int = 28, grayscale: bool = True) -> Dataset:
-    """``root/<class name>/<image file>``; IDs derive from the relative file path."""
+    """``root/<class name>/<image file>``; a sample's ID is its file's path under ``root`` (``cat/0.png``)."""
     from PIL import Image
 
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root} (set datasets.{name}.path in params.yaml)")
+        raise FileNotFoundError(f"image folder not found: {root} (set datasets.{name}.path in params.yaml; a relative "
+                                "path is relative to the workspace root, the folder holding params.yaml)")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
         raise ValueError(f"{root}: expected one sub-folder per class, found none")
@@ -181,7 +205,7 @@ def load_image_folder(name: str, root: str | Path, size: int = 28, grayscale: bo
                 arr = np.asarray(img, dtype=np.float32) / 255.0
             images.append(arr[None] if grayscale else arr.transpose(2, 0, 1))
             labels.append(label)
-            ids.append(f"{name}-{file.relative_to(root).as_posix()}")
+            ids.append(file.relative_to(root).as_posix())
     if not images:
         raise ValueError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under the class folders")
     return Dataset(name, np.stack(images), np.array(labels, dtype=np.int64), np.array(ids), "image",
@@ -215,27 +239,22 @@ _BUILTIN_LOADERS: dict[str, Callable[[], Dataset]] = {
 }
 
 
-def load_source(name: str, spec: dict[str, Any] | None = None) -> Dataset:
-    """Load dataset ``name``: a built-in, or a user source described by ``spec``.
-
-    ``spec`` keys (from ``params.yaml``'s ``datasets`` section): ``source`` (csv, image_folder,
-    torchvision), ``path``, and per source ``label_column``/``id_column``, ``size``/``grayscale``,
-    ``name``/``train``.
-    """
+def load_source(name: str, spec: DatasetSpec | dict[str, Any] | None = None, root: str | Path | None = None) -> Dataset:
+    """Load dataset ``name``: a built-in, or a user source described by ``spec`` (params.yaml's
+    ``datasets.<name>``, typed by ``fedunlearn.dataset_specs``; a mapping is parsed first). A relative
+    ``path`` is read from the workspace ``root`` (``load_params`` resolves it already)."""
     if name in _BUILTIN_LOADERS and not spec:
         return _BUILTIN_LOADERS[name]()
     if not spec:
         raise ValueError(
             f"unknown dataset {name!r}: built-ins are {', '.join(BUILTIN_DATASETS)}; describe your own "
-            f"under 'datasets: {name}: {{source: csv|image_folder|torchvision, path: ...}}' in params.yaml"
+            f"under 'datasets: {name}: {{source: csv|parquet|image_folder|torchvision, path: ...}}' in params.yaml"
         )
-    source = spec.get("source")
-    if source not in USER_SOURCES:
-        raise ValueError(f"dataset {name!r}: source must be one of {USER_SOURCES}, got {source!r}")
-    if "path" not in spec:
-        raise ValueError(f"dataset {name!r}: 'path' is required for source {source!r}")
-    if source == "csv":
-        return load_csv(name, spec["path"], spec.get("label_column", "label"), spec.get("id_column"))
-    if source == "image_folder":
-        return load_image_folder(name, spec["path"], int(spec.get("size", 28)), bool(spec.get("grayscale", True)))
-    return load_torchvision(name, spec.get("name", "MNIST"), spec["path"], bool(spec.get("train", True)))
+    typed = parse_spec(name, spec)
+    if root is not None:
+        typed = resolved(typed, root)
+    if isinstance(typed, (CsvSpec, ParquetSpec)):
+        return load_table(name, typed)
+    if isinstance(typed, ImageFolderSpec):
+        return load_image_folder(name, typed.path, typed.size, typed.grayscale)
+    return load_torchvision(name, typed.name, typed.path, typed.train)

@@ -48,8 +48,11 @@ def _load(directory: Path, name: str) -> np.ndarray:
 
 def prepare_dataset(name: str, params: Params, root: Path, gone: set[str]) -> Path:
     """Stage ``prepare``: load the source, drop the ledger's IDs (``gone``), write ``data/raw/<name>``."""
-    dataset = load_source(name, params.datasets.get(name))
-    keep = np.array([sid not in gone for sid in dataset.sample_ids.tolist()], dtype=bool)
+    dataset = load_source(name, params.datasets.get(name), root)
+    # A ledger written when a user source's IDs carried the dataset's name in front (``<dataset>-<ID>``)
+    # still deletes them: the IDs are now the source's own.
+    keep = np.array([sid not in gone and f"{name}-{sid}" not in gone for sid in dataset.sample_ids.tolist()],
+                    dtype=bool)
     kept = dataset.subset(keep)
     out = root / RAW_DIR / name
     _save_arrays(out, features=kept.features, labels=kept.labels, sample_ids=kept.sample_ids)

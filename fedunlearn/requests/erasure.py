@@ -312,6 +312,42 @@ class StoreScan(BaseModel):
         return not self.found
 
 
+class SourceErasure(BaseModel):
+    """The user's source file (inside the workspace) and the deleted rows: ``rewritten`` without them
+    by the batch, or ``pending``: still there — the user's system of record, or a source the batch
+    cannot rewrite — until ``fedunlearn rescan`` finds them gone (``cleared_at``)."""
+
+    dataset: str
+    path: str  # as params.yaml declares it
+    system_of_record: bool = False
+    action: str  # "rewritten" | "pending" | "clean" (nothing of the batch was in it)
+    removed: int = 0
+    pending_ids: list[str] = []
+    pending_places: list[str] = []  # file lines, table rows or image files
+    reason: str = ""  # why pending
+    rescan: str = ""  # the command that checks again
+    cleared_at: str | None = None  # when a rescan found the rows gone (ISO 8601 UTC)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.pending_ids) and self.cleared_at is None
+
+    def line(self) -> str:
+        """What became of the source file, in one line (the rows to delete, while pending)."""
+        if self.pending:
+            places = ", ".join(self.pending_places[:10]) + (" …" if len(self.pending_places) > 10 else "")
+            ids = ", ".join(self.pending_ids[:10]) + (f" and {len(self.pending_ids) - 10} more"
+                                                      if len(self.pending_ids) > 10 else "")
+            return (f"erasure PENDING at the source {self.path}: {self.reason}, so the pipeline left it as it is; "
+                    f"delete the rows of {len(self.pending_ids)} deleted sample(s) there (IDs {ids}"
+                    + (f"; {places}" if places else "") + f"), then run `{self.rescan}`")
+        if self.cleared_at:
+            return f"source {self.path}: the deleted rows were found gone by a rescan at {self.cleared_at}"
+        if self.action == "rewritten":
+            return f"source {self.path} rewritten without its {self.removed} deleted row(s)"
+        return f"source {self.path}: holds none of the deleted rows"
+
+
 class ErasureReport(BaseModel):
     verified: bool  # at least one sample checked and no checked sample's bytes found in a store in scope
     deleted_samples: int
@@ -331,6 +367,13 @@ class ErasureReport(BaseModel):
     retired_versions_checked: int = 0
     retired_versions_not_checkable: int = 0
     weights_found: dict[str, list[str]] = {}
+    # The dataset's own source file, inside the workspace (``fedunlearn.data.source_erasure``).
+    source: SourceErasure | None = None
+
+    @property
+    def source_pending(self) -> bool:
+        """The deleted rows are still in the user's source file, to be removed there."""
+        return self.source is not None and self.source.pending
 
     @property
     def weights_clean(self) -> bool:
