@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "ID column, duplicate feature rows and outliers (robust z-score of the "
                                        "distance to the class centre), and an estimate of the training's compute "
                                        "time on this machine. Changes nothing.")
-    check.add_argument("--scenario", default=DEFAULT_SCENARIO)
+    check.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"the scenario whose data to look at (default {DEFAULT_SCENARIO})")
     check.set_defaults(handler=run_check_data)
 
 

@@ -226,9 +226,11 @@ class Params(_Strict):
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="the MLflow tracking store")
     scenarios: dict[Name, ScenarioConfig]
 
-    @field_validator("datasets")
+    @field_validator("datasets", mode="before")
     @classmethod
-    def _dataset_names(cls, datasets: dict) -> dict:
+    def _dataset_names(cls, datasets: dict) -> dict:  # before the specs: a path-like name is named first
+        if not isinstance(datasets, dict):
+            return datasets  # pydantic names the type
         bad = [name for name in datasets if not isinstance(name, str) or not _NAME.fullmatch(name)]
         if bad:
             raise ValueError(f"the dataset name {bad[0]!r} is not a name: use {NAME_RULE}")

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 from filelock import FileLock
 
-from fedunlearn.receipts import Receipt
+from fedunlearn.receipts import Receipt, load_receipt
 from fedunlearn.requests.folders import append_lines_durable, write_text_atomic
 from fedunlearn.requests.ledger import LedgerEntry, content_checksum
 from fedunlearn.transparency import merkle
@@ -531,20 +531,11 @@ def _pending(records: list[LeafRecord], entries: list[LedgerEntry], receipts: li
 
 def all_receipts(root: Path) -> list[Receipt]:
     """Every batch receipt of the workspace, of every scenario; one that does not read back is
-    damage, named (``LogRewritten``): a statement cannot be checked against it."""
-    from pydantic import ValidationError
-
+    damage, named by its path (``StateDamaged``): no statement can be checked against it, so nothing
+    is signed."""
     from fedunlearn.requests.folders import RECEIPTS_DIR
 
-    receipts = []
-    for path in sorted((Path(root) / RECEIPTS_DIR).glob("*.json")):
-        try:
-            receipts.append(Receipt.model_validate_json(path.read_text()))
-        except (ValidationError, UnicodeDecodeError, OSError) as err:
-            why = err.errors()[0]["msg"] if isinstance(err, ValidationError) else err.__class__.__name__
-            raise LogRewritten(f"the receipt {path} does not read back ({why}); nothing was signed. Restore it from "
-                               "the DVC remote (`fedunlearn restore`) or a backup") from None
-    return receipts
+    return [load_receipt(p) for p in sorted((Path(root) / RECEIPTS_DIR).glob("*.json"))]
 
 
 def backing_of(receipts: list[Receipt], batch_records: Iterable[str] | None = None, versions=None,
