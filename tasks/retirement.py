@@ -24,14 +24,13 @@ from fedunlearn.requests import erasure
 from fedunlearn.requests.batch import load_records
 from fedunlearn.retirement import BatchFacts, RetirementPlan, VersionFacts, batches_from, plan_retirement
 from fedunlearn.transparency.log import TransparencyLog
-from fedunlearn.transparency.statements import canonical
+from fedunlearn.transparency.statements import HOLD, canonical, retirement_key, retirement_leaf
 from stores.erasure import erasure_stores, prefect_store
 from stores.registry import HOLD_TAG
 from stores.registry.retirement import RETIRED, RETIREMENT_TAG, RETIRING, WEIGHTS_HASH_TAG
 from stores.transparency import publish_tree_head
 from stores.workspace import Workspace
 
-RETIREMENT, HOLD = "fedunlearn.retirement@v1", "fedunlearn.hold@v1"
 # Stores whose files are the product's own scratch and caches: a copy of retired weights there is deleted.
 SCRATCH_STORES = ("temporary files", "model caches", "benchmark outputs")
 
@@ -190,12 +189,12 @@ def log_retirements(ws: Workspace, scenario: str, versions: dict[str, str]) -> N
     logged = {r.key for r in log.records() if r.kind == "retirement"}
     leaves = []
     for version, batch_id in versions.items():
-        key = f"{scenario} v{version}"
+        key = retirement_key(scenario, version)
         if key not in logged:
             found = ws.registry.version(scenario, version)
-            leaves.append(("retirement", key, canonical({
-                "type": RETIREMENT, "scenario": scenario, "version": version, "retired_by": batch_id,
-                "weights_sha256": found.tags.get(WEIGHTS_HASH_TAG), "at": found.tags.get("retired_at")})))
+            leaves.append(("retirement", key, retirement_leaf(scenario, version, batch_id,
+                                                              found.tags.get(WEIGHTS_HASH_TAG),
+                                                              found.tags.get("retired_at"))))
     if leaves:
         log.append_statements(leaves)
         serving = ws.registry.alias_ref(scenario, "current")  # its run carries the newest head, as a batch's does
