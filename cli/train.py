@@ -73,7 +73,7 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 def run_train(args: argparse.Namespace, root: Path) -> int:
     cfg = load_params(root / "params.yaml").scenario(args.scenario)
     print(f"training {args.scenario} from scratch: {federated_rounds(cfg, args.rounds)}"
-          + ("" if args.verbose else " (--verbose shows each round)"), flush=True)
+          + (" (--verbose shows each round)" if getattr(args, "quiet", False) and not args.verbose else ""), flush=True)
     result = train(args, root)
     poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
     print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
@@ -156,7 +156,7 @@ class DemoSteps:
         method = default_method(cfg.setting, "sample")
         return cls(
             training=f"training {scenario} from scratch: {rounds}, then registering it in MLflow (the longest "
-                     "step with step 5; --verbose shows each round)",
+                     "step with step 5; its rounds show on stderr, unless --quiet)",
             batch=f"one deletion batch forgets them: ledger and new data version (DVC), {method} unlearning, "
                   f"certificate, evaluation and per-example audit, gates, alias and receipt (a scenario's first "
                   f"batch also trains the audit's {audit.num_references} reference models, {audit.epochs} epochs "

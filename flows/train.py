@@ -32,6 +32,7 @@ from fedunlearn.runtime_choice import check_flower_training, flower_engine, runt
 from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import TrainedModel, TrainingRound, train
 from flows.results import TrainResult
+from runtime import progress
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
@@ -198,6 +199,8 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
                       step.round + (step.shard or 0) * cfg.train.rounds)
             print(f"{shard}round {step.round}/{cfg.train.rounds}: test_acc={test_acc:.4f} "
                   f"train_loss={step.train_loss:.4f}")
+            progress.report(training_label(scenario, tags["role"], step.shard), step.round, cfg.train.rounds,
+                            f"round {step.round}/{cfg.train.rounds}, test_acc {test_acc:.4f}")
 
         if isinstance(federation, ShardedFederation):
             trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report, kept)
@@ -223,6 +226,13 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
     if isinstance(federation, ShardedFederation):
         clear_checkpoints(ws, scenario)
     return ref, metrics
+
+
+def training_label(scenario: str, role: str, shard: int | None = None) -> str:
+    """What the progress of a training says it is: the original, or an exact retrain (a batch's
+    reference, a repayment), and the shard."""
+    what = "training" if role == "original" else "exact retrain of"
+    return f"{what} {scenario}" + (f" shard {shard}" if shard is not None else "")
 
 
 def train_in_shards(ws: Workspace, scenario: str, federation: ShardedFederation, tags: dict[str, str],
