@@ -289,6 +289,23 @@ def test_the_receipt_carries_and_verifies_the_retirements_of_the_versions_that_l
     assert status == 12 and "the statement at leaf 4 is NOT in the signed log" in out, out
 
 
+def test_receipt_of_a_batch_id_says_it_is_a_batch_and_names_its_requests(logged, tmp_path):
+    from fedunlearn.receipts import write_receipt
+    from test_receipts import make_receipt
+
+    workspace, _, _ = logged
+    write_receipt(workspace, make_receipt(promoted=True).model_copy(update={"batch_id": "b1",
+                                                                            "request_ids": ["r1", "r2"]}))
+    printed = call_cli(workspace, "receipt", "b1", "--out", str(tmp_path / "b1.tlog-proof"))
+    [error] = [line for line in printed.err.splitlines() if line.startswith("error: ")]
+    assert printed.status == 2 and error.startswith("error: b1 is a deletion batch"), printed.err
+    assert "b1 is a deletion batch, not a request" in printed.err and "applied 2 request(s)" in printed.err
+    assert f"`fedunlearn receipt r2 --out {tmp_path / 'r2.tlog-proof'}`" in printed.err
+    assert not (tmp_path / "b1.tlog-proof").exists()
+    unknown = call_cli(workspace, "receipt", "nobody", "--out", str(tmp_path / "n.tlog-proof"))
+    assert unknown.status == 2 and "is not in the deletion ledger" in unknown.err
+
+
 def cosign(note: str, name: str, witness: Signer, timestamp: int) -> str:
     """A C2SP tlog-cosignature/v1 line added by a witness (what docs/requests-and-ledger.md describes)."""
     import hashlib
