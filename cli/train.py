@@ -119,6 +119,8 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
         receipt = read_receipt(ws.root, batch.batch_id)
         print(f"   exact retrain v{repaid.version} serves (alias current)" if repaid.repaid else "   nothing owed")
         print(f"   receipt {batch.receipt}: {plain(receipt.tier_line())}")
+        if repaid.retired:
+            print(f"   {retired_line(scenario, repaid.retired)}")
     print(f"\n== 6. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
     print(plain(comparison(ws, scenario)[1]))
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
@@ -127,6 +129,14 @@ Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions 
 the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127.0.0.1. New requests:
   .venv/bin/fedunlearn request samples --scenario {scenario} --ids {ids}""")
     return 0
+
+
+def retired_line(scenario: str, versions: list[str]) -> str:
+    """What the demo's repayment retired, and why (docs/retirement.md)."""
+    shown = ", ".join(f"v{v}" for v in versions)
+    return (f"retired {shown}: they learnt the deleted samples, now forgotten exactly, so their weights were deleted "
+            f"from every store; their records stay (step 6; in the MLflow UI each says RETIRED first), and "
+            f"models:/{scenario}@current serves")
 
 
 def federated_rounds(cfg: ScenarioConfig, rounds: int | None = None) -> str:
@@ -163,7 +173,8 @@ class DemoSteps:
                   "each on the held-out samples)",
             exact_retrain=f"exact retrain from scratch without the deleted samples ({rounds}, as long as step 1; "
                           f"fedunlearn repay-debt --scenario {scenario}): repays the retrain debt, so the requests "
-                          "forgotten on the interim tier become exactly forgotten before their deadline",
+                          "forgotten on the interim tier become exactly forgotten before their deadline; the versions "
+                          "that learnt them then retire (weights deleted, records kept)",
             nothing_owed="no exact retrain owed: the batch's version forgot on the exact or formal tier")
 
 
