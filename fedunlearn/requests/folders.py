@@ -6,6 +6,7 @@
                           /batches/      one record per batch (<batch_id>.json), also the journal
                           /.staging/     request files being written (then moved into the inbox)
                           /.lock         held while a batch runs
+                          /.lock-holder.json  who holds (or last held) it, and the batch it formed: a note
 
 Every write that matters is made durable (fsync of the file and of its directory) and every
 move is an ``os.replace`` within one filesystem, so a crash leaves each file either before or
