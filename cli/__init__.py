@@ -83,6 +83,9 @@ def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.Argumen
     parser.add_argument("--verbose", action="store_true",
                         help="show the libraries' logs (Prefect, MLflow, DVC, Great Expectations), the flow runs' "
                              "round-by-round lines among them; also accepted after the command")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress of the long steps (training rounds, audit references, a batch's "
+                             "attempts) on stderr: the command's own lines only; also accepted after the command")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in modules:
         importlib.import_module(f"cli.{name}").register(sub)
@@ -94,8 +97,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     light = LIGHT_COMMANDS.get(command_of(sys.argv[1:] if argv is None else argv) or "")
     parser = build_parser((light,) if light else COMMAND_MODULES)
     args, extra = parser.parse_known_args(argv)
-    if "--verbose" in extra:
-        args.verbose, extra = True, [arg for arg in extra if arg != "--verbose"]
+    for flag in ("--verbose", "--quiet"):
+        if flag in extra:
+            setattr(args, flag[2:], True)
+            extra = [arg for arg in extra if arg != flag]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
@@ -120,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         leave_when_own_server_exits(command, root)
     try:
         try:
-            code = int(args.handler(args, root) or 0)
+            with progress_shown(args):
+                code = int(args.handler(args, root) or 0)
             sys.stdout.flush()  # a reader that closed the pipe is found here, not at the interpreter's exit
             return code
         finally:
@@ -129,6 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         return reader_gone()
     except Exception as err:
         return report_error(err, command, root, leave_at_once=argv is None)
+
+
+def progress_shown(args: argparse.Namespace):
+    """The long steps' progress on stderr while the command runs (``cli.progress``); none with
+    ``--quiet``. With ``--verbose`` a line a step, never redrawn over the libraries' log lines."""
+    import contextlib
+
+    if args.quiet:
+        return contextlib.nullcontext()
+    from cli.progress import shown
+
+    return shown(tty=False if args.verbose else None)
 
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what `yes | head -1` reports for yes

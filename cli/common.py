@@ -233,6 +233,8 @@ def print_summary(result: IngestResult) -> None:
     for name, why in result.waiting.items():
         print(f"left in the inbox, still being written? {name!r}: {why}")
     if result.batch_id is None:
+        if getattr(result, "forgotten_by", None):
+            print(f"the pending requests were taken by batch {result.forgotten_by} while this run waited for it")
         print(result.status)
         return
     per_client = ", ".join(f"client {c}: {n}" for c, n in result.per_client.items())

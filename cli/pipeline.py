@@ -119,6 +119,12 @@ def add_process_arguments(process: argparse.ArgumentParser) -> None:
 def run_process(args: argparse.Namespace, root: Path) -> int:
     require_scenario(root, args.scenario)  # before the imports: Prefect and torch take seconds
     require_methods(root, args.scenario, method=args.method)
+    if args.runner is None:  # a runner named is checked by the flow, pending requests or not
+        from fedunlearn.requests.idle import NO_PENDING, nothing_to_process
+
+        if nothing_to_process(root, args.scenario):  # what the flow would print, without its seconds
+            print(NO_PENDING)
+            return 0
     from flows.process import process_deletions
     from stores.workspace import init_workspace
 

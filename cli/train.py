@@ -74,7 +74,7 @@ def train(args: argparse.Namespace, root: Path) -> dict:
 def run_train(args: argparse.Namespace, root: Path) -> int:
     cfg = load_params(root / "params.yaml").scenario(args.scenario)
     print(f"training {args.scenario} from scratch: {federated_rounds(cfg, args.rounds)}"
-          + ("" if args.verbose else " (--verbose shows each round)"), flush=True)
+          + (" (--verbose shows each round)" if getattr(args, "quiet", False) and not args.verbose else ""), flush=True)
     result = train(args, root)
     poisoned = f"; backdoor on {result.backdoor_samples} samples" if result.backdoor_samples else ""
     print(f"\n{result.scenario}: test_acc={result.test_acc:.4f}, data version {result.data_version}, "
@@ -120,6 +120,8 @@ def run_demo(args: argparse.Namespace, root: Path) -> int:
         receipt = read_receipt(ws.root, batch.batch_id)
         print(f"   exact retrain v{repaid.version} serves (alias current)" if repaid.repaid else "   nothing owed")
         print(f"   receipt {batch.receipt}: {plain(receipt.tier_line())}")
+        if repaid.retired:
+            print(f"   {retired_line(scenario, repaid.retired)}")
     print(f"\n== 6. registered versions of {scenario} (fedunlearn compare --scenario {scenario}):\n")
     print(plain(comparison(ws, scenario)[1]))
     ids = f"$(.venv/bin/fedunlearn ids --scenario {scenario} --limit 5)"
@@ -128,6 +130,14 @@ Next: `make serve` starts the Prefect UI (deployments; Run on process-deletions 
 the MLflow UI (registry: http://127.0.0.1:5000/#/models/{scenario}), both on 127.0.0.1. New requests:
   .venv/bin/fedunlearn request samples --scenario {scenario} --ids {ids}""")
     return 0
+
+
+def retired_line(scenario: str, versions: list[str]) -> str:
+    """What the demo's repayment retired, and why (docs/retirement.md)."""
+    shown = ", ".join(f"v{v}" for v in versions)
+    return (f"retired {shown}: they learnt the deleted samples, now forgotten exactly, so their weights were deleted "
+            f"from every store; their records stay (step 6; in the MLflow UI each says RETIRED first), and "
+            f"models:/{scenario}@current serves")
 
 
 def federated_rounds(cfg: ScenarioConfig, rounds: int | None = None) -> str:
@@ -157,14 +167,15 @@ class DemoSteps:
         method = default_method(cfg.setting, "sample")
         return cls(
             training=f"training {scenario} from scratch: {rounds}, then registering it in MLflow (the longest "
-                     "step with step 5; --verbose shows each round)",
+                     "step with step 5; its rounds show on stderr, unless --quiet)",
             batch=f"one deletion batch forgets them: ledger and new data version (DVC), {method} unlearning, "
                   f"certificate, evaluation and per-example audit, gates, alias and receipt (a scenario's first "
                   f"batch also trains the audit's {audit.num_references} reference models, {audit.epochs} epochs "
                   "each on the held-out samples)",
             exact_retrain=f"exact retrain from scratch without the deleted samples ({rounds}, as long as step 1; "
                           f"fedunlearn repay-debt --scenario {scenario}): repays the retrain debt, so the requests "
-                          "forgotten on the interim tier become exactly forgotten before their deadline",
+                          "forgotten on the interim tier become exactly forgotten before their deadline; the versions "
+                          "that learnt them then retire (weights deleted, records kept)",
             nothing_owed="no exact retrain owed: the batch's version forgot on the exact or formal tier")
 
 

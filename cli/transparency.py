@@ -5,6 +5,7 @@ docs/requests-and-ledger.md)."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import NoReturn
 
@@ -155,6 +156,25 @@ def refuse_quarantined(root: Path, request_id: str) -> None:
                          f"({reason}); fix it and submit it again (`fedunlearn status` lists quarantined requests)")
 
 
+def refuse_batch(root: Path, batch_id: str, out: Path) -> None:
+    """A batch ID given for a request's: say it is one, and name its requests, each with the command
+    that writes its receipt (a receipt is a data subject's, one per request: it holds that request's salt)."""
+    from fedunlearn.errors import InputError
+    from fedunlearn.receipts import read_receipt
+    from fedunlearn.requests.folders import RequestFolders
+
+    receipt, journal = read_receipt(root, batch_id), RequestFolders(root).batches / f"{batch_id}.json"
+    if receipt is None and not journal.is_file():
+        return
+    requests = receipt.request_ids if receipt is not None else [
+        entry["request_id"] for entry in json.loads(journal.read_text()).get("requests", [])]
+    listed = "; ".join(f"`fedunlearn receipt {r} --out {out.with_name(f'{r}.tlog-proof')}`" for r in requests)
+    raise InputError(f"{batch_id} is a deletion batch, not a request: a receipt is one data subject's, one per "
+                     f"request. The batch applied {len(requests)} request(s); write each one's receipt with "
+                     f"{listed or 'none (the batch has no request)'}; the batch's own receipt is "
+                     f"data/receipts/{batch_id}.json")
+
+
 def run_receipt(args: argparse.Namespace, root: Path) -> int:
     from fedunlearn.errors import InputError
     from fedunlearn.transparency.log import read_verifier
@@ -167,6 +187,7 @@ def run_receipt(args: argparse.Namespace, root: Path) -> int:
         text = build_receipt(log, args.request_id)
     except InputError:
         refuse_quarantined(root, args.request_id)
+        refuse_batch(root, args.request_id, args.out)
         raise
     _write_out(args.out, text, args.force)
     print("\n".join(verify_receipt(text, read_verifier(root), str(args.out))))

@@ -234,10 +234,15 @@ class Receipt(BaseModel):
     def exact_owed(self) -> str:
         """Interim: when exact forgetting is due, when its retrain must start, and whether it was done."""
         due = f"exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z" if self.exact_due else "exact forgetting owed"
-        start = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
+        start = f" ({self.start_by_clause()})" if self.exact_start_by else ""
         done = self.exactly_forgotten
         return due + (f" — forgotten exactly at {done.at:%Y-%m-%d %H:%M}Z by v{done.version} ({done.by})"
                       + self.shards_note() + self.retired_clause() if done else start + self.shards_note())
+
+    def start_by_clause(self) -> str:
+        """The latest safe start of this batch's own exact retrain, named as this batch's: the retrain
+        debt's (``flows.finish``) is the earliest over every batch owed, and may come sooner."""
+        return f"this batch's latest safe start for the exact retrain: {self.exact_start_by:%Y-%m-%d %H:%M}Z"
 
     def retired_clause(self) -> str:
         """``; versions retired: v1, v2`` for the exact statement, or nothing."""
@@ -267,7 +272,7 @@ class Receipt(BaseModel):
         if self.forgetting != "interim":
             return f"Forgetting: **{self.forgetting}** (nothing owed){self.retired_clause()}."
         unmeasured = "; ".join((self.gates.unmeasured if self.gates else []) or ["every check measured"])
-        when = f" (the exact retrain starts by {self.exact_start_by:%Y-%m-%d %H:%M}Z)" if self.exact_start_by else ""
+        when = f" ({self.start_by_clause()})" if self.exact_start_by else ""
         return (f"Forgetting: **interim** — exact forgetting due by {self.exact_due:%Y-%m-%d %H:%M}Z{when}"
                 f"{self.shards_note()}. Not measurable: {unmeasured}.")
 

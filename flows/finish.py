@@ -19,6 +19,7 @@ from __future__ import annotations
 
 
 from dataclasses import replace
+from datetime import datetime
 
 from prefect import get_run_logger
 
@@ -101,11 +102,19 @@ def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str |
     scheduled = schedule_repayment(ws, scenario, start_by)
     if scheduled is None:
         print(f"exact forgetting due by {debt.due:%Y-%m-%d %H:%M}Z: no repay-retrain-debt deployment is served, so "
-              f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z (make serve "
-              "schedules it)")
-        return debt, (f"not scheduled (no repay-retrain-debt deployment is served): run `fedunlearn repay-debt "
-                      f"--scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z"), []
+              f"run `fedunlearn repay-debt --scenario {scenario}` before {start_by:%Y-%m-%d %H:%M}Z, the retrain debt's "
+              "latest safe start (make serve schedules it)")
+        return debt, unscheduled(scenario, start_by, debt.due), []
     return debt, f"scheduled: flow run {scheduled} of {REPAY_DEPLOYMENT} at {start_by:%Y-%m-%d %H:%M}Z", []
+
+
+def unscheduled(scenario: str, start_by: datetime, due: datetime | None) -> str:
+    """What to run when no served deployment repays the debt, its time named as the debt's: a batch's
+    receipt names its own latest safe start, which may be later."""
+    earliest = f"for its earliest deadline, {due:%Y-%m-%d %H:%M}Z, " if due else ""
+    return (f"not scheduled (no repay-retrain-debt deployment is served): run `fedunlearn repay-debt --scenario "
+            f"{scenario}` before {start_by:%Y-%m-%d %H:%M}Z (the retrain debt's latest safe start: {earliest}over "
+            "every batch it owes)")
 
 
 def resume_end(scope: ScenarioScope, receipted: Receipted) -> Settled:

@@ -19,13 +19,13 @@ from prefect import flow, get_run_logger
 
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.folders import LOCK_TIMEOUT_S
+from fedunlearn.requests.idle import NO_PENDING
 from fedunlearn.requests.model import DeletionRequestModel
 from flows.intake import Intake, apply_deletions, intake_requests
 from flows.results import IngestResult
 from tasks.requests import submit_requests
 from stores.workspace import ScenarioScope, Workspace
 
-NO_PENDING = "no pending requests"
 
 
 @flow(name="ingest-deletions")

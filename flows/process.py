@@ -49,6 +49,7 @@ from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError,
                                is_no_space, no_space_path)
 from fedunlearn.receipts import receipt_path
 from fedunlearn.requests.batch import BatchRecord, BatchStatus
+from fedunlearn.requests.folders import LockHeld
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runtime_choice import check_flower_training, choose_runtime, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
@@ -164,7 +165,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     check_runner(choice, scope)  # an unknown name, or one the engine lacks, fails before anything is taken
     if requests:
         submit_requests(scope, requests)
-    with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}"), \
+    with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}") as held, \
             intra_op_threads(scope.config.threads):
         # Damage stops the batch before anything is written; the intake checks the ledger itself.
         verify_before_writing(ws.root, f"`fedunlearn process --scenario {scenario}`", ledger_checked=True)
@@ -174,7 +175,9 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
                            taken.batch.batch_id if taken.batch else "none")
         ended = finish_earlier(scope, taken, device)
         if taken.batch is None:
-            return nothing_to_process(scope, taken, device, ended)
+            return nothing_to_process(scope, taken, device, ended).model_copy(
+                update={"forgotten_by": waited_for_batch(held, scenario)})
+        held.note_batch(taken.batch.batch_id, scenario)
         batch = start_batch(scope, taken, choice, device)
         with stage(batch.record, "ingest (ledger, new data version, erasure check)"):
             batch = batch.applied(apply_deletions(ws, batch.record))
@@ -283,6 +286,15 @@ def finish_earlier(scope: ScenarioScope, taken: Intake, device: str | None) -> S
         return resume_end(scope, Receipted(unfinished.record, unfinished.receipt,
                                            receipt_path(scope.ws.root, unfinished.record.batch_id),
                                            command_device(scope.ws, device)))
+
+
+def waited_for_batch(held: LockHeld, scenario: str) -> str | None:
+    """The batch of ``scenario`` that the run this one waited for formed (its note beside the lock):
+    it took the requests that were pending when this run began."""
+    previous = held.previous or {}
+    if held.waited and previous.get("batch_id") and previous.get("scenario") == scenario:
+        return f"{previous['batch_id']} (formed by `{previous.get('command')}`, which held the batch lock)"
+    return None
 
 
 def nothing_to_process(scope: ScenarioScope, taken: Intake, device: str | None,

@@ -161,7 +161,8 @@ class ProcessResult(IngestResult):
     only_with: ClassVar = {**IngestResult.only_with,
                            "receipt": ("method", "certificate", "promoted", "attempts", "models", "receipt",
                                        "forgetting", "exact_due", "retrain_debt", "exact_run", "timings",
-                                       "warnings", "siblings_owed")}
+                                       "warnings", "siblings_owed"),
+                           "forgotten_by": ("forgotten_by",)}
 
     method: str | None = None
     certificate: str | None = None
@@ -180,6 +181,8 @@ class ProcessResult(IngestResult):
     # Other scenarios of the dataset whose models still serve the samples the batch deleted, each with
     # the command that forgets them there (``tasks.siblings``).
     siblings_owed: list[str] = []
+    # With no batch to run, after waiting for the batch lock: the batch the run waited for formed.
+    forgotten_by: str | None = None
 
     @property
     def reference(self) -> ModelRef | None:

@@ -33,6 +33,7 @@ from fedunlearn.sharded_federation import ShardedFederation
 from fedunlearn.training import TrainedModel, TrainingRound, train
 from fedunlearn.training_gate import TrainingRejected, judge_training
 from flows.results import TrainResult
+from runtime import progress
 from tasks.data import command_device, load_data, reproduce_data, validate_partition
 from tasks.evaluation import accuracy
 from tasks.models import (BACKDOOR_ARTIFACT, DATA_CONTEXTS, backdoor_ids, log_data_version, register_version,
@@ -202,6 +203,8 @@ def train_and_register(scope: ScenarioScope, federation: Federation, tags: dict[
             log_round({f"{key}test_acc": test_acc, f"{key}train_loss": step.train_loss}, step.round)
             print(f"{'shard ' + str(step.shard) + ' ' if sharded else ''}round {step.round}/{cfg.train.rounds}: "
                   f"test_acc={test_acc:.4f} train_loss={step.train_loss:.4f}")
+            progress.report(training_label(scenario, tags["role"], step.shard), step.round, cfg.train.rounds,
+                            f"round {step.round}/{cfg.train.rounds}, test_acc {test_acc:.4f}")
 
         if isinstance(federation, ShardedFederation):
             trained, shard_texts = train_in_shards(ws, scenario, federation, tags, report, kept)
@@ -238,6 +241,13 @@ def gate_original(scenario: str, train_cfg, test_acc: float, test_labels, losses
                              train_cfg.rounds)
     if not verdict.passed:
         raise TrainingRejected(verdict.message(scenario))
+
+
+def training_label(scenario: str, role: str, shard: int | None = None) -> str:
+    """What the progress of a training says it is: the original, or an exact retrain (a batch's
+    reference, a repayment), and the shard."""
+    what = "training" if role == "original" else "exact retrain of"
+    return f"{what} {scenario}" + (f" shard {shard}" if shard is not None else "")
 
 
 def train_in_shards(ws: Workspace, scenario: str, federation: ShardedFederation, tags: dict[str, str],

@@ -38,6 +38,7 @@ from flows.batch import Batch, Unlearned
 from flows.forget_sets import ForgetSetKit, forget_set_kit
 from flows.reference import reference_for
 from flows.train import Training, train_model
+from runtime import progress
 from stores.registry import ModelWeights, RegisteredModel
 from stores.workspace import ScenarioScope, Workspace
 from tasks.audit import audit, log_audit, log_source_audit
@@ -220,7 +221,10 @@ def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
 def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None) -> Escalated:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
     attempts, certificate, cost, forgetting = [], None, Cost(), judging.batch.forgetting
+    label = f"attempts of {judging.record.batch_id}"
     for number, attempt in enumerate(planned):
+        progress.report(label, number, len(planned), f"attempt {number + 1} of at most {len(planned)}: "
+                                                     f"{attempt.method}")
         if attempt.exact:
             record, certificate, reference = try_exact(judging, attempt, number, len(planned), reference)
             attempts.append(record)
@@ -234,6 +238,10 @@ def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None)
         get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
                                  attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)
                                  if forgetting is ForgettingPolicy.interim else "")
+    if attempts:
+        last = attempts[-1]
+        progress.report(label, len(attempts), len(planned), f"{len(attempts)} attempt(s), the last {last.method}: "
+                        + (last.gates.verdict if last.gates is not None else "exact retrain"), final=True)
     return Escalated(attempts, certificate, cost, reference)
 
 

@@ -22,6 +22,7 @@ from fedunlearn.evaluation.audit import (AuditResult, AuditSet, audit_forgetting
 from fedunlearn.federation.local import Tensors
 from fedunlearn.federation.protocol import Federation
 from fedunlearn.timing import CORE, core_compute
+from runtime import progress
 from stores.workspace import Workspace
 
 ROLE = "audit-reference"
@@ -42,7 +43,9 @@ def fresh_model(federation: Federation) -> nn.Module:
 @core_compute
 def train_audit_models(ws: Workspace, federation: Federation) -> AuditSet:
     return train_audit_set(federation.test, lambda: fresh_model(federation), config=ws.params.audit,
-                            seed=ws.params.seed)
+                            seed=ws.params.seed, on_reference=lambda k, n: progress.report(
+                                "audit references", k, n, f"reference {k}/{n} trained "
+                                f"({ws.params.audit.epochs} epochs on held-out samples)"))
 
 
 @task(name="register-audit-references", cache_policy=NO_CACHE)

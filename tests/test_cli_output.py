@@ -164,6 +164,23 @@ def test_an_interim_version_serves_with_its_reason_on_the_same_line():
                                         "(repay)")
 
 
+def test_the_batch_s_own_latest_safe_start_is_named_as_the_batch_s():
+    """The receipt's start time is this batch's; the debt's (a line apart in `process`) is the
+    earliest over every batch owed: each says which it is."""
+    from datetime import timedelta
+
+    interim = receipt(promoted=True, forgetting="interim").model_copy(
+        update={"exact_start_by": DUE - timedelta(hours=6)})
+    owed = "exact forgetting due by 2026-12-27 07:42Z (this batch's latest safe start for the exact retrain: " \
+           "2026-12-27 01:42Z)"
+    assert interim.serve_line().endswith(owed) and owed in interim.tier_line()
+    from flows.finish import unscheduled
+
+    assert unscheduled("mnist5k-hfl", DUE - timedelta(hours=30), DUE - timedelta(hours=24)).endswith(
+        "before 2026-12-26 01:42Z (the retrain debt's latest safe start: for its earliest deadline, 2026-12-26 "
+        "07:42Z, over every batch it owes)")
+
+
 def test_a_held_back_or_exact_version_says_why_on_the_same_line():
     held = receipt(promoted=False, forgetting=None, verdict="fail", held_back=["forget_audit fails: remembered"])
     assert held.serve_line() == "alias `current` NOT moved (stays at v1): held back — forget_audit fails: remembered"

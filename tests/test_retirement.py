@@ -141,6 +141,51 @@ def test_a_retired_version_keeps_its_record_and_loses_its_weights_everywhere(tra
     assert receipt.retired == ["1"] and "versions retired: v1" in receipt.markdown()
 
 
+def test_a_retired_version_says_so_first_wherever_a_user_meets_it(trained_digits_hfl):
+    """Its page and its run's begin with the notice; the tag MLflow lists first says it; MLflow's own
+    loader names the batch and what to load instead; so does the project's."""
+    import mlflow
+    import mlflow.pytorch
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
+    from stores.registry import VersionRetired
+    from stores.workspace import Workspace
+    from tasks.retirement import retire_forgotten
+
+    root = trained_digits_hfl
+    batch_id = owe_one_exact_batch(root)
+    ws = Workspace.open(root)
+    before = ws.registry.version(SCENARIO, "1").description
+    ws.registry.remove_alias(SCENARIO, "current")
+    retire_forgotten.fn(ws, SCENARIO)
+    retire_forgotten.fn(ws, SCENARIO)  # again: nothing is prefixed twice
+
+    notice = f"RETIRED by {batch_id} (weights deleted; metrics kept)"
+    found = ws.registry.version(SCENARIO, "1")
+    assert found.description.startswith(notice) and found.description.count(notice) == 1
+    assert found.description.endswith(before)  # what it was stays readable below
+    run_tags = ws.registry.client.get_run(found.run_id).data.tags
+    assert run_tags[MLFLOW_RUN_NOTE].startswith(notice) and run_tags[MLFLOW_RUN_NOTE].count(notice) == 1
+    for tags in (found.tags, run_tags):
+        first = sorted(k for k in tags if not k.startswith("mlflow."))[0]
+        assert first == "_retired" and tags[first].startswith(notice), tags
+        assert tags["retirement"].startswith("retired")  # the existing tags stay
+    with pytest.raises(VersionRetired) as refused:
+        ws.registry.load(SCENARIO, "1")
+    assert str(refused.value).startswith(f"v1 of {SCENARIO} was retired by batch {batch_id}: weights deleted; "
+                                         f"use models:/{SCENARIO}@current")
+    mlflow.set_tracking_uri(ws.registry.uri)
+    mlflow.set_registry_uri(ws.registry.uri)
+    try:
+        with pytest.raises(Exception) as by_mlflow:
+            mlflow.pytorch.load_model(f"models:/{SCENARIO}/1")
+    finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+    assert notice in str(by_mlflow.value) and f"models:/{SCENARIO}@current" in str(by_mlflow.value)
+    assert weights_files(root) == []
+
+
 def test_a_crash_between_deleting_and_tagging_resumes_once(trained_digits_hfl):
     from fedunlearn.requests.erasure import RETIRED_WEIGHTS_PATH
     from stores.registry import VersionRetired

@@ -257,6 +257,58 @@ def test_the_batch_and_its_exact_forgetting_are_logged_and_an_honest_log_proves_
     assert TransparencyLog(workspace).check(Ledger(workspace / LEDGER_PATH).entries()).problems == []
 
 
+def test_the_receipt_carries_and_verifies_the_retirements_of_the_versions_that_learnt_it(logged, tmp_path,
+                                                                                      monkeypatch):
+    """The versions the batch's receipt names as retired: their retirement leaves, with inclusion
+    proofs, in the subject's file; verify-receipt lists them; a changed one fails as any leaf would."""
+    from fedunlearn.receipts import write_receipt
+    from fedunlearn.transparency.statements import retirement_leaf
+    from test_receipts import make_receipt
+
+    workspace, log, _ = logged
+    receipt = make_receipt(promoted=True).model_copy(update={"batch_id": "b1", "request_ids": ["r1", "r2"],
+                                                             "scenario": "toy-hfl", "retired": ["1", "2"]})
+    write_receipt(workspace, receipt)
+    sync_workspace(workspace, lambda scenario, version: f"sha-of-v{version}")
+    at = "2026-03-03T00:00:00+00:00"
+    log.append_statements([("retirement", f"toy-hfl v{v}", retirement_leaf("toy-hfl", v, "b2", "ab" * 32, at))
+                           for v in ("1", "2", "3")])  # v3 learnt b2 only: not r1's
+    key = (log.directory / "log.pub").read_text()
+    made = build_receipt(log, "r1")
+    status, out = verify_alone(tmp_path, monkeypatch, made, key)
+    assert status == 0 and "VERIFIED" in out, out
+    assert f"included: retirement of toy-hfl v1 (leaf 4) at {at} by b2: weights deleted, weights digest {'ab' * 32}" \
+        in out
+    assert f"retired: v1, v2 of toy-hfl, the versions that learnt these samples" in out
+    assert f"v2 at {at}, weights digest {'ab' * 32}" in out and "toy-hfl v3" not in out
+
+    extra = json.loads(base64.b64decode(made.split("\n")[1][len("extra "):]))
+    forged = retirement_leaf("toy-hfl", "1", "b2", "cd" * 32, at)  # another digest than the one logged
+    extra["statements"] = [dict(s, leaf=base64.b64encode(forged).decode()) if s["index"] == 4 else s
+                           for s in extra["statements"]]
+    lines = made.split("\n")
+    lines[1] = "extra " + base64.b64encode(json.dumps(extra, sort_keys=True, separators=(",", ":")).encode()).decode()
+    status, out = verify_alone(tmp_path, monkeypatch, "\n".join(lines), key)
+    assert status == 12 and "the statement at leaf 4 is NOT in the signed log" in out, out
+
+
+def test_receipt_of_a_batch_id_says_it_is_a_batch_and_names_its_requests(logged, tmp_path):
+    from fedunlearn.receipts import write_receipt
+    from test_receipts import make_receipt
+
+    workspace, _, _ = logged
+    write_receipt(workspace, make_receipt(promoted=True).model_copy(update={"batch_id": "b1",
+                                                                            "request_ids": ["r1", "r2"]}))
+    printed = call_cli(workspace, "receipt", "b1", "--out", str(tmp_path / "b1.tlog-proof"))
+    [error] = [line for line in printed.err.splitlines() if line.startswith("error: ")]
+    assert printed.status == 2 and error.startswith("error: b1 is a deletion batch"), printed.err
+    assert "b1 is a deletion batch, not a request" in printed.err and "applied 2 request(s)" in printed.err
+    assert f"`fedunlearn receipt r2 --out {tmp_path / 'r2.tlog-proof'}`" in printed.err
+    assert not (tmp_path / "b1.tlog-proof").exists()
+    unknown = call_cli(workspace, "receipt", "nobody", "--out", str(tmp_path / "n.tlog-proof"))
+    assert unknown.status == 2 and "is not in the deletion ledger" in unknown.err
+
+
 def cosign(note: str, name: str, witness: Signer, timestamp: int) -> str:
     """A C2SP tlog-cosignature/v1 line added by a witness (what docs/requests-and-ledger.md describes)."""
     import hashlib

@@ -111,14 +111,15 @@ class AuditSet:
 
 
 def train_audit_set(heldout: Tensors, model_fn: Callable[[], nn.Module], *, config: AuditConfig | None = None,
-                     seed: int = 0) -> AuditSet:
+                     seed: int = 0, on_reference: Callable[[int, int], None] | None = None) -> AuditSet:
     """Split ``heldout`` (the held-out split, never production training data) into pools A and B
     and train ``config.num_references`` models on seeded random subsets of pool A.
 
     ``model_fn``: builds a fresh model (called after ``torch.manual_seed``, so its initial
     weights are seeded); models are moved to the device of ``heldout``. ``config`` (default
     ``AuditConfig()``): sizes and the central SGD (``sgd_epochs``) settings. ``seed`` (default
-    0): the pools, subsets, initial weights and batch orders."""
+    0): the pools, subsets, initial weights and batch orders. ``on_reference(k, n)``: called once the
+    k-th of the n references is trained."""
     config = config or AuditConfig()
     rng = np.random.default_rng([seed, 0xA0D1])
     order = rng.permutation(len(heldout))
@@ -141,6 +142,8 @@ def train_audit_set(heldout: Tensors, model_fn: Callable[[], nn.Module], *, conf
                    momentum=config.momentum, generator=torch.Generator().manual_seed(int(model_seed)))
         models.append(model)
         train_ids.append(data.sample_ids.copy())
+        if on_reference is not None:
+            on_reference(len(models), config.num_references)
     pool_phi = np.stack([logit_scaled_confidence(model, pool_b) for model in models])
     return AuditSet(models, train_ids, pool_a.sample_ids.copy(), pool_b, pool_phi, config,
                         time.perf_counter() - started)

@@ -6,6 +6,7 @@
                           /batches/      one record per batch (<batch_id>.json), also the journal
                           /.staging/     request files being written (then moved into the inbox)
                           /.lock         held while a batch runs
+                          /.lock-holder.json  who holds (or last held) it, and the batch it formed: a note
 
 Every write that matters is made durable (fsync of the file and of its directory) and every
 move is an ``os.replace`` within one filesystem, so a crash leaves each file either before or
@@ -70,21 +71,61 @@ class RequestFolders:
         return self.base / ".lock"
 
 
+@dataclass
+class LockHeld:
+    """The batch lock as its holder took it: whether it had to wait (``waited``), and what the holder
+    before it noted (``previous``: its command and the batch it formed, if any) — after a wait, the
+    run that was waited for. Each holder notes itself in ``.lock-holder.json`` beside the lock, a
+    batch-forming one its batch too (``note_batch``): a note only, never a decision's input (a torn
+    or missing one reads as none)."""
+
+    folders: RequestFolders
+    command: str
+    waited: bool = False
+    previous: dict[str, Any] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.folders.base / ".lock-holder.json"
+
+    def note_batch(self, batch_id: str, scenario: str) -> None:
+        self._write({"command": self.command, "batch_id": batch_id, "scenario": scenario})
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            found = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def _write(self, note: dict[str, Any]) -> None:
+        try:
+            self.path.write_text(json.dumps(note))
+        except OSError:
+            pass  # a full disk must not stop a batch for a note
+
+
 @contextmanager
 def batch_lock(folders: RequestFolders, timeout: float = LOCK_TIMEOUT_S,
-               rerun: str = "fedunlearn ingest") -> Iterator[None]:
+               rerun: str = "fedunlearn ingest") -> Iterator[LockHeld]:
     """Hold the batch lock: a second batch waits up to ``timeout`` seconds, then fails clearly,
     naming the command (``rerun``) to run once the first is done. The lock is an OS file lock,
     released by the kernel if the holder dies."""
-    lock = FileLock(folders.lock, timeout=timeout, thread_local=False)
+    lock, held = FileLock(folders.lock, timeout=timeout, thread_local=False), LockHeld(folders, rerun)
     try:
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            held.waited = True
+            lock.acquire()
     except Timeout:
         raise BatchInProgress(f"another deletion batch is running in {folders.workspace} (it has held "
                               f"{folders.lock} for more than {timeout:.0f} s); wait for it to finish, then run "
                               f"`{rerun}` again") from None
     try:
-        yield
+        held.previous = held._read()
+        held._write({"command": rerun, "batch_id": None})
+        yield held
     finally:
         lock.release()
 

@@ -236,8 +236,11 @@ def leaf_time(value) -> str | None:
 # --- the statements about versions the registry calls for -------------------------------------------------
 
 def retirement_leaf(view: VersionView) -> bytes:
-    return canonical({"type": RETIREMENT, "scenario": view.scenario, "version": view.version,
-                      "retired_by": view.retired_by, "weights_sha256": view.weights_sha256, "at": view.retired_at})
+    """The retirement leaf (``statements.retirement_leaf``: a subject's receipt proves the same bytes)."""
+    from fedunlearn.transparency import statements
+
+    return statements.retirement_leaf(view.scenario, view.version, view.retired_by, view.weights_sha256,
+                                      view.retired_at)
 
 
 def hold_leaf(view: VersionView) -> bytes:

@@ -4,7 +4,8 @@ log's public key.
 The file is a C2SP ``tlog-proof`` (``c2sp.org/tlog-proof@v1``): the index of the request's leaf,
 its inclusion proof and the signed checkpoint verbatim; its ``extra`` line is base64 of canonical
 JSON holding the leaf itself (so that its hash can be recomputed), the salt of the sample-ID
-commitment, the batch's statements (batch receipt, exact forgetting) with their own inclusion
+commitment, the batch's statements (batch receipt, exact forgetting) and the retirements of the
+versions that learnt the request's samples (those the batch's receipt names) with their own inclusion
 proofs, and — in a file ``ledger prove-consistency`` made — a consistency proof from an older
 tree head the subject kept. ``extra`` is not trusted by itself (tlog-proof says so): every leaf in
 it counts only once its inclusion proof checks against the signed head, and the consistency proof
@@ -22,7 +23,8 @@ from fedunlearn.errors import InputError
 from fedunlearn.transparency import merkle
 from fedunlearn.transparency.failures import LogInconsistent, NotIncluded, ReceiptMalformed
 from fedunlearn.transparency.note import Checkpoint, Verifier, open_checkpoint, split_note
-from fedunlearn.transparency.statements import BATCH, DELETIONS, EXACT, canonical, ids_commitment
+from fedunlearn.transparency.statements import (BATCH, DELETIONS, EXACT, RETIREMENT, canonical, ids_commitment,
+                                                retirement_key)
 from fedunlearn.transparency.untrusted import CONTROL, canonical_number, strict_b64
 
 if TYPE_CHECKING:  # the operator's side only: the log pulls in the ledger and the batch receipts
@@ -31,7 +33,7 @@ if TYPE_CHECKING:  # the operator's side only: the log pulls in the ledger and t
 HEADER = "c2sp.org/tlog-proof@v1"
 FORMAT = "fedunlearn.receipt@v1"
 MAX_PROOF = 64  # hashes in an inclusion or consistency proof of a tree below 2**63 leaves
-MAX_STATEMENTS = 64  # a batch logs one receipt and at most one exact forgetting
+MAX_STATEMENTS = 64  # a batch logs one receipt, at most one exact forgetting, its versions' retirements
 
 
 def _b64(data: bytes) -> str:
@@ -180,7 +182,8 @@ def build_receipt(log: TransparencyLog, request_id: str | None, consistency: dic
                                  "note": "a proof about the log alone (for a witness): it names no entry"}
     else:
         extra = {"format": FORMAT, "leaf": _b64(mine.leaf), "salt": _b64(mine.salt or b""),
-                 "statements": _statements(records[:size], hashes, mine.statement.get("batch_id")),
+                 "statements": _statements(records[:size], hashes, mine.statement.get("batch_id"),
+                                           _retired_keys(log, mine.statement)),
                  "note": "verify with `fedunlearn verify-receipt FILE --public-key log.pub`; the salt opens "
                          "ids_commitment (HMAC-SHA256 of your sample IDs, canonical) and so tells your IDs to "
                          "whoever holds this file: keep it as you keep the ID list"}
@@ -189,11 +192,23 @@ def build_receipt(log: TransparencyLog, request_id: str | None, consistency: dic
     return ProofFile(extra, mine.index, merkle.inclusion_proof(hashes, mine.index), note).text()
 
 
-def _statements(records: list, hashes: list[bytes], batch_id: str | None) -> list[dict[str, Any]]:
-    """The batch's own statements (receipt, exact forgetting) with their inclusion proofs."""
+def _statements(records: list, hashes: list[bytes], batch_id: str | None,
+                retired: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """The batch's own statements (receipt, exact forgetting) and the retirements of the versions
+    that learnt its samples (``retired``: their log keys), with their inclusion proofs."""
     return [{"index": r.index, "leaf": _b64(r.leaf),
              "proof": [_b64(h) for h in merkle.inclusion_proof(hashes, r.index)]}
-            for r in records if r.kind in ("batch", "exact") and r.key == batch_id]
+            for r in records if (r.kind in ("batch", "exact") and r.key == batch_id)
+            or (r.kind == "retirement" and r.key in retired)]
+
+
+def _retired_keys(log: TransparencyLog, deletion: dict[str, Any]) -> set[str]:
+    """The log keys of the retirements the batch's receipt names: the versions that learnt the
+    request's samples and lost their weights once it was exactly forgotten."""
+    from fedunlearn.receipts import read_receipt
+
+    receipt = read_receipt(log.root, deletion["batch_id"]) if deletion.get("batch_id") else None
+    return {retirement_key(receipt.scenario, v) for v in receipt.retired} if receipt is not None else set()
 
 
 def prove_consistency(log: TransparencyLog, kept: str, source: str, request_id: str | None = None) -> str:
@@ -244,6 +259,7 @@ def verify_receipt(text: str, verifier: Verifier, source: str, kept: str | None 
                  f"{statement.get('applied_at')} in {statement.get('batch_id')} ({statement.get('scenario')}), "
                  f"{statement.get('ids_count')} sample IDs committed to")
     lines += _verify_statements(file, checkpoint, statement, source)
+    lines += _retired_summary(file, statement, source)
     if sample_ids is not None:
         lines.append(_check_commitment(file, statement, sample_ids, source))
     return lines + ([consistency()] if kept is not None else [])
@@ -269,7 +285,11 @@ def _verify_statements(file: ProofFile, checkpoint: Checkpoint, deletion: dict[s
             raise NotIncluded(f"{source}: the statement at leaf {item['index']} is NOT in the signed log (its "
                               "inclusion proof fails): it was changed after it was logged")
         statement = _statement(leaf, source)
-        if statement.get("batch_id") != deletion.get("batch_id"):
+        if statement.get("type") == RETIREMENT:
+            if statement.get("scenario") != deletion.get("scenario"):
+                raise ReceiptMalformed(f"{source}: the retirement at leaf {item['index']} is of a model of another "
+                                       f"scenario than the request's {deletion.get('scenario')!r}")
+        elif statement.get("batch_id") != deletion.get("batch_id"):
             raise ReceiptMalformed(f"{source}: the statement at leaf {item['index']} is about another batch than "
                                    f"the request's {deletion.get('batch_id')!r}")
         lines.append(_describe(statement, item["index"]))
@@ -287,11 +307,28 @@ def _describe(statement: dict[str, Any], index: int) -> str:
                 f"{serving.get('model_sha256')}); forgetting {statement.get('forgetting')}, method "
                 f"{statement.get('method')}, guarantee {statement.get('guarantee')}, exact due "
                 f"{statement.get('exact_due')}")
+    if statement.get("type") == RETIREMENT:
+        return (f"included: retirement of {statement.get('scenario')} v{statement.get('version')} (leaf {index}) at "
+                f"{statement.get('at')} by {statement.get('retired_by')}: weights deleted, weights digest "
+                f"{statement.get('weights_sha256')}")
     if statement.get("type") == EXACT:
         return (f"included: exact forgetting of {statement.get('batch_id')} (leaf {index}) at {statement.get('at')} "
                 f"by version {statement.get('version')} ({statement.get('by')}, model sha256 "
                 f"{statement.get('model_sha256')})")
     return f"included: a {statement.get('type')} statement (leaf {index})"
+
+
+def _retired_summary(file: ProofFile, deletion: dict[str, Any], source: str) -> list[str]:
+    """``retired: v1, v2 …`` from the retirement statements just verified (none: no line)."""
+    retired = [_statement(_unb64(item["leaf"], source, "a statement's leaf"), source)
+               for item in file.extra.get("statements", [])]
+    retired = [s for s in retired if s.get("type") == RETIREMENT]
+    if not retired:
+        return []
+    names = ", ".join(f"v{s.get('version')}" for s in retired)
+    each = "; ".join(f"v{s.get('version')} at {s.get('at')}, weights digest {s.get('weights_sha256')}" for s in retired)
+    return [f"retired: {names} of {deletion.get('scenario')}, the versions that learnt these samples — their weights "
+            f"deleted, each retirement in the signed log: {each}"]
 
 
 def _check_commitment(file: ProofFile, statement: dict[str, Any], sample_ids: list[str], source: str) -> str:

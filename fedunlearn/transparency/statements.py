@@ -55,3 +55,15 @@ def ledger_commitment(salt: bytes, checksum: str) -> str:
     """The ledger entry's checksum, keyed by the request's salt: the operator can still tell a
     changed entry (``ledger verify``), nobody without the salt can test a guess against it."""
     return hmac.new(salt, LEDGER_DOMAIN + checksum.encode(), hashlib.sha256).hexdigest()
+
+
+def retirement_key(scenario: str, version: str) -> str:
+    """The log's key of a version's retirement (and of its hold): ``<scenario> v<version>``."""
+    return f"{scenario} v{version}"
+
+
+def retirement_leaf(scenario: str, version: str, batch_id: str, weights_sha256: str | None, at: str | None) -> bytes:
+    """A version's retirement: the batch whose exact forgetting retired it, the digest of the weights
+    it had (``sha256sum``-style over its weights files) and when they were deleted."""
+    return canonical({"type": RETIREMENT, "scenario": scenario, "version": version, "retired_by": batch_id,
+                      "weights_sha256": weights_sha256, "at": at})

@@ -7,6 +7,14 @@ what ``fedunlearn compare`` and MLflow's compare view read — and gains a tombs
     retired_by        the batch whose exact forgetting retired it
     weights_sha256    the digest of its weights as they were (``stores.registry.weights.tree_digest``)
     retired_at        when the deletion finished
+    _retired          "RETIRED by <batch> (weights deleted; metrics kept) ..." — on the version and its run:
+                      MLflow's UI lists tags by key, and ``_`` sorts before every letter, so this one comes
+                      first, beside the version's READY status and its Promote and alias buttons
+
+and says so wherever a user meets it: the version's and the run's descriptions begin with the same
+words, and MLflow's own model (``model/``) is replaced by a tombstone ``MLmodel`` whose model file is
+named by the notice, so that ``mlflow.pytorch.load_model("models:/<model>/<n>")`` fails naming the
+batch and what to load instead, not with a bare "No such artifact: 'MLmodel'".
 
 The steps are ordered so that a process killed between any two resumes without harm: the keyed
 windows of the weights (``fedunlearn.requests.erasure.remember_retired``) and the digest are written
@@ -33,6 +41,8 @@ RETIRING, RETIRED = "retiring", "retired"
 # Set instead of weights_sha256 when a version due to retire had no weights left to hash (removed outside
 # fedunlearn): it retires all the same, recorded as gone, rather than failing every run that retires.
 WEIGHTS_MISSING_TAG = "weights_missing"
+NOTICE_TAG = "_retired"
+NOTICE = "RETIRED by {batch} (weights deleted; metrics kept)"
 WEIGHT_ARTIFACTS = (WEIGHTS, MODEL_ARTIFACT)  # the run's files that are the model; the budget is numbers about it
 
 
@@ -47,10 +57,25 @@ def retired_batch(version) -> str | None:
 
 def retired_error(version) -> VersionRetired:
     return VersionRetired(
-        f"{version.name} v{version.version} ({version.tags.get('role', '?')}) was retired by {retired_batch(version)}: "
-        "it learnt samples whose deletion that batch completed exactly, so its weights were deleted from every store "
-        f"(its metrics, tags and lineage stay: `fedunlearn compare --scenario {version.name}`). Load the version "
-        f"serving now (alias current) instead")
+        f"v{version.version} of {version.name} was retired by batch {retired_batch(version)}: weights deleted; use "
+        f"models:/{version.name}@current (the version serving now). It ({version.tags.get('role', '?')}) learnt "
+        "samples whose deletion that batch completed exactly; its metrics, tags and lineage stay: "
+        f"`fedunlearn compare --scenario {version.name}`")
+
+
+def retired_notice(name: str, batch_id: str) -> str:
+    """The words a retired version's tag and descriptions begin with."""
+    return (NOTICE.format(batch=batch_id) + f": do not promote, alias or load it; use models:/{name}@current")
+
+
+def retired_description(name: str, batch_id: str, at: str, previous: str | None) -> str:
+    """A retired version's (or run's) description: the notice first — the UI shows a description
+    folded to its first line — then what it was, kept as it was written. Prefixed once."""
+    if previous and previous.startswith(NOTICE.format(batch=batch_id)):
+        return previous
+    head = (f"{NOTICE.format(batch=batch_id)} at {at}: it learnt samples whose deletion `{batch_id}` completed "
+            f"exactly. Load `models:/{name}@current` instead; `fedunlearn compare --scenario {name}` shows its record.")
+    return head + (f"\n\nBefore its retirement: {previous}" if previous else "")
 
 
 class Retirement:
@@ -78,10 +103,30 @@ class Retirement:
             self.client.delete_registered_model_alias(name, alias)
         self._delete_weights(found)
         failpoint(RETIREMENT_FAILPOINT)
-        self.client.set_model_version_tag(name, version, "retired_at", utc_now().isoformat(timespec="seconds"))
+        at = utc_now().isoformat(timespec="seconds")
+        self._mark_retired(found, found.tags.get(RETIRED_BY_TAG) or batch_id, at)
+        self.client.set_model_version_tag(name, version, "retired_at", at)
         self.client.set_model_version_tag(name, version, RETIREMENT_TAG, RETIRED)
         self.client.set_tag(found.run_id, RETIREMENT_TAG, f"{RETIRED} by {found.tags.get(RETIRED_BY_TAG) or batch_id}")
         return True
+
+    def _mark_retired(self, found, batch_id: str, at: str) -> None:
+        """The notice where a user meets the version: its tag and description, its run's, and the
+        tombstone ``MLmodel`` (module docstring). Each step may run again after a kill."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
+        name, notice = found.name, retired_notice(found.name, batch_id)
+        self.client.set_model_version_tag(name, found.version, NOTICE_TAG, notice)
+        self.client.set_tag(found.run_id, NOTICE_TAG, notice)
+        self.client.update_model_version(name, found.version,
+                                         description=retired_description(name, batch_id, at, found.description))
+        previous = self.client.get_run(found.run_id).data.tags.get(MLFLOW_RUN_NOTE)
+        self.client.set_tag(found.run_id, MLFLOW_RUN_NOTE, retired_description(name, batch_id, at, previous))
+        with tempfile.TemporaryDirectory(dir=self.root / ".tmp") as tmp:
+            tombstone = Path(tmp) / "MLmodel"
+            tombstone.write_text(tombstone_mlmodel(notice))
+            get_artifact_repository(self._model_uri(found), tracking_uri=self.uri).log_artifact(str(tombstone))
 
     def _remember_weights(self, found) -> str:
         """The weights' digest, and their keyed windows in the workspace: read before anything goes."""
@@ -118,6 +163,19 @@ class Retirement:
             raise retired_error(found)
         self.client.set_model_version_tag(name, version, HOLD_TAG, reason)
         self.client.set_model_version_tag(name, version, "hold_at", utc_now().isoformat(timespec="seconds"))
+
+
+def tombstone_mlmodel(notice: str) -> str:
+    """MLflow's model file for a retired version: its pytorch flavor names, as its model file, the
+    notice — no such file exists, so MLflow's loader fails with the notice in its message."""
+    import json
+
+    import torch
+
+    data = json.dumps(notice)  # a JSON string is a YAML string: the notice's colons stay text
+    return (f"flavors:\n  pytorch:\n    model_data: {data}\n    pytorch_version: {json.dumps(torch.__version__)}\n"
+            f"  python_function:\n    loader_module: mlflow.pytorch\n    data: {data}\n"
+            f"metadata:\n  retired: {data}\n")
 
 
 def _exists(uri: str) -> bool:

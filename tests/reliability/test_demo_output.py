@@ -44,7 +44,9 @@ def test_the_demo_announces_each_long_step_and_prints_no_library_line(workspace)
     assert f"== 5. exact retrain from scratch without the deleted samples ({rounds}, as long as step 1" \
         in done.stdout
     assert all(f"== {step}." in done.stdout for step in range(1, 7))
-    assert "round 1/" not in printed and "**" not in printed
+    assert "round 1/" not in done.stdout and "**" not in printed  # the library's round lines: --verbose only
+    progress = [line for line in done.stderr.splitlines() if line.startswith("  … ")]  # ours, on stderr
+    assert f"  … training {SCENARIO}: round 1/{cfg.train.rounds}" in "\n".join(progress), done.stderr
     ours = done.stdout.split("== 4.")[0] + done.stdout.split("== 5.")[1]  # step 4 is `status`'s own table
     assert "batch batch-" not in ours and "batch-" in ours
     served = next(line for line in done.stdout.splitlines() if "alias current -> v" in line and "serves" in line)
