@@ -66,11 +66,13 @@ def main() -> None:
     parser.add_argument("--root", required=True, type=Path, help="a workspace (fedunlearn init)")
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--seed", type=int, default=7, help="which rows are planted")
+    parser.add_argument("--data", type=Path, help="where the CSV goes (default: <root>/user); outside the workspace, "
+                        "the CSV is the user's system of record and no batch rewrites it")
     args = parser.parse_args()
     import pandas as pd
 
     x, y, ids, planted = user_rows(args.kind, args.seed)
-    folder = args.root / "user"
+    folder = args.data or args.root / "user"
     folder.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(x, columns=[f"px{i}" for i in range(x.shape[1])])
     frame.insert(0, "id", ids)

@@ -3,8 +3,11 @@
 ``audit_forgetting`` scores each forget sample by offline LiRA [2]_: z = (φ_target − μ_out)/σ_out,
 φ the logit-scaled confidence on its label, μ_out the mean φ of K reference models that never saw
 it, σ_out one pooled standard deviation. The references (``train_audit_set``) train once per data
-version on pool A of the held-out split; pool B gives the non-members. The forget set's z are
-compared with pool B's label by label, as a label-stratified AUC with its interval [4]_:
+version on pool A of the held-out split; pool B gives the non-members, as (row, label) pairs: each row
+with its own label and with every other. Nobody tells the audit which samples are memorised. The
+forget set's z are compared with those pairs stratum by stratum — the label, or, for a sample whose
+label the references reject (mean φ < 0), its bin of difficulty, relabelled pairs joining only where
+pool B has too few of its own — as a stratified AUC with its interval [4]_:
 ``not forgotten`` iff the one-sided (1 − α) lower bound exceeds 0.5 + tolerance, ``forgotten`` iff
 the upper bound is within it, else ``inconclusive`` (the strict tier's reading);
 ``AuditResult.equivalence_check`` reads the same AUC two-sidedly (the interim tier's). Why:
@@ -13,7 +16,7 @@ models that never saw it [1]_, [2]_; references trained on held-out rows make ev
 sample "out", so nothing is retrained per batch, and an exact retrain is called ``not forgotten``
 with probability ≤ α whatever the references. The derivations, the margin, the conformal p-values
 and the marked non-members (canaries, backdoors): docs/methods.md, "The statistics behind the gates
-and the audit".
+and the audit"; the per-sample evidence: ``per_sample``.
 
 References
 ----------

@@ -5,41 +5,40 @@ A forget sample (x, y) has a calibrated score z = (φ_cand(x, y) − μ_out(x, y
 candidate (offline LiRA [1]_) and a *difficulty* μ_out(x, y): the references' mean φ on its label —
 how strongly models that never saw x believe y (difficulty calibration [2]_). A memorised atypical
 sample — a mislabelled row, a rare shape — has a low difficulty and, under a model that learnt it, a
-high z; under a model that never saw it, a z like never-seen pairs of the same difficulty. The
-candidate's own strength (a retrain is more confident than the references on right labels and less
-on wrong ones) is read from never-seen pairs under the same candidate, so it cancels.
+z above never-seen pairs of that difficulty; under a model that never saw it, a z among them. The
+candidate's own strength (a retrain is more confident than the references on labels they believe and
+less on those they reject) is read from never-seen pairs under the same candidate, so it cancels.
 
-The never-seen pairs are pool B of the held-out split twice over: with the labels the data gives
-its rows (*given*: the user's mislabelled or atypical rows among them, at the data's own rate) and
-with every other label (*relabelled*: what a wrong label looks like to each model). A forget sample
-is compared with its ``NEIGHBOURS`` nearest pairs in difficulty of each kind, and its p-value is the
-larger of the two: each kind alone is the right yardstick for one sort of sample (a mislabelled row
-behaves like a relabelled pair, a hard sample with its true label like a given one), and the larger
-p-value is valid for either. Two questions per sample, both from robust, heavy-tailed fits to the
-neighbours (median, one-sided MAD, Student's t tails):
+The never-seen pairs are pool B of the held-out split twice over: with the labels the data gives its
+rows (*its own* pairs: the user's mislabelled or atypical rows among them, at the data's own rate) and
+with every other label (*relabelled*: what a wrong label looks like to each model). A forget sample is
+judged against its ``NEIGHBOURS`` nearest pairs in difficulty and, where at least ``DENSE`` of pool
+B's own pairs lie within ``BANDWIDTH`` of its difficulty, against those as well; each side's p-value
+is the larger of the two. Pool B's own pairs are exchangeable with a random training sample of that
+difficulty; where they are too few (far harder than any held-out row) relabelled pairs stand in, which
+is right for a wrong label and errs towards "remembered" for a hard right one — the safe side for the
+data subject: the batch escalates towards the exact retrain. Two questions per sample:
 
-* **remembered** — z far *above* its neighbours: the strong samples (p ≤ ``REMEMBERED_COUNT_SHARE`` · α)
-  counted against their binomial law (one test at every request size, one sample included), and
-  Holm's step-down [3]_ at ``REMEMBERED_HOLM_SHARE`` · α for one extreme sample in a large request;
-* **over-forgotten** — the candidate marks the sample *below* never-seen pairs [4]_: its misses
-  counted against its neighbours' miss rates (Poisson-binomial), and z far under its neighbours
-  (Holm), at α/4 each.
+* **remembered** — z *above* its neighbours: its conformal p-value (1 + #{neighbours ≥ z}) / (1 + m);
+  the strong samples (p ≤ α/2) counted against their binomial law, one test at every request size, one
+  sample included (a sample whose neighbours are too few to reach α/2 is *unmeasured*);
+* **over-forgotten** — the candidate marks the sample *below* never-seen pairs [3]_: its misses counted
+  against its neighbours' miss rates (Poisson-binomial), and z far under its neighbours' median in their
+  lower robust scale (Student's t tails, Holm's step-down [4]_), at α/4 each.
 
-So a candidate that never saw the samples — an exact retrain — is flagged with probability about
-α at most, where its forget samples resemble pool B's pairs of their difficulty. Where they do not
-(inputs unlike any held-out row, such as noise images), the error falls on the safe side for the
-data subject: such samples look remembered, and the batch escalates towards the exact retrain.
-Measured rates: docs/BENCHMARKS.md, "The interim decision at every request size".
+So a candidate that never saw the samples — an exact retrain — is flagged with probability about α at
+most, where its forget samples resemble pool B's pairs of their difficulty. Measured rates, and where
+they do not hold: docs/BENCHMARKS.md, "The interim decision at every request size".
 
 References
 ----------
 .. [1] Carlini et al. (2022), "Membership Inference Attacks From First Principles", IEEE S&P.
 .. [2] Watson et al. (2022), "On the Importance of Difficulty Calibration in Membership Inference
    Attacks", ICLR.
-.. [3] Holm (1979), "A Simple Sequentially Rejective Multiple Test Procedure", Scandinavian
-   Journal of Statistics.
-.. [4] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
+.. [3] Hayes et al. (2024), "Inexact Unlearning Needs More Careful Evaluations to Avoid a False
    Sense of Privacy" (U-LiRA): audit unlearning per example, both ways.
+.. [4] Holm (1979), "A Simple Sequentially Rejective Multiple Test Procedure", Scandinavian
+   Journal of Statistics.
 """
 
 from __future__ import annotations
