@@ -253,7 +253,8 @@ def describe_batch(result: ProcessResult) -> str:
 
     receipt = result.receipt_written
     retrained = result.reference
-    chain = " -> ".join(f"{a.method} ({a.verdict or a.note or 'not gated'})" for a in result.attempts)
+    interim_tier = receipt.policy != "strict"
+    chain = " -> ".join(f"{a.method} ({a.reading(interim_tier)})" for a in result.attempts)
     what = f" ({result.method}, {result.certificate}" + (f"; retrained reference v{retrained.version}" if retrained
                                                          else "") + ")" if result.method else ""
     timings = result.timings

@@ -136,6 +136,15 @@ class AttemptLine(BaseModel):
     verdict: str | None = None
     interim: bool | None = None
 
+    def reading(self, interim_tier: bool) -> str:
+        """What the gates said, on the tier that decided: where the interim tier judged, whether it
+        serves there beside the strict verdict, so the attempt's line and the batch's agree."""
+        if self.verdict is None:
+            return self.note or "not gated"
+        if interim_tier and self.interim is not None:
+            return f"interim: {'serves' if self.interim else 'held back'}; strict: {self.verdict}"
+        return self.verdict
+
     @classmethod
     def of(cls, record: EscalationStep) -> AttemptLine:
         gates = record.gates

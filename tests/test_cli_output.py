@@ -232,3 +232,16 @@ def test_an_interim_version_shows_the_reading_that_decided_never_a_strict_fail_b
     assert len(table) == 2 and all("| pass |" in line for line in table), table  # equivalence, then per sample
     strict = served.model_copy(update={"forgetting": "exact", "policy": "strict"})
     assert "gates (without reference) **fail**" in strict.markdown()
+
+
+def test_the_attempts_line_names_the_interim_reading_beside_the_strict_verdict():
+    """An attempt the interim tier served though its strict verdict failed reads `interim: serves;
+    strict: fail` — never a bare `fail` above a line saying it serves; a strict batch shows its own."""
+    from flows.results import AttemptLine
+
+    served = AttemptLine(attempt=0, method="fedquit", verdict="fail", interim=True)
+    held = AttemptLine(attempt=1, method="puf-special", verdict="inconclusive", interim=False)
+    assert served.reading(interim_tier=True) == "interim: serves; strict: fail"
+    assert held.reading(interim_tier=True) == "interim: held back; strict: inconclusive"
+    assert served.reading(interim_tier=False) == "fail"
+    assert AttemptLine(attempt=2, method="retrain", note="exact").reading(interim_tier=True) == "exact"
