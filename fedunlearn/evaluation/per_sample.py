@@ -21,7 +21,8 @@ data subject: the batch escalates towards the exact retrain. Two questions per s
 
 * **remembered** — z *above* its neighbours: its conformal p-value (1 + #{neighbours ≥ z}) / (1 + m);
   the strong samples (p ≤ α/2) counted against their binomial law, one test at every request size, one
-  sample included (a sample whose neighbours are too few to reach α/2 is *unmeasured*);
+  sample included, and beside it any sample at p ≤ α/(2n) (Bonferroni: one memorised sample among a
+  few); a sample whose neighbours are too few to reach α/2 is *unmeasured*;
 * **over-forgotten** — the candidate marks the sample *below* never-seen pairs [3]_: its misses counted
   against its neighbours' miss rates (Poisson-binomial), and z far under its neighbours' median in their
   lower robust scale (Student's t tails, Holm's step-down [4]_), at α/4 each.
@@ -184,11 +185,14 @@ def _reading(z: float, never_seen: NeverSeen, rows: np.ndarray) -> tuple[float, 
 
 
 def _remembered(p_high: np.ndarray, alpha: float) -> np.ndarray:
-    """The strong samples (p ≤ α/2) when their count is improbable for never-seen ones (≤ α/2)."""
+    """The strong samples (p ≤ α/2) when their count is improbable for never-seen ones (≤ α/2), and
+    any sample at p ≤ α/(2n) (Bonferroni: one memorised sample among a few, which a count of one
+    cannot show past n = 1; at n = 1 both rules are one)."""
     strong = p_high <= alpha / 2.0
+    single = p_high <= alpha / (2.0 * max(len(p_high), 1))
     if poisson_binomial_tail(np.full(len(p_high), alpha / 2.0), int(strong.sum())) <= alpha / 2.0:
         return strong
-    return np.zeros(len(p_high), dtype=bool)
+    return single
 
 
 def _over_forgotten(p_low: np.ndarray, miss: np.ndarray, hits: np.ndarray, alpha: float) -> np.ndarray:
