@@ -188,6 +188,14 @@ def test_removal_targets_are_the_samples_remembered_each_at_alpha_over_two_or_al
     assert _audit([WITHIN_RANGE, WITHIN_RANGE], alpha=None).removal_targets() == ["s-0", "s-1"]
 
 
+def test_a_sample_predicted_with_a_label_never_seen_models_reject_is_a_removal_target_too():
+    """Not shown remembered at α/2, yet the source predicts a label the references reject (a learnt
+    wrong label): the removal method treats it as remembered; an ordinary predicted sample is not."""
+    audit = _audit([WITHIN_RANGE, WITHIN_RANGE])
+    audit.samples[1]["atypical_hit"] = True
+    assert audit.removal_targets() == ["s-1"]
+
+
 def _outcome() -> GateOutcome:
     return GateOutcome.of("without reference", [GateCheck(name="certificate", value="empirical only", limit=None,
                                                           passed=True)])

@@ -287,10 +287,13 @@ class AuditResult:
         """The sample IDs a removal method should treat as remembered: each sample whose own one-sided
         p-value of being remembered is at most α/2, without the family-wise correction — a remembered
         sample left in place costs its subject's privacy, an ordinary one treated as remembered only a
-        few points of its accuracy. All of them for a record without per-sample evidence."""
+        few points of its accuracy — and each sample the model predicts with a label the references,
+        which never saw it, reject (``atypical_hit``: a learnt wrong label, a learnt outlier). All of
+        them for a record without per-sample evidence."""
         if self.per_sample_alpha is None:
             return [row["sample_id"] for row in self.samples]
-        return [row["sample_id"] for row in self.samples if row["p_remembered"] <= self.per_sample_alpha / 2.0]
+        return [row["sample_id"] for row in self.samples
+                if row["p_remembered"] <= self.per_sample_alpha / 2.0 or row.get("atypical_hit")]
 
     def per_sample_summary(self) -> str:
         """One line: how many samples each reading holds."""
@@ -427,9 +430,9 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
     margin = equivalence_margin(stratified_null_sd(forget_strata, pool_strata), alpha=config.alpha,
                                 beta=config.equivalence_beta)
     p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
-    evidence = sample_evidence(forget_z, forget_difficulty, _predicts_label(target, forget), pairs.never_seen(),
-                               config.alpha)
-    samples = _sample_rows(forget.sample_ids, forget_labels, forget_z, p_values, evidence)
+    hits = _predicts_label(target, forget)
+    evidence = sample_evidence(forget_z, forget_difficulty, hits, pairs.never_seen(), config.alpha)
+    samples = _sample_rows(forget.sample_ids, forget_labels, forget_z, p_values, evidence, hits & (forget_difficulty < 0))
     return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
                        len(forget), int(compared.sum()), len(references), fixed, samples,
                        [float(z) for z in pool_z[compared]], time.perf_counter() - started, references.seconds,
@@ -438,15 +441,17 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
 
 
 def _sample_rows(sample_ids: np.ndarray, labels: np.ndarray, z: np.ndarray, p_values: np.ndarray,
-                 evidence: SampleEvidence) -> list[dict[str, Any]]:
+                 evidence: SampleEvidence, atypical_hits: np.ndarray) -> list[dict[str, Any]]:
     """Per forget sample: its score, conformal p-value and per-sample reading (t and its p-values;
-    None where its stratum has no never-seen sample)."""
+    None where its stratum has no never-seen sample), and whether the model predicts a label the
+    references reject (``atypical_hit``)."""
     finite = lambda value: float(value) if np.isfinite(value) else None
     return [{"sample_id": _plain(sample_id), "label": int(label), "z": float(score), "p_value": float(p),
-             "t": finite(t), "p_remembered": float(high), "p_over": float(low), "reading": reading}
-            for sample_id, label, score, p, t, high, low, reading in zip(
+             "t": finite(t), "p_remembered": float(high), "p_over": float(low), "reading": reading,
+             "atypical_hit": bool(odd)}
+            for sample_id, label, score, p, t, high, low, reading, odd in zip(
                 sample_ids, labels, z, p_values, evidence.t, evidence.p_remembered, evidence.p_over,
-                evidence.labels())]
+                evidence.labels(), atypical_hits)]
 
 
 def plot_audit(result: AuditResult, path: str | Path, *, bins: int = 30) -> Path:
