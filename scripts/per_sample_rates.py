@@ -1,22 +1,27 @@
 """The interim tier's decision at every request size, with the per-sample evidence: how often a
-no-op, an exact retrain and an over-forgetter serve, over draws of 1 to 40 deleted samples on a
-memorising scenario (docs/BENCHMARKS.md, "The interim decision at every request size").
+no-op, an exact retrain and an over-forgetter serve, over draws of 1 to 40 deleted samples, on
+memorisation nobody declared (docs/BENCHMARKS.md, "The interim decision at every request size").
 
 Each *world* partitions and trains everything again with its own global seed (held-out split,
-clients, canaries, original model, the audit's references, the shadow model), so worlds are
-independent. In a world, a pool U of training samples — canaries and ordinary samples — is drawn;
-one exact retrain without U is trained, and one over-forgetter (that retrain trained on for more
+clients, original model, the audit's references, the shadow model), so worlds are independent. In a
+world, a pool U is drawn: candidates for remembered samples — training samples the source predicts
+with their training label and the references' majority does not (with ``--truth planted`` or
+``canaries``, only rows of the benchmark's ground-truth list) — and as many other training samples.
+One exact retrain without U is trained, and one over-forgetter (that retrain trained on for more
 epochs while a hinge pushes each U sample's labelled logit below its best other class,
-``audit_power.over_forgetting``). Each draw takes n samples of U: for every sample of the draw the
-retrain is a model that never saw it (it also lacks the rest of U, which no per-sample reading of
-the draw's samples depends on) and the over-forgetter one that over-forgot it. The three
-candidates — the source itself (no-op), the retrain and the over-forgetter — are judged as a batch
-judges an attempt without a retrained reference (``certify.gates.judge``, the per-sample check
-included) and the interim tier's decision is counted.
+``audit_power.over_forgetting``). The remembered pool keeps the candidates the retrain does not
+predict either: the source predicts them, models that never saw them do not. Each draw takes n
+samples of one kind; the three candidates — the source itself (no-op), the retrain and the
+over-forgetter — are judged as a batch judges an attempt without a retrained reference
+(``certify.gates.judge``, the per-sample check included) and the interim tier's decision is counted.
+No decision reads the ground truth: it only says which samples are drawn.
 
-    .venv/bin/fedunlearn init /tmp/psr && .venv/bin/fedunlearn --root /tmp/psr prepare --scenario digits-canary-hfl
-    .venv/bin/python scripts/per_sample_rates.py --root /tmp/psr --scenario digits-canary-hfl --worlds 20 \\
-        --first-world 100 --draws 4 --sizes 1,2,4,8,16,40 --threads 1 --out /tmp/per_sample_rates
+    .venv/bin/fedunlearn init /tmp/umem
+    .venv/bin/python scripts/user_csv_scenarios.py --root /tmp/umem --kind mislabel
+    .venv/bin/fedunlearn --root /tmp/umem prepare --scenario user-mislabel-hfl
+    .venv/bin/python scripts/per_sample_rates.py --root /tmp/umem --scenario user-mislabel-hfl --truth planted \
+        --planted /tmp/umem/user/mislabel.planted.json --worlds 20 --first-world 200 --draws 4 \
+        --sizes 1,2,4,8,16,40 --threads 1 --out /tmp/per_sample_rates
 
 Writes ``<out>.json`` (every draw) and ``<out>.md`` (the table, Clopper–Pearson 95 % intervals).
 """
