@@ -25,7 +25,6 @@ from pathlib import Path
 
 from fedunlearn.dataset_specs import CsvSpec, ImageFolderSpec, ParquetSpec, inside
 from fedunlearn.errors import InputError
-from fedunlearn.requests.folders import fsync_directory
 
 SHOWN = 10  # IDs and lines a message lists; all are counted
 
@@ -109,7 +108,7 @@ def remove_from_source(spec, ids: set[str]) -> int:
             path = Path(spec.path) / sample_id
             if path.is_file() and inside(path, spec.path):
                 path.unlink()
-                fsync_directory(path.parent)
+                _fsync_directory(path.parent)
                 removed += 1
         return removed
     if isinstance(spec, ParquetSpec):
@@ -146,7 +145,15 @@ def _replace(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    fsync_directory(path.parent)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def listed(items: list[str]) -> str:
