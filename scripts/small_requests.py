@@ -72,7 +72,8 @@ def pick_requests(federation, model, canaries: np.ndarray, sizes: list[int], mix
     for n in sizes:
         requests.append(memorised[used:used + n])
         used += n
-    requests.append(np.concatenate([memorised[used:used + mixed[0]], ordinary[:mixed[1]]]))
+    if sum(mixed):
+        requests.append(np.concatenate([memorised[used:used + mixed[0]], ordinary[:mixed[1]]]))
     return requests, data
 
 
@@ -81,7 +82,10 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True, help="a new workspace folder")
     parser.add_argument("--scenario", default="digits-canary-hfl")
     parser.add_argument("--sizes", default="1,2,4")
-    parser.add_argument("--mixed", default="30+10", help="canaries+ordinary samples of the mixed request")
+    parser.add_argument("--mixed", default="30+10", help="canaries+ordinary samples of the mixed request (0+0: none)")
+    parser.add_argument("--planted", type=Path, help="a JSON list of the rows a user's data holds mislabelled or "
+                        "out of distribution (scripts/user_csv_scenarios.py), drawn instead of the partition's "
+                        "canaries: the benchmark's ground truth, never given to the pipeline")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("/tmp/small_requests"))
     args = parser.parse_args()
@@ -91,7 +95,8 @@ def main() -> None:
     if Workspace.open(root).registry.by_alias(scenario, "original") is None:
         cli(root, "train", "--scenario", scenario)
     federation = load_federation(scenario, load_params(root / "params.yaml"), root, torch.device("cpu"))
-    canaries = np.asarray(canary_ids(read_manifest(scenario, root)))
+    canaries = np.asarray(json.loads(args.planted.read_text()) if args.planted else
+                          canary_ids(read_manifest(scenario, root)))
     source = served_model(root, scenario, federation)
     requests, data = pick_requests(federation, source, canaries, [int(s) for s in args.sizes.split(",")],
                                    tuple(int(p) for p in args.mixed.split("+")), args.seed)
