@@ -216,3 +216,24 @@ def test_the_interim_tier_reads_the_per_sample_check(readings, source, served, u
     assert judged.passed  # the strict reading keeps its own rule: the per-sample check is not in it
     assert all(c.name != PER_SAMPLE_CHECK for c in judged.checks)
     assert PromotionGates()  # the gates' settings are unchanged by the per-sample reading
+
+
+@pytest.mark.parametrize("per_sample, audit_verdict, served", [
+    ("pass", "inconclusive", True),           # each remembered sample shown back: the AUC's band cannot undo it
+    ("inconclusive", "inconclusive", False),  # nothing shown per sample: the AUC's doubt holds it back
+    ("pass", "fail", False),                  # the forget set shown outside the band: held back whatever
+])
+def test_an_inconclusive_forget_set_auc_yields_to_per_sample_evidence_that_passes(per_sample, audit_verdict, served):
+    """A mixed request the source remembers part of: the per-sample evidence decides where it passes,
+    so a retrain-quality candidate serves; a source-failed AUC still holds back without it, and a
+    failed AUC always does."""
+    audit = GateCheck(name="forget_audit", value=0.64, limit=0.2, passed=audit_verdict == "pass", verdict=audit_verdict)
+    candidate = GateOutcome.of("without reference", [GateCheck(name="certificate", value="empirical only", limit=None,
+                                                               passed=True), audit])
+    no_op = GateOutcome.of("without reference", [audit.model_copy(update={"verdict": "fail", "passed": False})])
+    check = _audit([WITHIN_RANGE]).per_sample_check(_audit([REMEMBERED] if per_sample == "pass" else [WITHIN_RANGE]))
+    assert check.verdict == per_sample
+    judged = interim_judgement(candidate, "empirical only", no_op, per_sample=check)
+    assert judged.interim is served, judged.held_back
+    if served:
+        assert any("per-sample evidence shows every sample" in line for line in judged.unmeasured)

@@ -320,7 +320,9 @@ def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome
     ``audit_equivalence``: the audit read two-sidedly (``AuditResult.equivalence_check``); where
     given, it stands in for the one-sided ``forget_audit`` check on this tier. ``per_sample``: the
     audit per forget sample (``AuditResult.per_sample_check``): a sample shown remembered or
-    over-forgotten holds the version back, whatever the forget set's AUC averages."""
+    over-forgotten holds the version back, whatever the forget set's AUC averages; where it passes
+    (every sample the source remembered shown back), an inconclusive AUC does not hold it back — only
+    an AUC shown outside the band does."""
     source_verdicts = {c.name: c.verdict for c in no_op.checks}
     equivalence = GateCheck.of(audit_equivalence) if audit_equivalence is not None else None
     sample_check = GateCheck.of(per_sample) if per_sample is not None else None
@@ -328,8 +330,14 @@ def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome
     if certificate == NOT_CERTIFIED:
         held_back.append("certificate 'not certified': an assumption of its claim failed")
     read = outcome.model_copy(update={"audit_equivalence": equivalence, "per_sample": sample_check, "interim": False})
+    samples_back = sample_check is not None and sample_check.verdict == PASS
     for check in read.interim_checks():
         reason = _interim_reason(check, source_verdicts.get(check.name))
+        if samples_back and check.name == AUDIT_CHECK and check.verdict == INCONCLUSIVE and reason is not None:
+            # Each sample the source remembered is shown back among never-seen pairs: finer evidence
+            # than the forget set's AUC, whose band at this size cannot settle it either way.
+            reason = UNMEASURED + (f"{AUDIT_CHECK} inconclusive; the per-sample evidence shows every sample the "
+                                   "source remembered back among never-seen samples")
         if reason is not None:
             (unmeasured if reason.startswith(UNMEASURED) else held_back).append(reason.removeprefix(UNMEASURED))
     return read.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured})
