@@ -152,7 +152,7 @@ def test_result_serialises_to_json_and_plots(targets, references, tmp_path):
     record = json.loads(result.to_json())
     assert {"verdict", "auc", "interval", "n_forget", "n_nonmembers", "references", "samples", "seconds"} <= set(record)
     assert set(record["samples"][0]) == {"sample_id", "label", "z", "p_value", "t", "p_remembered", "p_over",
-                                         "reading"}
+                                         "reading", "atypical_hit"}
     assert record["n_forget"] == 20 and record["references"] == 4
     assert AuditResult.from_dict(record) == result
     check = result.as_check()

@@ -48,14 +48,15 @@ def measure(root: Path, version: str) -> Measured:
     found = ws.registry.version(SCENARIO, version)
     history = [m.value for m in ws.registry.client.get_metric_history(found.run_id, "test_acc")]
     test = read_federation(ws, SCENARIO, torch.device("cpu")).test
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     mlflow.set_tracking_uri(tracking_uri(root))
     mlflow.set_registry_uri(tracking_uri(root))
     try:
         served = mlflow.pytorch.load_model(f"models:/{SCENARIO}/{version}")  # as a user loads it
     finally:
-        mlflow.set_tracking_uri(previous[0])
-        mlflow.set_registry_uri(previous[1])
+        # None, not the URIs read before: get_registry_uri() resolves the default, and setting it back
+        # would pin every later test of the process to that registry.
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
     with torch.no_grad():
         loaded = (served(test.x).argmax(1) == test.y).float().mean().item()
     metrics = ws.registry.metrics(found.run_id)
