@@ -101,7 +101,10 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
     test = load_horizontal("digits-hfl", workspace).test
     model = build_model("cnn", (1, 8, 8), 10)
     run_id = ws.registry.start_run("digits-hfl", "legacy", {}, {})
-    mlflow.set_tracking_uri(tracking_uri(workspace))  # MLflow's global URI, as versions were once logged
+    # MLflow's global URIs, as versions were once logged; the registry's too, or a process whose earlier
+    # test pinned it would register this version elsewhere.
+    mlflow.set_tracking_uri(tracking_uri(workspace))
+    mlflow.set_registry_uri(tracking_uri(workspace))
     with mlflow.start_run(run_id=run_id):
         torch.save(model.state_dict(), workspace / ".tmp" / "weights.pt")
         mlflow.log_artifact(str(workspace / ".tmp" / "weights.pt"), artifact_path="weights")
@@ -109,6 +112,8 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
         info = mlflow.pytorch.log_model(model, name="model", input_example=test.features[:2],
                                         pip_requirements=mlflow.pytorch.get_default_pip_requirements())
     mlflow.register_model(info.model_uri, "digits-hfl", tags={"scenario": "digits-hfl", "role": "original"})
+    mlflow.set_tracking_uri(None)
+    mlflow.set_registry_uri(None)
     rows = {test.features[k].tobytes() for k in range(2)}
     assert files_holding([workspace / "mlflow"], rows)  # the pt2 archive keeps the example as raw float32
 
