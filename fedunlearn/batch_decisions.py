@@ -109,6 +109,7 @@ class BatchUnlearning:
     reference_metrics: VersionMetrics | None = None
     source_gates: GateOutcome | None = None
     evaluations: dict[str, Evaluation] = field(default_factory=dict, repr=False)
+    batch_flops: float | None = None  # every attempt with its judging, and the source's judging; None: not counted
 
     @property
     def chosen(self) -> EscalationStep:
@@ -298,11 +299,26 @@ def _costs(unlearning: BatchUnlearning) -> dict[str, Any]:
     reference = unlearning.reference_metrics
     cost = unlearning.cost
     costs: dict[str, Any] = {"unlearned": {"wall_seconds": cost.wall_seconds, "flops": cost.flops,
-                                           "comm_bytes": cost.comm_bytes}}
+                                           "comm_bytes": cost.comm_bytes, "split": unlearning.chosen.cost_split}}
     if reference:
         costs["retrained"] = {k: getattr(reference, k) for k in ("wall_seconds", "flops", "comm_bytes")}
     costs["speedup_vs_retrain"] = speedup(reference.wall_seconds if reference else None, unlearning.cost.wall_seconds)
+    costs["batch"] = {"flops": unlearning.batch_flops, "attempts": len(unlearning.attempts),
+                      "counts": "every attempt's method, evaluation and audit, and the source's evaluation and audit"}
     return costs
+
+
+def batch_flops(attempts: list[EscalationStep], exact_flops: float | None, source_judging: float | None) -> float | None:
+    """A batch's FLOPs: each attempt's split summed (an exact retrain's own FLOPs, ``exact_flops``,
+    for the step that has none), and judging the source; None where any part was not counted."""
+    total = source_judging
+    for attempt in attempts:
+        spent = sum(attempt.cost_split.values()) if attempt.cost_split else \
+            (exact_flops if is_exact_retrain(attempt.method) else None)
+        if total is None or spent is None or math.isnan(spent):
+            return None
+        total += spent
+    return total
 
 
 def receipt_for(record: BatchRecord, unlearning: BatchUnlearning, aliases: dict[str, ModelRef | None],

@@ -53,6 +53,9 @@ class EscalationStep(BaseModel):
     gates: GateOutcome | None = Field(None, description="None: not gated (exact retrain, or nothing to unlearn)")
     metrics: dict[str, float | None] = Field(default_factory=dict)
     note: str = ""
+    cost_split: dict[str, float] = Field(default_factory=dict, description=(
+        "where the attempt's FLOPs went: the method's own parts (or 'method' where it does not split "
+        "them), then 'evaluation' and 'audit' (forward passes of judging it); empty where not counted"))
 
     @property
     def passed(self) -> bool:

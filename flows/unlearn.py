@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from torch import nn
 
 from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, attempts_for_route,
-                                        attempts_in_order, exact_certificate, metrics_of, receipt_without_model,
+                                        attempts_in_order, batch_flops, exact_certificate, metrics_of, receipt_without_model,
                                         route, stops)
 from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
@@ -25,6 +25,7 @@ from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.errors import BatchCannotSucceed
 from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.evaluation.forget_sets import RETRAINED, SOURCE, figures
+from fedunlearn.evaluation.judging_cost import JudgingCost, cost_split, judging_cost
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.faults import failpoint
 from fedunlearn.federation.cost import Cost
@@ -292,8 +293,20 @@ def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
         judging.record, number, steps, attempt.method, attempt.options, certificate.guarantee,
         source.model.ref.version, gate))
     step = EscalationStep(attempt=number, method=attempt.method, options=attempt.options, version=ref,
-                         certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost))
+                         certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost),
+                         cost_split=cost_split(outcome.cost, judging_flops(judging)))
     return step, certificate, outcome.cost
+
+
+def judging_flops(judging: Judging) -> JudgingCost | None:
+    """What evaluating and auditing one candidate of this batch costs; None where the federation
+    does not count training FLOPs per sample (it is then not counted)."""
+    per_sample = getattr(judging.federation, "flops_per_sample", None)
+    if per_sample is None:
+        return None
+    kit = judging.kit
+    pool = None if kit.audit_set is None else len(kit.audit_set.pool)
+    return judging_cost(per_sample(), kit.sets, pool, 0 if kit.audit_set is None else len(kit.audit_set))
 
 
 def compute_attempt(judging: Judging, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
@@ -320,10 +333,14 @@ def batch_outcome(judging: Judging, escalated: Escalated, source_gates: GateOutc
                 "retrained", judging.federation.model_from(reference.model.state)))
         log_on_forget_set(judging, reference, RETRAINED)
         reference_metrics = VersionMetrics.of(reference.evaluation, registered_cost(reference.model))
+    judged = judging_flops(judging)
+    spent = batch_flops(escalated.attempts, escalated.cost.flops if escalated.attempts[-1].method ==
+                        EXACT_RETRAIN_METHOD else None, judged.flops if judged else None)
     return BatchUnlearning(source.model.ref, VersionMetrics.of(source.evaluation, None), escalated.attempts,
                            escalated.certificate, escalated.cost,
                            {str(c): len(ids) for c, ids in judging.setup.batch.forget_ids.items()},
-                           reference.model.ref if reference else None, reference_metrics, source_gates)
+                           reference.model.ref if reference else None, reference_metrics, source_gates,
+                           batch_flops=spent)
 
 
 def log_on_forget_set(judging: Judging, judged: Judged, part: str) -> None:

@@ -296,7 +296,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--root", default="/tmp/fr", help="a workspace with the scenario's data prepared")
     parser.add_argument("--scenario", default="mnist5k-canary-hfl")
     parser.add_argument("--kind", default="canaries40", help="canaries<N>, mixed<C>+<O> (C canaries and O ordinary "
-                        "samples), N random samples or 'client'")
+                        "samples), N random samples or 'client'; several, comma-separated, share the original "
+                        "(written to <out>-<kind>)")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--first-draw", type=int, default=0)
     parser.add_argument("--methods", default=",".join(GRID), help="comma-separated registered HFL methods")
@@ -328,14 +329,17 @@ def main() -> None:
     meta = {"scenario": args.scenario, "kind": args.kind, "command": "python scripts/frontier.py " + " ".join(sys.argv[1:]),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "cpus": os.cpu_count(),
             "load_average_at_start": os.getloadavg(), "setup": setup.timings, "grid": methods}
-    draws = []
-    for seed in range(args.first_draw, args.first_draw + args.draws):
-        started = time.perf_counter()
-        draws.append(run_draw(setup, seed, args.kind, methods, gates))
-        draws[-1]["seconds"] = time.perf_counter() - started
-        write(args.out, meta, draws)
-    meta["load_average_at_end"] = os.getloadavg()
-    print(write(args.out, meta, draws))
+    kinds = args.kind.split(",")  # several kinds share the setup (the original's training); one output each
+    for kind in kinds:
+        out = args.out if len(kinds) == 1 else args.out.with_name(f"{args.out.name}-{kind}")
+        kind_meta, draws = {**meta, "kind": kind}, []
+        for seed in range(args.first_draw, args.first_draw + args.draws):
+            started = time.perf_counter()
+            draws.append(run_draw(setup, seed, kind, methods, gates))
+            draws[-1]["seconds"] = time.perf_counter() - started
+            write(out, kind_meta, draws)
+        kind_meta["load_average_at_end"] = os.getloadavg()
+        print(write(out, kind_meta, draws))
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def main() -> None:
                         "out of distribution (scripts/user_csv_scenarios.py), drawn instead of the partition's "
                         "canaries: the benchmark's ground truth, never given to the pipeline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--method", default=None, help="a method to `process` with (default: the batch's own choice)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/small_requests"))
     args = parser.parse_args()
     root, scenario = args.root, args.scenario
@@ -103,21 +104,26 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for ids in requests:
         cli(root, "request", "samples", "--scenario", scenario, "--ids", ",".join(ids))
-        cli(root, "process", "--scenario", scenario)
+        cli(root, "process", "--scenario", scenario, *(["--method", args.method] if args.method else []))
         receipt = read_receipts(root, scenario)[-1]
         chosen = data.select(np.isin(data.sample_ids, ids))
         rows.append({"samples": len(ids), "canaries": int(np.isin(ids, canaries).sum()), "method": receipt.method,
                      "forgetting": receipt.forgetting, "attempts": [a.method for a in receipt.attempts],
                      "flops": receipt.metrics.get("unlearned", {}).get("flops"),
+                     "batch_flops": receipt.costs.get("batch", {}).get("flops"),
+                     "split": receipt.costs.get("unlearned", {}).get("split", {}),
+                     "seconds": receipt.metrics.get("unlearned", {}).get("wall_seconds"),
                      "source": accuracies(source, chosen, canaries),
                      "served": accuracies(served_model(root, scenario, federation), chosen, canaries)})
         print(json.dumps(rows[-1]), flush=True)
     cli(root, "repay-debt", "--scenario", scenario)
     retrained = served_model(root, scenario, federation)
-    retrain_flops = Workspace.open(root).registry.load(scenario, alias="current").metrics.get("flops")
+    retrain_metrics = Workspace.open(root).registry.load(scenario, alias="current").metrics
     for row, ids in zip(rows, requests):
         row["retrain"] = accuracies(retrained, data.select(np.isin(data.sample_ids, ids)), canaries)
-        row["retrain_flops"] = retrain_flops
+        row["retrain_flops"], row["retrain_seconds"] = retrain_metrics.get("flops"), retrain_metrics.get("wall_seconds")
+        for key, spent in (("served_ratio", row["flops"]), ("batch_ratio", row["batch_flops"])):
+            row[key] = row["retrain_flops"] / spent if spent and row["retrain_flops"] else None
     args.out.with_suffix(".json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     for row in rows:
         print(json.dumps(row))

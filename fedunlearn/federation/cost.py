@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -93,12 +93,18 @@ class Cost:
     wall_seconds: float = 0.0
     flops: float = 0.0
     comm_bytes: int = 0
+    # Where the FLOPs went, by part (a method's own names: "teacher", "retained", "recovery", ...);
+    # empty where a method does not split them.
+    parts: dict[str, float] = field(default_factory=dict)
 
     def __add__(self, other: "Cost") -> "Cost":
         if not isinstance(other, Cost):
             return NotImplemented
+        parts = dict(self.parts)
+        for name, flops in other.parts.items():
+            parts[name] = parts.get(name, 0.0) + flops
         return Cost(self.wall_seconds + other.wall_seconds, self.flops + other.flops,
-                          self.comm_bytes + other.comm_bytes)
+                    self.comm_bytes + other.comm_bytes, parts)
 
     def speedups(self, retrain: "Cost") -> dict[str, float | None]:
         """``retrain / self`` per cost; None where this record's cost is 0 (not measured)."""

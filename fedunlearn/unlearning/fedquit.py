@@ -27,6 +27,8 @@ References
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,19 +40,24 @@ from fedunlearn.certify.certificate import EMPIRICAL_ONLY
 from fedunlearn.config import TrainConfig
 from fedunlearn.federation.cost import TRAINING_STEP_OVER_FORWARD, Cost, communication_bytes
 from fedunlearn.federation.fedavg import ClientUpdate, aggregate
-from fedunlearn.federation.local import State, Tensors, objective, predict_logits
+from fedunlearn.federation.local import State, Tensors, accuracy, objective, predict_logits
 from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds, num_params)
 from fedunlearn.unlearning.registry import register
 
 SUPPRESSIONS = ("min", "mean")
 DISTANCES = ("squared", "huber")
+PARTICIPANTS = ("holders", "all")
+ANCHORS = ("labels", "source")
 
 
 @dataclass
 class QuitUpdate(ClientUpdate):
     samples_processed: int = 0  # forward + backward passes, for the FLOP count
-    forget_samples: int = 0
+    forget_samples: int = 0     # teacher forward passes
+    retained_processed: int = 0
+    forget_processed: int = 0
+    anchor_passes: int = 0      # the step's starting model's forward passes on retained rows (``anchor="source"``)
 
 
 def virtual_teacher(logits: torch.Tensor, labels: torch.Tensor, suppress: str) -> torch.Tensor:
@@ -106,6 +113,27 @@ class FedQUIT(UnlearningMethod):
     clip_norm : float or None, default=5.0
         the local steps' gradient norm is clipped to this (None: no clipping); the squared logit
         distance grows with the logits' scale, which grows as a model trains towards memorisation.
+    participants : {"all", "holders"}, default="all"
+        who takes part in the quitting rounds: the engine's client sample plus every client holding
+        a quitting target ("all"), or those clients alone ("holders": the others' update would be
+        ordinary training on data the model has already fitted).
+    local_steps : int or None, default=None
+        None: ``local_epochs`` epochs over the client's retained data each round; an integer: that
+        many steps, each on ``retained_batch`` retained rows (a bounded sample of them) and the
+        client's forget mini-batch — the cost then follows the forget set, not the client's data.
+    retained_batch : int or None, default=None
+        retained rows a step with ``local_steps`` (None: the training's batch size; 0: none).
+    target_test_acc : float or None, default=None
+        the test accuracy recovery aims at (a deletion batch passes its source's); read only with
+        ``recovery_tolerance``.
+    recovery_tolerance : float or None, default=None
+        None: every recovery round runs; a number: recovery stops as soon as the test accuracy is
+        within it of ``target_test_acc``, checked before each round (each check's forward passes
+        counted), so recovery is sized by what the utility check needs.
+    anchor : {"labels", "source"}, default="labels"
+        what a quitting client's retained rows are fitted to: their labels (cross-entropy), or the
+        outputs of the round's starting model on them (squared logit distance: the step then changes
+        the model on the forget rows and holds it elsewhere, at one forward pass a retained row).
     """
 
     name = "fedquit"
@@ -117,7 +145,9 @@ class FedQUIT(UnlearningMethod):
 
     def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
                  temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
-                 distance: str = "squared", clip_norm: float | None = 5.0):
+                 distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
+                 local_steps: int | None = None, retained_batch: int | None = None,
+                 target_test_acc: float | None = None, recovery_tolerance: float | None = None, anchor: str = "labels"):
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.forget_weight = forget_weight
@@ -127,6 +157,22 @@ class FedQUIT(UnlearningMethod):
         self.recovery_rounds = recovery_rounds
         self.distance = distance
         self.clip_norm = clip_norm
+        self.participants = participants
+        self.local_steps = local_steps
+        self.retained_batch = retained_batch
+        self.target_test_acc = target_test_acc
+        self.recovery_tolerance = recovery_tolerance
+        self.anchor = anchor
+        self._require(anchor in ANCHORS, "anchor", f"one of {', '.join(ANCHORS)}")
+        self._require(participants in PARTICIPANTS, "participants", f"one of {', '.join(PARTICIPANTS)}")
+        self._require(local_steps is None or (isinstance(local_steps, int) and local_steps >= 1), "local_steps",
+                      "an integer >= 1 or None")
+        self._require(retained_batch is None or (isinstance(retained_batch, int) and retained_batch >= 0),
+                      "retained_batch", "an integer >= 0 or None")
+        self._require(target_test_acc is None or 0 <= target_test_acc <= 1, "target_test_acc", "in [0, 1] or None")
+        self._require(recovery_tolerance is None or (isinstance(recovery_tolerance, (int, float))
+                                                     and 0 <= recovery_tolerance < 1), "recovery_tolerance",
+                      "in [0, 1) or None")
         self._require(distance in DISTANCES, "distance", f"one of {', '.join(DISTANCES)}")
         self._require(clip_norm is None or clip_norm > 0, "clip_norm", "> 0 or None")
         self._require(isinstance(rounds, int) and rounds >= 1, "rounds", "an integer >= 1")
@@ -151,28 +197,72 @@ class FedQUIT(UnlearningMethod):
             participants.append(len(round_updates))
             monitor.record("unlearn", r + 1, state)
         cost = self._cost(fed_state, updates, participants)
-        state, recovery = fedavg_rounds(fed_state, retained, state=state, rounds=self.recovery_rounds,
-                                        first_round=first + self.rounds, phase="recovery", monitor=monitor)
+        state, recovery, recovered = self._recover(fed_state, retained, state, first + self.rounds, monitor)
         quit_samples = sum(len(t) for t in forget.values())
         numbers = {**self.get_params(), "target_clients": sorted(forget), "forget_samples": batch.num_forget,
-                   "quitting_samples": quit_samples, "participants_per_round": participants}
+                   "quitting_samples": quit_samples, "participants_per_round": participants,
+                   "recovery_rounds_run": recovered}
         return Outcome(state, cost + recovery, certificate_inputs=numbers,
                        notes={"target_clients": sorted(forget), "participants_per_round": participants,
+                              "recovery_rounds_run": recovered,
                               "distance": "squared logits" if self.temperature is None else "T²·KL"})
 
     def _round(self, fed_state: FederatedState, state: State, retained: list[Tensors], forget: dict[int, Tensors],
                round_idx: int) -> list[QuitUpdate]:
-        """One FedAvg round: the engine's client sample on the retained data, every target client
-        added (its forget work cannot be skipped), each client's update mapped like FedAvg's."""
-        sampled = fed_state.engine().select_clients(round_idx, retained)
+        """One FedAvg round: every target client (its forget work cannot be skipped) and, with
+        ``participants="all"``, the engine's client sample on the retained data; each client's
+        update mapped like FedAvg's. With ``"holders"`` the others sit the round out: their update
+        would be ordinary training on data the model has already fitted."""
+        sampled = [] if self.participants == "holders" and forget else \
+            fed_state.engine().select_clients(round_idx, retained)
         jobs = [{"fed_state": fed_state, "state": state, "retained": retained[c], "forget": forget.get(c),
                  "client": c, "round_idx": round_idx} for c in sorted(set(sampled) | set(forget))
                 if len(retained[c]) or c in forget]  # a client with nothing left to step through sits out
         return fed_state.map_updates(self._local_update, jobs)
 
+    def _recover(self, fed_state: FederatedState, retained: list[Tensors], state: State, first_round: int,
+                 monitor: Monitor) -> tuple[State, Cost, int]:
+        """``recovery_rounds`` rounds on the retained data without the forget term. With a
+        ``recovery_tolerance`` (and the batch's ``target_test_acc``) they stop as soon as the test
+        accuracy is within it of the target, checked before each round (each check counted)."""
+        if self.recovery_tolerance is None or self.target_test_acc is None:
+            if self.local_steps is None:
+                state, spent = fedavg_rounds(fed_state, retained, state=state, rounds=self.recovery_rounds,
+                                             first_round=first_round, phase="recovery", monitor=monitor)
+                return state, dataclasses.replace(spent, parts={"recovery": spent.flops}), self.recovery_rounds
+        cost, rounds = Cost(), 0
+        while rounds < self.recovery_rounds:
+            if self.recovery_tolerance is not None and self.target_test_acc is not None:
+                cost = cost + self._check_cost(fed_state)
+                if accuracy(fed_state.model_from(state), fed_state.test) >= self.target_test_acc - \
+                        self.recovery_tolerance:
+                    break
+            state, spent = self._recovery_round(fed_state, retained, state, first_round + rounds, rounds + 1, monitor)
+            cost, rounds = cost + spent, rounds + 1
+        return state, cost, rounds
+
+    def _recovery_round(self, fed_state: FederatedState, retained: list[Tensors], state: State, round_idx: int,
+                        number: int, monitor: Monitor) -> tuple[State, Cost]:
+        """One recovery round: the training's FedAvg round, or, with ``local_steps``, that many bounded
+        steps a client on the engine's client sample."""
+        if self.local_steps is None:
+            state, spent = fedavg_rounds(fed_state, retained, state=state, rounds=1, first_round=round_idx,
+                                         phase="recovery", monitor=monitor)
+            return state, dataclasses.replace(spent, parts={"recovery": spent.flops})
+        round_updates = self._round(fed_state, state, retained, {}, round_idx)
+        state = aggregate(state, round_updates)
+        monitor.record("recovery", number, state)
+        return state, self._cost(fed_state, round_updates, [len(round_updates)], part="recovery")
+
+    @staticmethod
+    def _check_cost(fed_state: FederatedState) -> Cost:
+        """One forward pass over the test split (a third of a training pass a row)."""
+        flops = fed_state.flops_per_sample() * len(fed_state.test) / TRAINING_STEP_OVER_FORWARD
+        return Cost(flops=float(flops), parts={"recovery_checks": float(flops)})
+
     def _local_update(self, fed_state: FederatedState, state: State, retained: Tensors, forget: Tensors | None,
                       client: int, round_idx: int) -> QuitUpdate:
-        """One client's local epochs: mini-batch SGD on its retained data, plus, on a target
+        """One client's local steps: mini-batch SGD on its retained data, plus, on a target
         client, λ times the distance to the virtual teacher on a cycling mini-batch of its forget
         samples at every step. A client with nothing retained steps through its forget data."""
         teacher = self._teacher(fed_state, forget) if forget is not None and len(forget) else None
@@ -184,35 +274,73 @@ class FedQUIT(UnlearningMethod):
         """``_local_update``'s steps from ``model`` (the global one), wherever the client runs (here, or
         a Flower ClientApp: ``fedunlearn_flower.fedquit``); ``teacher``: ``teacher_logits`` on ``forget``."""
         model.train()
+        # The anchor holds a quitting client's other outputs in place; recovery fits the labels again.
+        anchor = copy.deepcopy(model).eval() if self.anchor == "source" and teacher is not None else None
         optimizer = torch.optim.SGD(model.parameters(), lr=self.lr or config.lr, momentum=config.momentum)
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_idx, client])
                                                       .generate_state(1)[0]))
-        steps_over = retained if len(retained) else forget
-        processed, step, total = 0, 0, 0.0
-        for _ in range(self.local_epochs):
-            order = torch.randperm(len(steps_over), generator=generator).to(steps_over.x.device)
-            cycle = torch.randperm(len(forget), generator=generator).to(steps_over.x.device) if teacher is not None \
-                else None
-            for start in range(0, len(steps_over), config.batch_size):
-                loss = torch.zeros((), dtype=next(model.parameters()).dtype, device=steps_over.x.device)
-                if len(retained):
-                    index = order[start:start + config.batch_size]
-                    loss = loss + objective(model, retained.x[index], retained.y[index])
-                    processed += len(index)
-                if teacher is not None:
-                    picked = cycle[torch.arange(step * config.batch_size, (step + 1) * config.batch_size,
-                                                device=cycle.device) % len(forget)][:len(forget)]
-                    loss = loss + self.forget_weight * self._distance(model(forget.x[picked]), teacher[picked])
-                    processed += len(picked)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if self.clip_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
-                optimizer.step()
-                total, step = float(loss.detach()), step + 1
+        processed = retained_seen = forget_seen = 0
+        total = 0.0
+        for index, picked in self._schedule(retained, forget if teacher is not None else None, config, generator):
+            loss = torch.zeros((), dtype=next(model.parameters()).dtype, device=retained.x.device)
+            if index is not None and anchor is not None:
+                with torch.no_grad():
+                    kept = anchor(retained.x[index])
+                loss = loss + F.mse_loss(model(retained.x[index]), kept, reduction="sum") / len(index)
+                retained_seen += len(index)
+            elif index is not None:
+                loss = loss + objective(model, retained.x[index], retained.y[index])
+                retained_seen += len(index)
+            if picked is not None:
+                loss = loss + self.forget_weight * self._distance(model(forget.x[picked]), teacher[picked])
+                forget_seen += len(picked)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
+            optimizer.step()
+            total = float(loss.detach())
+        processed = retained_seen + forget_seen
         n_forget = 0 if forget is None else len(forget)
         return QuitUpdate(client, {k: v.detach() for k, v in model.state_dict().items()}, len(retained) + n_forget,
-                          total, samples_processed=processed, forget_samples=n_forget)
+                          total, samples_processed=processed, forget_samples=n_forget if teacher is not None else 0,
+                          retained_processed=retained_seen, forget_processed=forget_seen,
+                          anchor_passes=retained_seen if anchor is not None else 0)
+
+    def _schedule(self, retained: Tensors, forget: Tensors | None, config: TrainConfig,
+                  generator: torch.Generator):
+        """Each local step's retained rows and forget rows (either None where there are none).
+        ``local_steps=None``: ``local_epochs`` epochs over the retained data (over the forget data
+        where nothing is retained). Otherwise ``local_steps`` steps, each on ``retained_batch`` rows
+        (the training's batch size where None) cycling through one shuffle of the retained data:
+        a bounded sample of it, not the whole of it."""
+        device = retained.x.device if len(retained) else forget.x.device
+        size = config.batch_size
+        cycle = None
+        if self.local_steps is None:
+            over = retained if len(retained) else forget
+            step = 0
+            for _ in range(self.local_epochs):
+                order = torch.randperm(len(over), generator=generator).to(device)
+                cycle = torch.randperm(len(forget), generator=generator).to(device) if forget is not None else None
+                for start in range(0, len(over), size):
+                    yield (order[start:start + size] if len(retained) else None), self._pick(cycle, step, size)
+                    step += 1
+            return
+        width = size if self.retained_batch is None else self.retained_batch
+        order = torch.randperm(len(retained), generator=generator).to(device) if len(retained) and width else None
+        cycle = torch.randperm(len(forget), generator=generator).to(device) if forget is not None else None
+        for step in range(self.local_steps):
+            index = None if order is None else order[torch.arange(step * width, (step + 1) * width,
+                                                                  device=device) % len(order)][:len(order)]
+            yield index, self._pick(cycle, step, size)
+
+    @staticmethod
+    def _pick(cycle: torch.Tensor | None, step: int, size: int) -> torch.Tensor | None:
+        """Step ``step``'s forget rows: the next ``size`` of the cycling shuffle (all of them when fewer)."""
+        if cycle is None:
+            return None
+        return cycle[torch.arange(step * size, (step + 1) * size, device=cycle.device) % len(cycle)][:len(cycle)]
 
     def _teacher(self, fed_state: FederatedState, forget: Tensors) -> torch.Tensor:
         """The virtual teacher's logits on ``forget``, from the model at the request (fixed over
@@ -233,10 +361,17 @@ class FedQUIT(UnlearningMethod):
         return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1), reduction="batchmean") * t * t
 
     @staticmethod
-    def _cost(fed_state: FederatedState, updates: list[QuitUpdate], participants: list[int]) -> Cost:
+    def _cost(fed_state: FederatedState, updates: list[QuitUpdate], participants: list[int],
+              part: str | None = None) -> Cost:
         """Training passes of every local step, one teacher forward pass (a third of a training
-        pass) per forget sample per round, and a download + upload per participant per round."""
+        pass) per forget sample per round, and a download + upload per participant per round;
+        split into the teacher's passes, the forget rows' and the retained rows' (``part``: all of
+        it under that one name, as for recovery)."""
         per_sample = fed_state.flops_per_sample()
-        flops = per_sample * (sum(u.samples_processed for u in updates)
-                              + sum(u.forget_samples for u in updates) / TRAINING_STEP_OVER_FORWARD)
-        return Cost(flops=float(flops), comm_bytes=communication_bytes(num_params(fed_state.state), participants))
+        split = {"teacher": per_sample * sum(u.forget_samples + u.anchor_passes for u in updates)
+                 / TRAINING_STEP_OVER_FORWARD,
+                 "forget": float(per_sample * sum(u.forget_processed for u in updates)),
+                 "retained": float(per_sample * sum(u.retained_processed for u in updates))}
+        flops = float(sum(split.values()))
+        parts = {part: flops} if part else split
+        return Cost(flops=flops, comm_bytes=communication_bytes(num_params(fed_state.state), participants), parts=parts)
