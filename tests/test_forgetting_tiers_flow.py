@@ -169,6 +169,16 @@ def test_an_interim_batch_serves_an_approximate_version_at_once(interim):
     assert "serves on the **interim** tier" in receipt.markdown()
 
 
+def test_the_receipt_says_where_the_batch_s_flops_went(interim):
+    """The served attempt's FLOPs split into the method's and judging it; the batch's total adds the
+    source's judging, so it exceeds the served attempt's own FLOPs."""
+    costs = interim.receipt.costs
+    split = costs["unlearned"]["split"]
+    assert {"evaluation", "audit"} <= set(split) and min(split.values()) > 0
+    assert sum(split.values()) > costs["unlearned"]["flops"]
+    assert costs["batch"]["attempts"] == 1 and costs["batch"]["flops"] > sum(split.values())
+
+
 def test_an_interim_batch_leaves_a_run_of_repay_retrain_debt_scheduled_at_the_latest_safe_start(interim):
     # assert
     [scheduled] = interim.scheduled
