@@ -29,10 +29,11 @@ serve: $(STAMP)
 
 # The layer contracts first (import-linter, [tool.importlinter] in pyproject.toml), then the suite on two
 # pytest-xdist workers, a test file to a worker (its module fixtures stay in one process; each worker has
-# its own Prefect home and session fixtures). `make reliability` stays in one process: it times kills.
+# its own Prefect home and session fixtures), the longest files first (tests/conftest.py RUN_FIRST: in
+# collection order, not xdist's by number of tests). `make reliability` stays in one process: it times kills.
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
 
 # The whole reliability suite (tests/reliability): SIGKILL at every batch stage, the full hostile-input
 # generation, concurrent batches; prints the figures at the end. `make test` runs a fast subset of it.

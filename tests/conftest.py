@@ -25,9 +25,31 @@ from workspaces import (TrainedWorkspaces, cli_training, copy_workspace, tempora
                         throwaway_postgres)
 
 
+# The test files that take longest, longest first. `make test` hands whole files to its two xdist
+# workers in collection order (--no-loadscope-reorder), each worker taking the next file as it runs
+# short: started last, a long file would run on one worker while the other idles. The rest follow
+# in their collection order. Relative to tests/; a file no longer here is ignored.
+RUN_FIRST = ("test_forgetting_tiers_exact.py", "test_sharded_metrics.py", "test_forgetting_tiers_flow.py",
+             "reliability/test_hostile_requests.py", "test_process_flow.py", "test_sibling_scenarios.py",
+             "test_batch_end.py", "test_shard_debt_flow.py", "test_uncertainty.py", "test_audit.py",
+             "test_transparency_hardening.py", "test_train_flow.py", "test_hf_kcu.py", "test_strength.py")
+
+
+def run_first_rank(item: pytest.Item) -> int:
+    """The position of the item's file in ``RUN_FIRST``; after all of them if it is not there."""
+    try:
+        name = item.path.relative_to(Path(__file__).parent).as_posix()
+    except ValueError:
+        return len(RUN_FIRST)
+    return RUN_FIRST.index(name) if name in RUN_FIRST else len(RUN_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``reliability`` outside tests/reliability are the slow end-to-end ones (whole
-    servers, subprocess pipelines): ``make reliability`` runs them, ``make test`` names them skipped."""
+    servers, subprocess pipelines): ``make reliability`` runs them, ``make test`` names them skipped.
+    On xdist workers the long files come first (``RUN_FIRST``); one process keeps pytest's order."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=run_first_rank)  # stable: within a file, and for the files not listed, the order stays
     if os.environ.get("RELIABILITY_FULL") == "1":
         return
     skip = pytest.mark.skip(reason="slow end to end: runs under `make reliability` (RELIABILITY_FULL=1)")

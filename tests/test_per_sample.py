@@ -237,3 +237,24 @@ def test_an_inconclusive_forget_set_auc_yields_to_per_sample_evidence_that_passe
     assert judged.interim is served, judged.held_back
     if served:
         assert any("per-sample evidence shows every sample" in line for line in judged.unmeasured)
+
+
+def test_a_reading_s_scale_and_tail_are_the_nan_median_and_student_t_definitions():
+    """The lower robust scale is MAD_TO_SD × np.nanmedian of the distances below the centre
+    (MIN_SCALE where none is below) and the lower tail is Student's t cdf, exactly."""
+    import math
+    import warnings
+
+    from scipy import stats
+
+    from fedunlearn.evaluation.per_sample import MAD_TO_SD, MIN_SCALE, TAIL_DF, _lower_scale, _reading
+    rng = np.random.default_rng(6)
+    for residual in [rng.standard_t(5, m) for m in (1, 2, 7, 200)] + [np.zeros(5), np.arange(4.0)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            below = np.nanmedian(np.where(residual < 0, -residual, np.nan))
+        assert _lower_scale(residual) == (MIN_SCALE if math.isnan(below) else max(MAD_TO_SD * below, MIN_SCALE))
+    never_seen = _never_seen(rng, size=300)
+    for z in (-3.0, 0.2, 4.0):
+        reading = _reading(z, never_seen, np.arange(150))
+        assert reading[1] == float(stats.t.cdf(reading[3], TAIL_DF)) and reading[1] < 1.0

@@ -332,3 +332,15 @@ def test_judge_within_fails_wholly_outside_passes_wholly_inside_else_inconclusiv
         judge_within("eq", 0.5, lambda level: (0.4, 0.6), 0.0, n=10, method="m")
     with pytest.raises(ValueError, match="beta must lie in"):
         equivalence_margin(0.05, beta=1.5)
+
+
+def test_the_placements_rank_as_scipy_s_rankdata_does():
+    """Average ranks from 1 (ties their mean; NaN throughout with a NaN score), exactly as
+    ``stats.rankdata`` gives them."""
+    from scipy import stats
+
+    from fedunlearn.evaluation.uncertainty import _average_ranks
+    rng = np.random.default_rng(8)
+    for scores in (rng.normal(size=50), np.round(rng.normal(size=50), 1), np.full(7, 0.3), np.array([2.0]),
+                   np.array([1.0, np.nan, 0.0]), np.array([np.inf, -np.inf, 0.0, np.inf])):
+        assert np.array_equal(_average_ranks(scores), stats.rankdata(scores), equal_nan=True), scores

@@ -1078,16 +1078,18 @@ def test_one_of_every_class_with_valid_requests_through_the_ingest_flow(workspac
     assert lost == 0
 
 
-def test_acceptance_traversal_name_malformed_and_valid_file_together(workspace, prefect_server, capsys,
+def test_acceptance_traversal_name_malformed_and_valid_file_together(trained_digits_hfl, prefect_server, capsys,
                                                                       reliability_report):
-    """Through the entry point a user runs: ``fedunlearn process``. The traversal name (what
+    """Through the entry point a user runs: ``fedunlearn process``, in a workspace where `fedunlearn
+    train --scenario digits-hfl --inline` ran (a copy of the session's). The traversal name (what
     ``../../../etc/passwd.json`` becomes once URL-encoded, the only way a name can hold it) carries
     a valid request for other samples: only its name may stop it."""
+    workspace = trained_digits_hfl
+
     def cli(*args: str) -> str:
         assert main(["--root", str(workspace), *args]) == 0
         return capsys.readouterr().out
 
-    cli("train", "--scenario", SCENARIO, "--inline")
     wanted = cli("ids", "--scenario", SCENARIO, "--client", "1", "--limit", "6").split()
     others = cli("ids", "--scenario", SCENARIO, "--client", "0", "--limit", "6").split()
     folders = RequestFolders.create(workspace)
