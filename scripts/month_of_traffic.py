@@ -229,6 +229,7 @@ class Replay:
         return {"policy": self.policy, "events": [asdict(e) for e in self.events],
                 "requests": request_outcomes(arrivals, receipts),
                 **exact_training(Registry(self.root), self.scenario),
+                **served_accuracy(Registry(self.root), self.scenario),
                 **retirement_counts(self.root, self.scenario),
                 "compute_seconds": sum(e.seconds for e in self.events),
                 "cpu_seconds": sum(e.cpu_seconds for e in self.events)}
@@ -242,6 +243,17 @@ def exact_training(registry, scenario: str) -> dict:
                  else 1 for v in versions)  # one federation: one model per retrain
     return {"exact_retrains": len(versions), "shard_retrains": shards,
             "partial_retrains": sum(v.tags.get("role") == "repaid" for v in versions)}
+
+
+def served_accuracy(registry, scenario: str) -> dict:
+    """The registered test accuracy of the original (version 1) and of the version serving at the end
+    (alias ``current``): a sharded version's is the served ensemble's."""
+    def test_acc(version) -> float | None:
+        return None if version is None else registry.metrics(version.run_id).get("test_acc")
+
+    serving = registry.by_alias(scenario, "current")
+    return {"test_acc_original": test_acc(registry.version(scenario, "1")), "test_acc_serving": test_acc(serving),
+            "serving_version": None if serving is None else str(serving.version)}
 
 
 def retirement_counts(root: Path, scenario: str) -> dict:
@@ -294,19 +306,22 @@ def summary(run: dict) -> dict:
             "median_hours_to_exact": float(np.median(exact)) if exact else None,
             "max_hours_to_exact": max(exact, default=None),
             "deadlines_missed": sum(not r.get("deadline_met") for r in rows),
+            "test_acc_original": run.get("test_acc_original"), "test_acc_serving": run.get("test_acc_serving"),
             "short_deadlines": sum(bool(r.get("short_deadline")) for r in rows)}
 
 
 def markdown(scenario: str, summaries: list[dict], command: str) -> str:
     head = ("| policy | requests | batches | exact retrains (of the shards due; shard models) | compute: wall (s) | CPU (s) "
             "| median h to interim | median h to exact | max h to exact | deadlines missed (short ones) "
-            "| versions retired (pending, missed) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+            "| versions retired (pending, missed) | test acc: original, serving at the end |"
+            "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {s['policy']} | {s['requests']} | {s['batches']} | {s['exact_retrains']} ({s['partial_retrains']}; "
             f"{s['shard_retrains']}) | {s['compute_seconds']:.0f} "
             f"| {s['cpu_seconds']:.0f} "
             f"| {_h(s['median_hours_to_interim'])} | {_h(s['median_hours_to_exact'])} | {_h(s['max_hours_to_exact'])} "
             f"| {s['deadlines_missed']} ({s['short_deadlines']} with 2-3 days) "
-            f"| {s['retired_versions']} ({s['pending_retirement']}, {s['retirement_missed']}) |" for s in summaries]
+            f"| {s['retired_versions']} ({s['pending_retirement']}, {s['retirement_missed']}) "
+            f"| {_acc(s.get('test_acc_original'))}, {_acc(s.get('test_acc_serving'))} |" for s in summaries]
     by = {s["policy"]: s for s in summaries}
     ratio = "".join(f"\n\n{other} / interim compute: {by[other]['compute_seconds'] / by['interim']['compute_seconds']:.1f}x "
                     f"wall, {by[other]['cpu_seconds'] / by['interim']['cpu_seconds']:.1f}x CPU"
@@ -319,6 +334,10 @@ def markdown(scenario: str, summaries: list[dict], command: str) -> str:
         ratio += (f"\n\nretrain / sharded compute: {by['retrain']['compute_seconds'] / by['sharded']['compute_seconds']:.1f}x "
                   f"wall, {by['retrain']['cpu_seconds'] / by['sharded']['cpu_seconds']:.1f}x CPU")
     return f"{scenario}: `{command}`\n\n" + "\n".join([head, *rows]) + ratio + "\n"
+
+
+def _acc(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
 
 
 def _h(hours: float | None) -> str:

@@ -62,11 +62,15 @@ def weighings(federation, client: int | None) -> dict:
 
 
 def measure(root: Path, scenario: str, shards: int, flops_only: bool = False, vectorised: bool = False,
-            rounds: int | None = None, client: int | None = None) -> dict:
+            rounds: int | None = None, client: int | None = None, seed: int | None = None) -> dict:
     """One K: the ensemble trained from scratch, its accuracy (also with equal shard weights, and after
     ``client``'s request retrained exactly), per-shard and per-request FLOPs (``flops_only``: the FLOPs
-    alone, nothing trained; ``vectorised``: the shards stacked)."""
+    alone, nothing trained; ``vectorised``: the shards stacked; ``seed``: the training seed instead of
+    params.yaml's — the assignment, initial weights, shuffling and client sampling; the partition on
+    disk stays the one ``prepare`` drew)."""
     params = load_params(root / "params.yaml")
+    if seed is not None:
+        params = params.model_copy(update={"seed": seed})
     cfg = params.scenario(scenario)
     train_config = cfg.train.model_copy(update={"rounds": rounds or cfg.train.rounds})
     params.scenarios[scenario] = cfg = cfg.model_copy(update={"shards": shards, "shards_vectorised": vectorised,
@@ -88,7 +92,7 @@ def measure(root: Path, scenario: str, shards: int, flops_only: bool = False, ve
     shard_samples = [sum(n for n, s in zip(sizes, shard_of) if s == k) for k in range(shards)]
     client_request = [flops(shard_samples[shard_of[c]] - sizes[c]) / full for c in range(len(sizes))]
     sample_request = [flops(shard_samples[shard_of[c]]) / full for c in range(len(sizes))]
-    return {"scenario": scenario, "shards": shards, "vectorised": vectorised, "rounds": cfg.train.rounds,
+    return {"scenario": scenario, "shards": shards, "seed": params.seed, "vectorised": vectorised, "rounds": cfg.train.rounds,
             "test_acc": acc, **weighing, "train_seconds": seconds, "train_cpu_seconds": cpu,
             "train_flops": None if trained is None else trained.cost.flops, "full_retrain_flops": full, "shard_samples": shard_samples,
             "assignment": list(shard_of), "client_samples": sizes,
@@ -101,7 +105,7 @@ def row(result: dict) -> str:
     shown = f"{result['test_acc']:.4f} (equal weights {result.get('test_acc_equal_weights', float('nan')):.4f})" + (
         f"; after client {after['client']}: {after['test_acc']:.4f} (equal {after['test_acc_equal_weights']:.4f})"
         if after else "")
-    return (f"| {result['shards']} | {shown} | {result['train_seconds']:.0f} "
+    return (f"| {result['shards']} | {result['seed']} | {shown} | {result['train_seconds']:.0f} "
             f"({result['train_cpu_seconds']:.0f} CPU) | "
             f"{client.mean():.3f} (max {client.max():.3f}) | {sample.mean():.3f} (max {sample.max():.3f}) |")
 
@@ -118,14 +122,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: the scenario's)")
     parser.add_argument("--client-request", type=int, metavar="CLIENT",
                         help="also forget this client exactly (its shard retrained) and score the ensemble after")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                        help="train each K once per seed (instead of params.yaml's seed): the spread a seed makes")
     args = parser.parse_args()
     params = load_params(args.root / "params.yaml")
     results = []
-    print("| K | test acc | train s | client request / full retrain FLOPs | sample request / full retrain FLOPs |")
+    print("| K | seed | test acc | train s | client request / full retrain FLOPs | sample request / full retrain FLOPs |")
     with intra_op_threads(args.threads or params.scenario(args.scenario).threads):
-        for shards in args.shards:
+        for shards, seed in [(k, s) for k in args.shards for s in args.seeds or [None]]:
             results.append(measure(args.root, args.scenario, shards, args.flops_only, args.vectorised, args.rounds,
-                                   args.client_request))
+                                   args.client_request, seed))
             print(row(results[-1]), flush=True)
             args.out.write_text(json.dumps({"machine": platform.platform(), "threads": torch.get_num_threads(),
                                             "results": results}, indent=2))
