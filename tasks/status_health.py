@@ -58,8 +58,9 @@ class WrongServing:
         return f"alias current is on {self.scenario} v{self.version}, which {self.why}"
 
     def fix(self) -> str:
-        return (f"point current at {self.instead} (the version the receipts name last), or run `fedunlearn repay-debt "
-                f"--scenario {self.scenario}` so that an exact retrain serves")
+        # repay-debt retrains only where a debt is owed: with none it leaves current where it is
+        return (f"point current at {self.instead} (the version the receipts name last); where a retrain debt is owed, "
+                f"`fedunlearn repay-debt --scenario {self.scenario}` makes an exact retrain serve instead")
 
 
 def wrong_serving(ws: Workspace, scenario: str, plan: RetirementPlan) -> WrongServing | None:
