@@ -48,7 +48,7 @@ from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
 from fedunlearn.receipts import receipt_path
-from fedunlearn.requests.batch import BatchRecord, BatchStatus
+from fedunlearn.requests.batch import BatchRecord, BatchRecordDamaged, BatchStatus
 from fedunlearn.requests.folders import LockHeld
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runtime_choice import check_flower_training, choose_runtime, flower_attempts, in_process_fallbacks
@@ -204,7 +204,11 @@ def verify_first(ws: Workspace, scenario: str) -> None:
     current first: such a version would be unlearned from, or fail the batch after taking its requests."""
     command = f"`fedunlearn process --scenario {scenario}`"
     verify_before_writing(ws.root, command, ledger_checked=True)
-    refuse_wrong_serving(ws, scenario, command, "a batch would unlearn from it or find it gone after taking its requests")
+    try:
+        refuse_wrong_serving(ws, scenario, command, "a batch would unlearn from it or find it gone after taking its "
+                             "requests")
+    except BatchRecordDamaged:
+        pass  # the intake stops on it before taking anything, naming the batch and its requests
 
 
 @dataclass(frozen=True)

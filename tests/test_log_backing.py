@@ -327,3 +327,17 @@ def test_a_repayment_in_shards_keeps_nothing_from_a_current_moved_by_hand(traine
                                            f"{SCENARIO} v1, which learnt the samples of"):
         flows.debt.repay_shards(repayment, ShardRepayment(frozenset({0}), frozenset({1})))
     assert trained == [] and snapshot(root) == before
+
+
+def test_process_leaves_a_damaged_batch_record_to_its_intake_which_names_the_requests(trained_digits_hfl,
+                                                                                     prefect_server):
+    """The check of current reads the batch records: a truncated one is the intake's to report (the
+    ledger's damage, the batch's requests, `ledger repair`), not a bare record error."""
+    root = trained_digits_hfl
+    batch_id = owe_one_exact_batch(root, forgetting="interim")
+    ledger = root / "data" / "ledger" / "ledger.jsonl"
+    ledger.write_bytes(ledger.read_bytes()[:-20])
+    record = root / "data" / "deletion_requests" / "batches" / f"{batch_id}.json"
+    record.write_text(record.read_text()[:100])
+    printed = call_cli(root, "process", "--scenario", SCENARIO)
+    assert printed.status == 4 and "req-retire-1" in printed.err and "fedunlearn ledger repair" in printed.err, printed
