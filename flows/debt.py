@@ -38,6 +38,7 @@ from tasks.debt import (Debt, close_by_retrain, mark_repaid, mark_shards_repaid,
 from tasks.receipts import publish_receipt
 from tasks.retirement import retire_forgotten
 from tasks.status import publish_status
+from tasks.status_health import refuse_wrong_serving
 from tasks.transparency import verify_before_writing
 from stores.workspace import ScenarioScope, Workspace
 
@@ -158,6 +159,9 @@ def repay_shards(repayment: Repayment, shards: ShardRepayment) -> RepayResult:
     serves; each receipt records its shards retrained, and is forgotten exactly once all are."""
     scope = repayment.scope
     ws, scenario = scope.ws, scope.scenario
+    # The shards not due are kept from the version current serves: never from one that must not serve.
+    refuse_wrong_serving(ws, scenario, f"`fedunlearn repay-debt --scenario {scenario}`",
+                         "the shards not due would be kept from it")
     serving = ws.registry.alias_ref(scenario, "current")
     trained = train_model(scope, repayment.device, repayment.data_version,
                           Training(role="repaid", kept_from=serving.version, kept=shards.wait))

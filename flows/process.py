@@ -48,7 +48,7 @@ from fedunlearn.device import intra_op_threads
 from fedunlearn.errors import (BatchCannotSucceed, BatchFailed, FedunlearnError, InputError, NoSpace, StateDamaged,
                                is_no_space, no_space_path)
 from fedunlearn.receipts import receipt_path
-from fedunlearn.requests.batch import BatchRecord, BatchStatus
+from fedunlearn.requests.batch import BatchRecord, BatchRecordDamaged, BatchStatus
 from fedunlearn.requests.folders import LockHeld
 from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runtime_choice import check_flower_training, choose_runtime, flower_attempts, in_process_fallbacks
@@ -71,6 +71,7 @@ from tasks.models import backdoor_ids, load_source_model
 from tasks.progress import attempts_registered
 from tasks.receipts import publish_receipt
 from tasks.requests import submit_requests
+from tasks.status_health import refuse_wrong_serving
 from tasks.transparency import verify_before_writing
 from tasks.unlearning import flower_methods, gpu_slot
 
@@ -167,8 +168,7 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
         submit_requests(scope, requests)
     with ws.batch_lock(BATCH_LOCK_TIMEOUT_S, f"fedunlearn process --scenario {scenario}") as held, \
             intra_op_threads(scope.config.threads):
-        # Damage stops the batch before anything is written; the intake checks the ledger itself.
-        verify_before_writing(ws.root, f"`fedunlearn process --scenario {scenario}`", ledger_checked=True)
+        verify_first(ws, scenario)
         taken = intake_requests(scope, take_owed=True)
         clock.stage("intake-requests")
         announce_processed([n.request_id or n.file for n in taken.quarantined], scope.scenario, "quarantined",
@@ -196,6 +196,19 @@ def process_deletions(scenario: str = "mnist5k-hfl", root: str = ".", method: Me
     timings = Timings(**clock.split())
     print_timings(timings)  # in the flow run's log too: a served run (no CLI to print it) shows where its time went
     return processed(scope, taken, settled, timings)
+
+
+def verify_first(ws: Workspace, scenario: str) -> None:
+    """Verify, then write: damage (the intake checks the ledger itself) or ``current`` moved by hand to
+    a version that must not serve stops the batch before a request is taken. The source is read from
+    current first: such a version would be unlearned from, or fail the batch after taking its requests."""
+    command = f"`fedunlearn process --scenario {scenario}`"
+    verify_before_writing(ws.root, command, ledger_checked=True)
+    try:
+        refuse_wrong_serving(ws, scenario, command, "a batch would unlearn from it or find it gone after taking its "
+                             "requests")
+    except BatchRecordDamaged:
+        pass  # the intake stops on it before taking anything, naming the batch and its requests
 
 
 @dataclass(frozen=True)

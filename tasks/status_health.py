@@ -13,6 +13,9 @@ Any health line makes ``status`` exit non-zero (``StateDamaged``'s status 4).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from fedunlearn.errors import StateDamaged
 from fedunlearn.receipts import Receipt, read_receipts
 from fedunlearn.requests.batch import load_records
 from fedunlearn.requests.erasure import ErasureReport
@@ -42,11 +45,29 @@ def damage_lines(ws: Workspace) -> list[str]:
         f"fix: {fix}. Until then every command that signs or tags refuses (hold, receipt, process, repay-debt)"]
 
 
-def serving_lines(ws: Workspace, scenario: str, plan: RetirementPlan) -> list[str]:
-    """Alias ``current`` on a version that must not serve, and the version that should."""
+@dataclass(frozen=True)
+class WrongServing:
+    """Alias ``current`` on a version that must not serve: which, why, and the version that should."""
+
+    scenario: str
+    version: str
+    why: str
+    instead: str  # "v3", or "an exact retrain" where the receipts name none
+
+    def line(self) -> str:
+        return f"alias current is on {self.scenario} v{self.version}, which {self.why}"
+
+    def fix(self) -> str:
+        # repay-debt retrains only where a debt is owed: with none it leaves current where it is
+        return (f"point current at {self.instead} (the version the receipts name last); where a retrain debt is owed, "
+                f"`fedunlearn repay-debt --scenario {self.scenario}` makes an exact retrain serve instead")
+
+
+def wrong_serving(ws: Workspace, scenario: str, plan: RetirementPlan) -> WrongServing | None:
+    """Alias ``current`` on a version that must not serve (None: it may, or nothing serves)."""
     current = ws.registry.by_alias(scenario, "current")
     if current is None:
-        return []
+        return None
     from tasks.retirement import batch_facts
 
     number = str(current.version)
@@ -54,11 +75,25 @@ def serving_lines(ws: Workspace, scenario: str, plan: RetirementPlan) -> list[st
     should = expected_serving(read_receipts(ws.root, scenario))
     why = serving_problem(number, retired_batch(current), plan.owed.get(number, []), exact, should)
     if why is None:
-        return []
-    instead = f"v{should}" if should and should != number else "an exact retrain"
-    return [f"**WRONG VERSION SERVING**: alias current is on {scenario} v{number}, which {why}",
-            f"fix: point current at {instead} (the version the receipts name last), or run `fedunlearn repay-debt "
-            f"--scenario {scenario}` so that an exact retrain serves"]
+        return None
+    return WrongServing(scenario, number, why, f"v{should}" if should and should != number else "an exact retrain")
+
+
+def serving_lines(ws: Workspace, scenario: str, plan: RetirementPlan) -> list[str]:
+    """Alias ``current`` on a version that must not serve, and the version that should."""
+    wrong = wrong_serving(ws, scenario, plan)
+    return [] if wrong is None else [f"**WRONG VERSION SERVING**: {wrong.line()}", f"fix: {wrong.fix()}"]
+
+
+def refuse_wrong_serving(ws: Workspace, scenario: str, command: str, builds: str) -> None:
+    """Verify, then write: a command that would build on ``current`` (``builds``: what it would make
+    of it) refuses while current is on a version that must not serve, before it writes anything."""
+    from tasks.retirement import retirement_plan
+
+    wrong = wrong_serving(ws, scenario, retirement_plan(ws, scenario))
+    if wrong is not None:
+        raise StateDamaged(f"{command} refused: {wrong.line()}; {builds}. Nothing was written: no request taken, "
+                           f"no data version, no version, tag, leaf or tree head. Fix: {wrong.fix()}")
 
 
 def serving_problem(version: str, retired_by: str | None, owed: list[str], exact: set[str],

@@ -262,3 +262,82 @@ def test_status_shows_an_unverified_erasure_and_a_damaged_receipt(trained_digits
     printed = call_cli(root, "status", "--scenario", SCENARIO)
     assert printed.status == 4 and str(receipt_path(root, batch_id)) in printed.err, printed
     assert printed.err.count("\n") == 1
+
+
+def current_moved_by_hand(root: Path, to: str) -> str:
+    """The workspace's batch forgotten exactly, then alias current moved with MLflow's own client (no
+    fedunlearn check in the way) to the original that learnt it (``to="original"``) or, once retired,
+    to it all the same (``to="retired"``)."""
+    from mlflow import MlflowClient
+
+    from stores.registry.runs import tracking_uri
+    from stores.workspace import Workspace
+    from tasks.retirement import retire_forgotten
+
+    batch_id = owe_one_exact_batch(root)
+    if to == "retired":
+        ws = Workspace.open(root)
+        ws.registry.remove_alias(SCENARIO, "current")
+        assert retire_forgotten.fn(ws, SCENARIO).versions == {"1": batch_id}
+    MlflowClient(tracking_uri(root)).set_registered_model_alias(SCENARIO, "current", "1")
+    return batch_id
+
+
+@pytest.mark.parametrize("to", ["original", "retired"])
+def test_process_refuses_to_build_on_a_current_moved_by_hand_and_takes_nothing(trained_digits_hfl, prefect_server, to):
+    """The batch's source is read from current first: a version that must not serve is refused before
+    a request is taken (the retired one used to fail the batch after taking them, the original to be
+    unlearned from)."""
+    from fedunlearn.requests.batch import load_records
+    from stores.workspace import Workspace
+
+    root = trained_digits_hfl
+    current_moved_by_hand(root, to)
+    asked = call_cli(root, "request", "samples", "--scenario", SCENARIO, "--ids", "digits-00008")
+    assert asked.status == 0, asked.err
+    inbox = sorted(p.name for p in (root / "data" / "deletion_requests" / "inbox").iterdir())
+    batches, before = len(load_records(Workspace.open(root).folders)), snapshot(root)
+
+    printed = call_cli(root, "process", "--scenario", SCENARIO)
+
+    assert printed.status == 4, printed
+    assert f"alias current is on {SCENARIO} v1, which " in printed.err and "Nothing was written" in printed.err
+    assert "Fix: point current at" in printed.err and printed.err.count("\n") == 1, printed.err
+    assert sorted(p.name for p in (root / "data" / "deletion_requests" / "inbox").iterdir()) == inbox
+    assert len(load_records(Workspace.open(root).folders)) == batches and snapshot(root) == before
+
+
+def test_a_repayment_in_shards_keeps_nothing_from_a_current_moved_by_hand(trained_digits_hfl, monkeypatch):
+    """The shards not due are kept from current: on a version that must not serve, nothing is trained."""
+    import torch
+
+    import flows.debt
+    from fedunlearn.errors import StateDamaged
+    from fedunlearn.shard_debt import ShardRepayment
+    from stores.workspace import ScenarioScope, Workspace
+
+    root = trained_digits_hfl
+    current_moved_by_hand(root, "original")
+    trained = []
+    monkeypatch.setattr(flows.debt, "train_model", lambda *args, **kwargs: trained.append(args))
+    scope = ScenarioScope(Workspace.open(root), SCENARIO)
+    repayment = flows.debt.Repayment(scope, torch.device("cpu"), "D", only_due=True)
+    before = snapshot(root)
+    with pytest.raises(StateDamaged, match=f"repay-debt --scenario {SCENARIO}` refused: alias current is on "
+                                           f"{SCENARIO} v1, which learnt the samples of"):
+        flows.debt.repay_shards(repayment, ShardRepayment(frozenset({0}), frozenset({1})))
+    assert trained == [] and snapshot(root) == before
+
+
+def test_process_leaves_a_damaged_batch_record_to_its_intake_which_names_the_requests(trained_digits_hfl,
+                                                                                     prefect_server):
+    """The check of current reads the batch records: a truncated one is the intake's to report (the
+    ledger's damage, the batch's requests, `ledger repair`), not a bare record error."""
+    root = trained_digits_hfl
+    batch_id = owe_one_exact_batch(root, forgetting="interim")
+    ledger = root / "data" / "ledger" / "ledger.jsonl"
+    ledger.write_bytes(ledger.read_bytes()[:-20])
+    record = root / "data" / "deletion_requests" / "batches" / f"{batch_id}.json"
+    record.write_text(record.read_text()[:100])
+    printed = call_cli(root, "process", "--scenario", SCENARIO)
+    assert printed.status == 4 and "req-retire-1" in printed.err and "fedunlearn ledger repair" in printed.err, printed
