@@ -12,7 +12,7 @@ from fedunlearn.batch_decisions import racing_retrain, receipt_for, tier_fields
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.tiers import Tier
 from fedunlearn.faults import failpoint
-from fedunlearn.receipts import ExactForgetting, ModelRef
+from fedunlearn.receipts import ExactForgetting, ModelRef, read_receipt
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.requests.model import utc_now
 from flows.batch import Receipted, Unlearned
@@ -71,6 +71,9 @@ def promote_and_receipt(scope: ScenarioScope, unlearned: Unlearned) -> Receipted
     receipt.exact_shards = exact_statement(ws, scenario, (exact or chosen.version).version)
     # Every model version that stops serving the data: the sibling scenarios' too (tasks.siblings).
     receipt.siblings, receipt.applied_by = serving_siblings(ws, batch_id), list(record.applied_by)
+    earlier = read_receipt(ws.root, batch_id)
+    if earlier is not None:  # a resumed batch (its record rebuilt) keeps the receipt's time the log signed
+        receipt.created_at = earlier.created_at
     path = write_receipt(ws, receipt)
     # From here the batch is receipted; what it still owes (repaid receipts, log, debt, status) is the
     # next stage's, which a re-run after a crash here completes (flows.finish).
