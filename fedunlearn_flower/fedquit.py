@@ -56,15 +56,28 @@ class FedQUIT:
         "squared" or "huber", the logit distance when ``temperature`` is None.
     clip_norm : float | None (default: 5.0)
         The local steps' gradient norm is clipped to this (None: no clipping).
+    participants, local_steps, retained_batch, anchor, target_test_acc, recovery_tolerance
+        As the in-process method's (its docstring). Refused here: ``recovery_tolerance`` and
+        ``local_steps`` with recovery rounds (recovery is the training's unchecked FedAvg rounds).
     """
 
     def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
                  temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
-                 distance: str = "squared", clip_norm: float | None = 5.0):
+                 distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
+                 local_steps: int | None = None, retained_batch: int | None = None,
+                 target_test_acc: float | None = None, recovery_tolerance: float | None = None,
+                 anchor: str = "labels"):
         # The in-process method validates them, and its clients' code runs them: one definition of both.
         self.method = InProcessFedQUIT(rounds=rounds, local_epochs=local_epochs, forget_weight=forget_weight,
                                        suppress=suppress, temperature=temperature, lr=lr,
-                                       recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm)
+                                       recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm,
+                                       participants=participants, local_steps=local_steps,
+                                       retained_batch=retained_batch, target_test_acc=target_test_acc,
+                                       recovery_tolerance=recovery_tolerance, anchor=anchor)
+        # Recovery here is the training's FedAvg rounds, unchecked: the server holds no test rows.
+        if recovery_tolerance is not None or (local_steps is not None and recovery_rounds > 0):
+            raise ValueError("fedquit over Flower: recovery_tolerance, and local_steps with recovery rounds, run "
+                             "in-process only (use the in-process runtime, or recovery_rounds=0)")
 
     def run(self, federation: Federation, state: State, batch: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
@@ -75,7 +88,7 @@ class FedQUIT:
         config = {**_message_config(training), "method-params": json.dumps(self.method.get_params())}
         participants: list[int] = []
         for r in range(self.method.rounds):
-            clients = self._participants(federation, training, retained, quitting, first + r)
+            clients = self.participants(federation, training, retained, quitting, first + r)
             jobs = {c: {**config, "round": first + r, "forget-ids": forget.get(c, []), "quit-ids": quitting.get(c, [])}
                     for c in clients}
             replies = federation.updates("train.fedquit", state, jobs, f"fedquit-{r + 1}",
@@ -96,6 +109,13 @@ class FedQUIT:
         distillation cannot be skipped); a client with nothing left to step through sits out."""
         sampled = training.select(federation, round_idx, retained)
         return [c for c in sorted(set(sampled) | set(quitting)) if retained.get(c, 0) or c in quitting]
+
+    def participants(self, federation: Federation, training: FedAvg, retained: dict[int, int],
+                     quitting: dict[int, list[str]], round_idx: int) -> list[int]:
+        """``_participants``, or with ``participants="holders"`` the clients holding a quitting target alone."""
+        if self.method.participants == "holders" and quitting:
+            return sorted(quitting)
+        return self._participants(federation, training, retained, quitting, round_idx)
 
 
 def quitting_lists(batch: ForgetSet) -> dict[int, list[str]]:

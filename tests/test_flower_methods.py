@@ -104,3 +104,8 @@ def test_a_flower_method_refuses_what_the_in_process_method_refuses():
     for build in (lambda: FedQUIT(suppress="max"), lambda: FineTune(rounds=0), lambda: GradientAscent(epochs=0)):
         with pytest.raises(ValueError):
             build()
+    # What its server cannot run as the in-process method does (recovery is unchecked FedAvg rounds there).
+    for build in (lambda: FedQUIT(recovery_tolerance=0.01), lambda: FedQUIT(local_steps=5)):
+        with pytest.raises(ValueError, match="run in-process only"):
+            build()
+    assert FedQUIT(local_steps=5, recovery_rounds=0, participants="holders").method.local_steps == 5
