@@ -123,6 +123,17 @@ def trained_canaries(trained_workspaces, tmp_path: Path) -> tuple[Path, list[str
     return copy_workspace(template, tmp_path / "workspace"), ids
 
 
+@pytest.fixture(autouse=True)
+def mlflow_global_uris_reset():
+    """A test that sets MLflow's process-wide tracking or registry URI cannot pin a later test of the
+    same worker to its store (a client built with a tracking URI alone takes the process-wide registry)."""
+    yield
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
+    mlflow.set_registry_uri(None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def single_intra_op_thread():
     """Test models are tiny: a second intra-op thread gains nothing and, on a shared 2-core

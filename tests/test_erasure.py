@@ -130,7 +130,7 @@ def test_purge_rewrites_a_registered_version_whose_input_example_holds_deleted_r
 
     report = verify_erasure.fn(ws, purge_cache.fn(ws, record, fingerprints), fingerprints).erasure
     assert report.verified and not files_holding([workspace / "mlflow"], rows)
-    version = MlflowClient(tracking_uri(workspace)).get_model_version("digits-hfl", "1")
+    version = MlflowClient(tracking_uri(workspace), tracking_uri(workspace)).get_model_version("digits-hfl", "1")
     assert version.tags["erasure"] == "artifacts-rewritten" and version.tags["erasure_batch"] == record.batch_id
     served = mlflow.pytorch.load_model("models:/digits-hfl/1")  # the rewritten model still loads and predicts alike
     x = torch.as_tensor(test.features[2:6])

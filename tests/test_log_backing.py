@@ -224,7 +224,7 @@ def test_status_names_a_version_that_must_not_serve_with_its_fix(trained_digits_
 
     root = trained_digits_hfl
     owe_one_exact_batch(root)  # its deletion forgotten exactly ...
-    client = MlflowClient(tracking_uri(root))
+    client = MlflowClient(tracking_uri(root), tracking_uri(root))  # the registry too: never the process-wide one
     client.set_registered_model_alias(SCENARIO, "current", "1")  # ... and current moved to the original by hand
     printed = call_cli(root, "status", "--scenario", SCENARIO)
     assert printed.status == 4, printed
@@ -279,7 +279,7 @@ def current_moved_by_hand(root: Path, to: str) -> str:
         ws = Workspace.open(root)
         ws.registry.remove_alias(SCENARIO, "current")
         assert retire_forgotten.fn(ws, SCENARIO).versions == {"1": batch_id}
-    MlflowClient(tracking_uri(root)).set_registered_model_alias(SCENARIO, "current", "1")
+    MlflowClient(tracking_uri(root), tracking_uri(root)).set_registered_model_alias(SCENARIO, "current", "1")
     return batch_id
 
 

@@ -153,7 +153,7 @@ def test_the_cli_exits_7_with_the_path_and_the_command(workspace, monkeypatch, c
 
 
 def run_statuses(workspace: Path, experiment: str) -> list[str]:
-    client = MlflowClient(tracking_uri(workspace))
+    client = MlflowClient(tracking_uri(workspace), tracking_uri(workspace))
     found = client.get_experiment_by_name(experiment)
     return [run.info.status for run in client.search_runs([found.experiment_id])]
 
