@@ -34,7 +34,7 @@ from fedunlearn.receipts import EscalationStep, ModelRef
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.runtime_choice import IN_PROCESS_RUNTIME, flower_engine
 from fedunlearn.unlearning.base import ForgetSet, Outcome
-from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt
+from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, is_exact_retrain
 from flows.batch import Batch, Unlearned
 from flows.forget_sets import ForgetSetKit, forget_set_kit
 from flows.reference import reference_for
@@ -334,8 +334,8 @@ def batch_outcome(judging: Judging, escalated: Escalated, source_gates: GateOutc
         log_on_forget_set(judging, reference, RETRAINED)
         reference_metrics = VersionMetrics.of(reference.evaluation, registered_cost(reference.model))
     judged = judging_flops(judging)
-    spent = batch_flops(escalated.attempts, escalated.cost.flops if escalated.attempts[-1].method ==
-                        EXACT_RETRAIN_METHOD else None, judged.flops if judged else None)
+    spent = batch_flops(escalated.attempts, escalated.cost.flops if is_exact_retrain(escalated.attempts[-1].method)
+                        else None, judged.flops if judged else None)
     return BatchUnlearning(source.model.ref, VersionMetrics.of(source.evaluation, None), escalated.attempts,
                            escalated.certificate, escalated.cost,
                            {str(c): len(ids) for c, ids in judging.setup.batch.forget_ids.items()},

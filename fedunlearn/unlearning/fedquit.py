@@ -279,7 +279,7 @@ class FedQUIT(UnlearningMethod):
         optimizer = torch.optim.SGD(model.parameters(), lr=self.lr or config.lr, momentum=config.momentum)
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, round_idx, client])
                                                       .generate_state(1)[0]))
-        processed = retained_seen = forget_seen = 0
+        retained_seen = forget_seen = 0
         total = 0.0
         for index, picked in self._schedule(retained, forget if teacher is not None else None, config, generator):
             loss = torch.zeros((), dtype=next(model.parameters()).dtype, device=retained.x.device)
@@ -300,10 +300,10 @@ class FedQUIT(UnlearningMethod):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_norm)
             optimizer.step()
             total = float(loss.detach())
-        processed = retained_seen + forget_seen
         n_forget = 0 if forget is None else len(forget)
         return QuitUpdate(client, {k: v.detach() for k, v in model.state_dict().items()}, len(retained) + n_forget,
-                          total, samples_processed=processed, forget_samples=n_forget if teacher is not None else 0,
+                          total, samples_processed=retained_seen + forget_seen,
+                          forget_samples=n_forget if teacher is not None else 0,
                           retained_processed=retained_seen, forget_processed=forget_seen,
                           anchor_passes=retained_seen if anchor is not None else 0)
 
