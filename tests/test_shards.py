@@ -51,7 +51,7 @@ def digits_workspace(root: Path, shards: int | None, rounds: int = 1) -> Path:
     ``rounds`` rounds; the digits partition written by the DVC stages' functions."""
     text = (PROJECT / "params.yaml").read_text().replace(
         "    partition: {scheme: dirichlet, num_clients: 3, alpha: 0.5, test_fraction: 0.2}\n"
-        "    train: {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}",
+        "    train: {rounds: 2, local_epochs: 3, lr: 0.05, momentum: 0.9, batch_size: 16}",
         "    partition: {scheme: dirichlet, num_clients: 4, alpha: 0.5, test_fraction: 0.2}\n"
         f"    train: {{rounds: {rounds}, local_epochs: 1, lr: 0.1, batch_size: 16}}"
         + (f"\n    shards: {shards}" if shards is not None else ""), 1)

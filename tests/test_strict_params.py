@@ -64,11 +64,11 @@ def test_a_billion_laughs_alias_bomb_is_refused_at_once(tmp_path):
 
 def test_small_aliases_and_merge_keys_still_work(tmp_path):
     text = edited("scenarios:\n", "base_train: &train {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}\n"
-                                  "scenarios:\n").replace("    train: {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}",
+                                  "scenarios:\n").replace("    train: {rounds: 2, local_epochs: 3, lr: 0.05, momentum: 0.9, batch_size: 16}",
                                                           "    train: {<<: *train, rounds: 4}", 1)
     # base_train is not a params key: the alias is expanded, then the unknown key refused by name
     assert "base_train is not a known key" in refusal(tmp_path, text)
-    text = edited("    train: {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}",
+    text = edited("    train: {rounds: 2, local_epochs: 3, lr: 0.05, momentum: 0.9, batch_size: 16}",
                   "    train: &train {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}")
     text = text.replace("    train: {rounds: 20, local_epochs: 5, lr: 0.05, momentum: 0.9, batch_size: 16}",
                         "    train: {<<: *train, rounds: 7}", 1)
@@ -150,7 +150,7 @@ def test_a_bad_value_is_one_line_naming_the_key_path(tmp_path):
 # --- YAML syntax errors where they start ---------------------------------------------------------------
 
 @pytest.mark.parametrize("old, new", [
-    ("    train: {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16}",
+    ("    train: {rounds: 2, local_epochs: 3, lr: 0.05, momentum: 0.9, batch_size: 16}",
      "    train: {rounds: 2, local_epochs: 3, lr: 0.1, batch_size: 16"),  # an unclosed bracket, comments after it
     ("device: auto            # auto = cuda, then mps, then cpu", 'device: "auto'),  # an unclosed quote
     ("  inbox_grace_seconds: 300", "  inbox_grace_seconds 300"),  # a missing ':'
