@@ -19,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedunlearn.benchmark.report import markdown_table
 from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
-from fedunlearn.certify.gates import NO_OP_CHECK, GateOutcome
+from fedunlearn.certify.gates import NO_OP_CHECK, GateCheck, GateOutcome
 from fedunlearn.errors import StateDamaged
 from fedunlearn.evaluation.records import VERSION_METRICS
+from fedunlearn.evaluation.uncertainty import VACUOUS_MARGIN
 from fedunlearn.requests.erasure import SourceErasure
 from fedunlearn.requests.folders import RECEIPTS_DIR, write_text_atomic
 from fedunlearn.requests.model import utc_now
@@ -349,8 +350,20 @@ def gate_rows(gates: GateOutcome | None, interim_tier: bool = False) -> list[dic
     as the tier that decided read them (``interim_tier``: the interim reading)."""
     return [{"gate": c.name, "value": SHORT_VALUES.get(c.name, c.value) if isinstance(c.value, str) else c.value,
              "CI": _interval(c.interval), "n": c.n, "result": c.verdict if c.verdict != "fail" else "FAIL",
-             "limit": allowed_certificates(c.limit) if isinstance(c.limit, list) else c.limit}
+             "limit": _limit(c)}
             for c in (gates.deciding_checks(interim_tier) if gates else [])]
+
+
+def _limit(check: GateCheck) -> float | str | None:
+    """A check's limit as the table shows it: a band around chance that holds every AUC is none."""
+    if isinstance(check.limit, list):
+        return allowed_certificates(check.limit)
+    if check.rule_within and check.limit is not None and check.limit >= VACUOUS_MARGIN:
+        return NO_LIMIT_AT_THIS_SIZE
+    return check.limit
+
+
+NO_LIMIT_AT_THIS_SIZE = "none at this n"
 
 
 EXACT_GUARANTEES = (EXACT_RETRAIN, FORMAL)  # what needs no exact retrain later

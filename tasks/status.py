@@ -161,15 +161,13 @@ class DeletionStatus:
         if batch is None:
             lines.append("last batch: none yet")
         else:
-            verdict = batch.attempts[-1].gates.verdict if batch.attempts and batch.attempts[-1].gates else (
-                "exact retrain" if is_exact_retrain(batch.method) else batch.outcome)
+            verdict = _last_reading(batch)
             chain = " → ".join(a.method for a in batch.attempts)
             lines.append(f"last batch: {batch.batch_id} at {batch.created_at:%Y-%m-%d %H:%M}Z, "
                          f"{len(batch.request_ids)} request(s), {chain or batch.outcome}: {verdict}, "
                          f"{'promoted' if batch.promoted else 'not promoted'}"
                          + (f", forgetting {batch.forgetting}" if batch.forgetting else ""))
         return "\n".join(lines)
-
 
     def _forgotten_lines(self) -> list[str]:
         interim = [p for p in self.forgotten if p.state == INTERIM]
@@ -195,6 +193,17 @@ class DeletionStatus:
                 due = f"at {p.exact_at:%Y-%m-%d %H:%M}Z" + (" (LATE)" if p.overdue(self.now) else "")
             lines.append(f"| {p.request_id} | {p.shown_state()} | {p.deadline:%Y-%m-%d %H:%M}Z | {due} | {p.where} |")
         return lines
+
+
+def _last_reading(batch: Receipt) -> str:
+    """What the gates said of the batch's last attempt, on the tier that decided: as its attempts
+    line reads it (``flows.results.AttemptLine``), the interim reading beside the strict verdict."""
+    gates = batch.attempts[-1].gates if batch.attempts else None
+    if gates is None:
+        return "exact retrain" if is_exact_retrain(batch.method) else batch.outcome
+    if batch.forgetting == "interim" and gates.interim is not None:
+        return f"interim: {'serves' if gates.interim else 'held back'}; strict: {gates.verdict}"
+    return gates.verdict
 
 
 def _span(delta: timedelta) -> str:

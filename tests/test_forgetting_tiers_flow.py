@@ -143,6 +143,10 @@ def test_before_its_deadline_status_shows_the_request_interim(interim):
     # assert
     assert interim.status_interim.status == 0, interim.status_interim.err
     assert status_row(interim.status_interim.out, interim.first)[1] == "interim"
+    # One verdict per check everywhere: status reads the last attempt as the batch's attempts line did.
+    reading = f"interim: serves; strict: {interim.receipt.attempts[-1].gates.verdict}"
+    assert f"attempts: puf-special ({reading})" in interim.processed.out, interim.processed.out
+    assert f"puf-special: {reading}, promoted, forgetting interim" in interim.status_interim.out
 
 
 def test_past_its_deadline_status_exits_9_for_a_request_left_interim(interim):

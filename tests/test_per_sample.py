@@ -106,6 +106,31 @@ def test_memorised_atypical_samples_are_remembered_at_every_size_and_a_no_op_can
     assert remembered >= 95 and typical_flagged <= 8, (remembered, typical_flagged)
 
 
+def _hard_pairs(rng, size=600, hit_rate=0.05):
+    """Never-seen pairs whose label models that never saw them reject (difficulty about −10): the
+    candidate predicts a few of them (``hit_rate``)."""
+    difficulty = -10.0 + rng.normal(0, 0.5, size)
+    hits = rng.random(size) < hit_rate
+    z = _shift(difficulty) + rng.normal(size=size)
+    return NeverSeen(z, difficulty, hits, np.ones(size, bool))
+
+
+def test_a_predicted_label_outranks_a_score_a_sample_is_remembered_by_the_prediction_not_the_score_alone():
+    """One hard sample (difficulty −10), its z at the 75th percentile of never-seen pairs: predicted
+    with its label — which never-seen pairs of that difficulty rarely are — it is remembered (the
+    no-op on a memorised row with a modest margin); not predicted (a candidate that never saw it,
+    near-uniform on a row unlike any held-out one), it is not, however its score ranks among the
+    pairs the candidate also misses."""
+    rng = np.random.default_rng(8)
+    never_seen = _hard_pairs(rng)
+    missed_z = never_seen.z[~never_seen.hits]
+    for z in (np.quantile(never_seen.z, 0.75), np.quantile(missed_z, 0.999)):
+        predicted = sample_evidence(np.array([z]), np.array([-10.0]), np.array([True]), never_seen, ALPHA)
+        unpredicted = sample_evidence(np.array([z]), np.array([-10.0]), np.array([False]), never_seen, ALPHA)
+        assert predicted.remembered[0] and predicted.p_remembered[0] <= ALPHA / 2
+        assert not unpredicted.remembered[0] and unpredicted.p_remembered[0] > ALPHA / 2
+
+
 def test_a_score_that_is_high_only_for_easy_pairs_is_not_memory():
     """The same z that marks a sample remembered at difficulty −10 is ordinary at difficulty 5, where
     the candidate's strength lifts every never-seen pair: the yardstick is the sample's difficulty."""
@@ -239,6 +264,29 @@ def test_an_inconclusive_forget_set_auc_yields_to_per_sample_evidence_that_passe
         assert any("per-sample evidence shows every sample" in line for line in judged.unmeasured)
 
 
+@pytest.mark.parametrize("margin, interval, verdict", [
+    (0.5, (0.2, 0.8), INCONCLUSIVE),   # a band that holds every AUC decides nothing (issue 57's 2-canary batch)
+    (0.89, (0.9, 0.99), INCONCLUSIVE),
+    (0.3, (0.3, 0.7), PASS),           # within a band that means something
+    (0.3, (0.85, 0.99), FAIL),         # wholly above it: remembered
+])
+def test_the_audit_s_equivalence_reading_is_inconclusive_where_its_margin_holds_every_auc(margin, interval, verdict):
+    """The interim tier's forget_audit row: at a size where the margin is 0.5 or more, no AUC could
+    fail it, so it does not pass either; the receipt's gate table shows no limit for it."""
+    from fedunlearn.receipts import NO_LIMIT_AT_THIS_SIZE, gate_rows
+
+    audit = _audit([WITHIN_RANGE] * 2)
+    audit.margin, audit.interval, audit.auc = margin, interval, sum(interval) / 2
+    check = audit.equivalence_check()
+    assert check.verdict == verdict
+    judged = interim_judgement(_outcome(), "empirical only", _outcome(), audit_equivalence=check)
+    judged = judged.model_copy(update={"checks": judged.checks + [GateCheck(name="forget_audit", value=audit.auc,
+                                                                            limit=0.55, passed=True)]})
+    row = next(r for r in gate_rows(judged, interim_tier=True) if r["gate"] == "forget_audit")
+    assert row["result"] == (verdict if verdict != FAIL else "FAIL")
+    assert (row["limit"] == NO_LIMIT_AT_THIS_SIZE) is (margin >= 0.5)
+
+
 def test_a_reading_s_scale_and_tail_are_the_nan_median_and_student_t_definitions():
     """The lower robust scale is MAD_TO_SD × np.nanmedian of the distances below the centre
     (MIN_SCALE where none is below) and the lower tail is Student's t cdf, exactly."""
@@ -256,5 +304,5 @@ def test_a_reading_s_scale_and_tail_are_the_nan_median_and_student_t_definitions
         assert _lower_scale(residual) == (MIN_SCALE if math.isnan(below) else max(MAD_TO_SD * below, MIN_SCALE))
     never_seen = _never_seen(rng, size=300)
     for z in (-3.0, 0.2, 4.0):
-        reading = _reading(z, never_seen, np.arange(150))
+        reading = _reading(z, True, never_seen, np.arange(150))
         assert reading[1] == float(stats.t.cdf(reading[3], TAIL_DF)) and reading[1] < 1.0

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from fedunlearn.evaluation.backdoor import triggered
 from fedunlearn.evaluation.mia import (MIN_STD, label_matched_nonmembers, logit_scaled_confidence,
                                        logit_scaled_confidences)
 from fedunlearn.evaluation.uncertainty import (AT_MOST, AUC_METHOD, FAIL, INCONCLUSIVE, PASS, STRATIFIED_AUC_METHOD,
+                                               VACUOUS_MARGIN,
                                                Check, check_stratified_auc, equivalence_margin, judge_within,
                                                stratified_null_sd)
 from fedunlearn.evaluation.per_sample import (OVER_FORGOTTEN, REMEMBERED, WITHIN_RANGE, NeverSeen, SampleEvidence,
@@ -253,11 +254,14 @@ class AuditResult:
         """The audit read as equivalence (the interim tier's question): ``pass`` iff the interval lies
         within ``margin`` of 0.5 on both sides, ``fail`` iff it lies wholly above (the forget set
         remembered) or wholly below (over-forgotten: it stands out as *less* member-like than
-        never-seen samples), else ``inconclusive``. None for a record without a margin."""
+        never-seen samples), else ``inconclusive`` — always where the margin is ``VACUOUS_MARGIN`` or
+        more (a band that holds every AUC shows nothing). None for a record without a margin."""
         if self.margin is None:
             return None
-        return judge_within(EQUIVALENCE_CHECK, self.auc, lambda level: self.interval, self.margin,
-                            n=self.n_forget + self.n_nonmembers, method=self.method, alpha=self.alpha)
+        check = judge_within(EQUIVALENCE_CHECK, self.auc, lambda level: self.interval, self.margin,
+                             n=self.n_forget + self.n_nonmembers, method=self.method, alpha=self.alpha)
+        # A margin of 0.5 or more holds every AUC: at this size the band decides nothing, either way.
+        return replace(check, verdict=INCONCLUSIVE) if self.margin >= VACUOUS_MARGIN else check
 
     def remembered(self) -> bool:
         """Whether the forget set, or any one sample of it, is shown remembered: a sample the per-sample

@@ -19,10 +19,16 @@ difficulty; where they are too few (far harder than any held-out row) relabelled
 is right for a wrong label and errs towards "remembered" for a hard right one — the safe side for the
 data subject: the batch escalates towards the exact retrain. Two questions per sample:
 
-* **remembered** — z *above* its neighbours: its conformal p-value (1 + #{neighbours ≥ z}) / (1 + m);
-  the strong samples (p ≤ α/2) counted against their binomial law, one test at every request size, one
-  sample included, and beside it any sample at p ≤ α/(2n) (Bonferroni: one memorised sample among a
-  few); a sample whose neighbours are too few to reach α/2 is *unmeasured*;
+* **remembered** — the candidate predicts the sample's label and scores it *above* the neighbours it
+  also predicts with theirs: its conformal p-value (1 + #{predicted neighbours with z at least as
+  high}) / (1 + m); a sample whose label it does not predict has p = 1. A memorised sample is
+  predicted with its label, which never-seen pairs of its difficulty rarely are, so a modest margin
+  is enough to show it; a sample a candidate never saw and is unsure of (near-uniform on a row unlike
+  any held-out row) scores a high z against pairs it confidently rejects, but its label is not
+  predicted, so that score does not make it remembered (what is left of it is the forget set's AUC's
+  to see). The strong samples (p ≤ α/2) are counted against their binomial law, one test at every
+  request size, one sample included, and beside it any sample at p ≤ α/(2n) (Bonferroni: one
+  memorised sample among a few); a sample whose neighbours are too few to reach α/2 is *unmeasured*;
 * **over-forgotten** — the candidate marks the sample *below* never-seen pairs [3]_: its misses counted
   against its neighbours' miss rates (Poisson-binomial), and z far under its neighbours' median in their
   lower robust scale (Student's t tails, Holm's step-down [4]_), at α/4 each.
@@ -163,7 +169,7 @@ def sample_evidence(z: np.ndarray, difficulty: np.ndarray, hits: np.ndarray, nev
     p_high, p_low, t, miss = np.ones(n), np.ones(n), np.full(n, math.nan), np.ones(n)
     measurable = np.zeros(n, dtype=bool)
     for i, sets in enumerate(neighbourhoods(difficulty, never_seen, size)):
-        readings = [_reading(z[i], never_seen, rows) for rows in sets]
+        readings = [_reading(z[i], hits[i], never_seen, rows) for rows in sets]
         p_high[i], p_low[i], miss[i] = (max(r[k] for r in readings) for k in range(3))
         t[i] = max(r[3] for r in readings)  # the t of the larger lower-tail p-value
         # Too few neighbours to reach α/2: a hit could not be evidence of memory.
@@ -173,16 +179,25 @@ def sample_evidence(z: np.ndarray, difficulty: np.ndarray, hits: np.ndarray, nev
     return SampleEvidence(t, p_high, p_low, remembered, over & ~remembered, measurable, alpha)
 
 
-def _reading(z: float, never_seen: NeverSeen, rows: np.ndarray) -> tuple[float, float, float, float]:
-    """Against the pairs ``rows``: the conformal upper p-value of ``z``, the lower tail of its robust
-    t, the conformal miss rate of those pairs, and t."""
-    scores, m = never_seen.z[rows], len(rows)
+def _reading(z: float, hit: bool, never_seen: NeverSeen, rows: np.ndarray) -> tuple[float, float, float, float]:
+    """Against the pairs ``rows``: the conformal upper p-value of (hit, z), the lower tail of its
+    robust t, the conformal miss rate of those pairs, and t."""
+    scores, m, hits = never_seen.z[rows], len(rows), never_seen.hits[rows]
     centre = float(np.median(scores))
     # The centre is a median of m pairs: its variance is about π/2 · σ² / m.
     t = (z - centre) / (_lower_scale(scores - centre) * math.sqrt(1.0 + math.pi / (2.0 * m)))
     # stdtr is what stats.t.cdf computes, without its per-call argument handling.
-    return ((1 + (scores >= z).sum()) / (1 + m), float(special.stdtr(TAIL_DF, t)),
-            (1 + (~never_seen.hits[rows]).sum()) / (1 + m), t)
+    return ((1 + _at_least(z, hit, scores, hits)) / (1 + m), float(special.stdtr(TAIL_DF, t)),
+            (1 + (~hits).sum()) / (1 + m), t)
+
+
+def _at_least(z: float, hit: bool, scores: np.ndarray, hits: np.ndarray) -> int:
+    """Never-seen pairs at least as remembered-looking as (hit, z): for a sample the candidate
+    predicts with its label, the pairs it predicts with theirs and scores at least as high; for one
+    it does not, every pair (p = 1: a sample whose label is not predicted is not shown remembered)."""
+    if not hit:
+        return len(scores)
+    return int((hits & (scores >= z)).sum())
 
 
 def _remembered(p_high: np.ndarray, alpha: float) -> np.ndarray:

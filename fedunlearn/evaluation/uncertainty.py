@@ -50,6 +50,8 @@ from scipy.special import expit, logit
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 AT_MOST, ABS_AT_MOST, WITHIN = "at most", "|gap| at most", "within margin of chance"
+# An AUC lies in [0, 1]: a band of 0.5 ± this or wider around chance holds every value.
+VACUOUS_MARGIN = 0.5
 DEFAULT_ALPHA = 0.05
 AUC_METHOD = "delong-logit"
 
