@@ -120,7 +120,7 @@ def test_numbers_stay_in_range_and_a_float_field_takes_an_integer(tmp_path):
     assert "is not a number" in refusal(tmp_path, edited("deadline_days: 30", "deadline_days: '30'"))
     assert "seed: -1 is out of range; allowed: ≥ 0 and ≤ 4294967295" in refusal(tmp_path, edited("seed: 0", "seed: -1"))
     params = load_params(params_with(tmp_path, edited("deadline_days: 30", f"deadline_days: {MAX_DAYS}")
-                                     .replace("lr: 0.1, batch_size: 16}", "lr: 1, batch_size: 16}", 1)))
+                                     .replace("lr: 0.05, momentum: 0.9, batch_size: 16}", "lr: 1, momentum: 0.9, batch_size: 16}", 1)))
     assert params.requests.deadline_days == MAX_DAYS and params.scenario("digits-hfl").train.lr == 1.0
     # the largest deadline a request can get stays a date (1e308 days overflowed `status`)
     assert DeletionRequestModel(kind="client", client=0).due(params.requests.deadline_days).year < 9999
@@ -139,7 +139,7 @@ def test_scenario_and_dataset_names_are_names_not_paths(tmp_path, old, new, wher
 
 
 def test_a_bad_value_is_one_line_naming_the_key_path(tmp_path):
-    message = refusal(tmp_path, edited("lr: 0.1, batch_size: 16}", "lr: -1, batch_size: 16}"))
+    message = refusal(tmp_path, edited("lr: 0.05, momentum: 0.9, batch_size: 16}", "lr: -1, momentum: 0.9, batch_size: 16}"))
     assert message == (f"{tmp_path / 'params.yaml'}: scenarios.digits-hfl.train.lr: -1 is out of range; allowed: > 0. "
                        f"Fix it in {tmp_path / 'params.yaml'} and run the command again; nothing was changed")
     several = edited("urgent_hours: 72", "urgent_hours: -1").replace("batch_threshold: 10", "batch_threshold: 0") \

@@ -87,9 +87,11 @@ def batches(api: str) -> list[dict]:
 
 
 def run_cli_while_served(root: Path) -> subprocess.CompletedProcess:
-    """`fedunlearn process` as a user types it (nothing pending: a short flow run)."""
-    return subprocess.run([str(BIN / "fedunlearn"), "--root", str(root), "process", "--scenario", SCENARIO],
-                          env=user_environment(), capture_output=True, text=True, timeout=600)
+    """`fedunlearn process` with nothing pending, its runner named so that the flow runs (a short flow
+    run; without ``--runner`` an idle `process` answers without starting Prefect at all)."""
+    return subprocess.run([str(BIN / "fedunlearn"), "--root", str(root), "process", "--scenario", SCENARIO,
+                           "--runner", "in-process"], env=user_environment(), capture_output=True, text=True,
+                          timeout=600)
 
 
 @needs_postgres
