@@ -22,9 +22,8 @@ data subject: the batch escalates towards the exact retrain. Two questions per s
 * **remembered** — the candidate predicts the sample's label and scores it *above* the neighbours it
   also predicts with theirs: its conformal p-value (1 + #{predicted neighbours with z at least as
   high}) / (1 + m); a sample whose label it does not predict has p = 1. A memorised sample is
-  predicted with its label, which never-seen pairs of its difficulty rarely are, so a modest margin
-  is enough to show it; a sample a candidate never saw and is unsure of (near-uniform on a row unlike
-  any held-out row) scores a high z against pairs it confidently rejects, but its label is not
+  predicted with its label; a sample a candidate never saw and is unsure of (near-uniform on a row
+  unlike any held-out row) scores a high z against pairs it confidently rejects, but its label is not
   predicted, so that score does not make it remembered (what is left of it is the forget set's AUC's
   to see). The strong samples (p ≤ α/2) are counted against their binomial law, one test at every
   request size, one sample included, and beside it any sample at p ≤ α/(2n) (Bonferroni: one
