@@ -50,6 +50,10 @@ def test_benchmark_writes_rows_plots_certificates_and_mlflow_runs(workspace, pre
     from flows.benchmark import benchmark
 
     out = tmp_path / "bench"
+    # Trained long enough that the original learns the trigger it carries (2 rounds do not, with momentum).
+    params = workspace / "params.yaml"
+    params.write_text(params.read_text().replace("train: {rounds: 2, local_epochs: 3, lr: 0.05, momentum: 0.9",
+                                                 "train: {rounds: 6, local_epochs: 3, lr: 0.05, momentum: 0.9", 1))
     rows = benchmark(scenario="digits-hfl", request="client:largest", methods="ga,finetune", out=str(out),
                      backdoor=True, root=str(workspace),
                      method_options={"finetune": {"rounds": 1}, "ga": {"recovery_rounds": 1}}).rows
