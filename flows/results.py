@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, RootModel, model_serializer
 
+from fedunlearn.certify.gates import tier_reading
 from fedunlearn.receipts import EscalationStep, ModelRef, Receipt
 from fedunlearn.requests.batch import QuarantineNote
 from fedunlearn.requests.erasure import ErasureReport
@@ -141,9 +142,7 @@ class AttemptLine(BaseModel):
         serves there beside the strict verdict, so the attempt's line and the batch's agree."""
         if self.verdict is None:
             return self.note or "not gated"
-        if interim_tier and self.interim is not None:
-            return f"interim: {'serves' if self.interim else 'held back'}; strict: {self.verdict}"
-        return self.verdict
+        return tier_reading(self.verdict, self.interim, interim_tier)
 
     @classmethod
     def of(cls, record: EscalationStep) -> AttemptLine:

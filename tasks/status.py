@@ -29,6 +29,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
+from fedunlearn.certify.gates import tier_reading
 from fedunlearn.certify.tiers import repay_now
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records
@@ -196,14 +197,12 @@ class DeletionStatus:
 
 
 def _last_reading(batch: Receipt) -> str:
-    """What the gates said of the batch's last attempt, on the tier that decided: as its attempts
-    line reads it (``flows.results.AttemptLine``), the interim reading beside the strict verdict."""
+    """What the gates said of the batch's last attempt, on the tier that decided, as its attempts line
+    reads it (``gates.tier_reading``)."""
     gates = batch.attempts[-1].gates if batch.attempts else None
     if gates is None:
         return "exact retrain" if is_exact_retrain(batch.method) else batch.outcome
-    if batch.forgetting == "interim" and gates.interim is not None:
-        return f"interim: {'serves' if gates.interim else 'held back'}; strict: {gates.verdict}"
-    return gates.verdict
+    return tier_reading(gates.verdict, gates.interim, batch.forgetting == "interim")
 
 
 def _span(delta: timedelta) -> str:

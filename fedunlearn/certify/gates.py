@@ -105,6 +105,14 @@ class GateOutcome(BaseModel):
         return cls(passed=verdict == PASS, policy=policy, checks=checks, verdict=verdict)
 
 
+def tier_reading(verdict: str, interim: bool | None, interim_tier: bool) -> str:
+    """What the gates said of an attempt, on the tier that decided: where the interim tier judged it
+    (``interim`` not None on an interim-tier batch), whether it serves there beside the strict verdict."""
+    if interim_tier and interim is not None:
+        return f"interim: {'serves' if interim else 'held back'}; strict: {verdict}"
+    return verdict
+
+
 class Gates(BaseModel):
     """Tolerances on the gaps to the retrained model; ``None`` switches a check off."""
 
