@@ -31,7 +31,7 @@ from tasks.debt import close_by_retrain
 from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
 from tasks.siblings import owe_siblings
 from fedunlearn.batch_decisions import Owed
-from tasks.progress import Unfinished, owed_batch, unfinished_end
+from tasks.progress import Unfinished, owed_batch, owes_model_steps, unfinished_end
 from tasks.requests import (append_ledger, close_batch, collect_inbox, file_applied_requests, open_batch,
                             quarantine_requests, recover_interrupted_batches, reproduce_versions)
 from tasks.validation import validate_requests
@@ -83,7 +83,8 @@ def intake_requests(scope: ScenarioScope, purge: bool = False, take_owed: bool =
     ws, scenario = scope.ws, scope.scenario
     interrupted = recover_interrupted_batches(ws)
     sync_state(ws.root, "the remote was behind this workspace")  # a push an earlier run could not make
-    resumed = [finish_steps(ws, r).record for r in interrupted if not (take_owed and r.scenario == scenario)]
+    resumed = [finish_steps(ws, r).record for r in interrupted
+               if not (take_owed and r.scenario == scenario and owes_model_steps(ws, r))]
     unfinished = unfinished_end(ws, scenario) if take_owed else None
     owed = owed_batch(ws, scenario) if take_owed else Owed()
     if owed.closes_open is not None:  # a model on the current data serves: the open batches get their receipts

@@ -42,13 +42,20 @@ def attempts_registered(ws: Workspace, scenario: str, batch_id: str) -> dict[int
             for v in ws.registry.versions(scenario, batch_id=batch_id) if "attempt" in v.tags}
 
 
+def owes_model_steps(ws: Workspace, record: BatchRecord) -> bool:
+    """An unfinished ingest owes its model steps, unless the batch has its receipt: a record rebuilt
+    by ``fedunlearn ledger repair`` restarts at its ledger append, and only its (idempotent) ingest
+    steps run again; unlearning it anew would rewrite a receipt the log has already signed."""
+    return record.status is not BatchStatus.COMPLETE and read_receipt(ws.root, record.batch_id) is None
+
+
 @task(name="find-owed-batch", cache_policy=NO_CACHE)
 def owed_batch(ws: Workspace, scenario: str) -> Owed:
     """What a run of ``scenario`` owes (``batch_decisions.owed``, on what the stores say); it reads
     the stores and changes nothing. The last batch is the last one the ledger applied
     (``in_journal_order``), whatever the clock said when it ran."""
     records = [r for r in in_journal_order(load_records(ws.folders), ws.ledger.entries()) if r.scenario == scenario]
-    unfinished = next((r for r in records if r.status is not BatchStatus.COMPLETE), None)
+    unfinished = next((r for r in records if owes_model_steps(ws, r)), None)
     last = records[-1] if records and unfinished is None else None
     receipted = last is not None and read_receipt(ws.root, last.batch_id) is not None
     asked = last is not None and not receipted  # the rest is read only when the decision needs it
