@@ -174,8 +174,11 @@ def test_a_backdoored_forget_set_is_judged_against_equally_triggered_non_members
     result = audit_forgetting(retrain, forget, references, clean_forget_labels=clean_labels)
     assert result.verdict != NOT_FORGOTTEN and abs(result.auc - 0.5) < 0.1, (result.auc, result.interval)
     assert {row["label"] for row in result.samples} == set(clean_labels.tolist())
-    # Against untriggered non-members the same model is far from 0.5: not a valid comparison.
-    assert abs(audit_forgetting(retrain, forget, references).auc - 0.5) > 0.2
+    # Against untriggered non-members the same model's scores sit far above theirs: not a valid
+    # comparison (the AUC no longer shows it: the retrain predicts none of the triggered labels).
+    untriggered = audit_forgetting(retrain, forget, references)
+    shift = [np.median([row["z"] for row in r.samples]) - np.median(r.nonmember_z) for r in (result, untriggered)]
+    assert abs(shift[1]) > 3 * abs(shift[0]), shift
 
 
 def test_the_audit_compares_each_label_with_every_pool_b_sample_of_that_label(targets, references):

@@ -399,6 +399,15 @@ def _never_seen_pairs(target: nn.Module, references: AuditSet, pool: Tensors, po
     return _Pairs(z, difficulty, labels, predicted[row_of] == labels, labels != given[row_of])
 
 
+def auc_scores(z: np.ndarray, hits: np.ndarray, difficulty: np.ndarray) -> np.ndarray:
+    """The scores the AUC ranks: z, except for a pair whose label the references reject and the
+    candidate does not predict either, which ranks below every predicted pair of its stratum and ties
+    with the others. Its stratum's never-seen pairs are mostly relabelled rows the candidate rejects
+    confidently; a row unlike any of them (noise, an outlier) that a model never saw is rejected less
+    confidently, so its z alone would read as remembered (the per-sample rule's reason, per_sample.py)."""
+    return np.where(np.asarray(hits, bool) | (np.asarray(difficulty, float) >= 0), z, -np.inf)
+
+
 def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *,
                      config: AuditConfig | None = None, seed: int = 0,
                      clean_forget_labels: np.ndarray | None = None) -> AuditResult:
@@ -428,13 +437,14 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
     pool_z, pool_strata = pairs.z[kept], pairs.strata()[kept]
     # Scored on the label it carries (a backdoor's target, if triggered), stratified by its difficulty there.
     forget_strata = _strata(forget.y.cpu().numpy(), forget_difficulty)
-    check = check_stratified_auc(CHECK_NAME, forget_z, forget_strata, pool_z, pool_strata, 0.5 + config.tolerance,
-                                 alpha=config.alpha)
+    hits = _predicts_label(target, forget)
+    check = check_stratified_auc(CHECK_NAME, auc_scores(forget_z, hits, forget_difficulty), forget_strata,
+                                 auc_scores(pairs.z, pairs.hits, pairs.difficulty)[kept], pool_strata,
+                                 0.5 + config.tolerance, alpha=config.alpha)
     compared = np.isin(pool_strata, forget_strata)
     margin = equivalence_margin(stratified_null_sd(forget_strata, pool_strata), alpha=config.alpha,
                                 beta=config.equivalence_beta)
     p_values = _conformal_p_values(forget_z, forget_strata, pool_z, pool_strata)
-    hits = _predicts_label(target, forget)
     evidence = sample_evidence(forget_z, forget_difficulty, hits, pairs.never_seen(), config.alpha)
     samples = _sample_rows(forget.sample_ids, forget_labels, forget_z, p_values, evidence, hits & (forget_difficulty < 0))
     return AuditResult(_AUDIT_VERDICT[check.verdict], check.estimate, check.interval, check.limit, config.alpha,
