@@ -40,7 +40,8 @@ def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(can
     outcome = get_method("fedquit").unlearn(federation, batch)
     unlearned = federation.model_from(outcome.state)
     before, after = audit_forgetting(source, forget, references), audit_forgetting(unlearned, forget, references)
-    assert before.auc > 0.8, before.interval                     # the source memorised them
+    # The source memorised them: its whole interval lies well above chance.
+    assert before.interval[0] > 0.6, before.interval
     assert before.auc - after.auc > 0.25, (before.auc, after.auc)
     assert 0.35 < after.auc < 0.65, after.interval              # near never-seen, not far below it
     assert accuracy(unlearned, federation.test) >= accuracy(source, federation.test) - 0.02
