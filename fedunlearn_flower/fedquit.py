@@ -38,6 +38,9 @@ class FedQUIT:
 
     Parameters
     ----------
+    solver : str (default: "steps")
+        The paper's FedAvg rounds; the in-process method's closed-form ``"edit"`` has no Flower
+        version yet and is refused here (run it with the in-process runtime).
     rounds : int (default: 5)
         R, unlearning rounds, each a FedAvg round with the distillation term on the quitting targets.
     local_epochs : int (default: 1)
@@ -50,8 +53,9 @@ class FedQUIT:
         None for the logit distance ``distance``; T > 0 for T²·KL at temperature T (T = 1: the paper's loss).
     lr : float | None (default: None)
         Local step size (None: the training's; momentum and batch size are always the training's).
-    recovery_rounds : int (default: 2)
-        FedAvg rounds on the retained data afterwards, without the distillation term.
+    recovery_rounds : int | None (default: None)
+        FedAvg rounds on the retained data afterwards, without the distillation term (None: the
+        in-process method's default after the steps).
     distance : str (default: "squared")
         "squared" or "huber", the logit distance when ``temperature`` is None.
     clip_norm : float | None (default: 5.0)
@@ -61,21 +65,24 @@ class FedQUIT:
         ``local_steps`` with recovery rounds (recovery is the training's unchecked FedAvg rounds).
     """
 
-    def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
-                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
+    def __init__(self, *, solver: str = "steps", rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
+                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int | None = None,
                  distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
                  local_steps: int | None = None, retained_batch: int | None = None,
                  target_test_acc: float | None = None, recovery_tolerance: float | None = None,
                  anchor: str = "labels"):
         # The in-process method validates them, and its clients' code runs them: one definition of both.
-        self.method = InProcessFedQUIT(rounds=rounds, local_epochs=local_epochs, forget_weight=forget_weight,
+        if solver != "steps":
+            raise ValueError(f"fedquit over Flower: solver {solver!r} runs in-process only (use the in-process "
+                             "runtime, or solver='steps')")
+        self.method = InProcessFedQUIT(solver="steps", rounds=rounds, local_epochs=local_epochs, forget_weight=forget_weight,
                                        suppress=suppress, temperature=temperature, lr=lr,
                                        recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm,
                                        participants=participants, local_steps=local_steps,
                                        retained_batch=retained_batch, target_test_acc=target_test_acc,
                                        recovery_tolerance=recovery_tolerance, anchor=anchor)
         # Recovery here is the training's FedAvg rounds, unchecked: the server holds no test rows.
-        if recovery_tolerance is not None or (local_steps is not None and recovery_rounds > 0):
+        if recovery_tolerance is not None or (local_steps is not None and self.method.recovery_for("steps") > 0):
             raise ValueError("fedquit over Flower: recovery_tolerance, and local_steps with recovery rounds, run "
                              "in-process only (use the in-process runtime, or recovery_rounds=0)")
 
@@ -96,10 +103,10 @@ class FedQUIT:
             state = aggregate(state, [update for update, _ in replies.values()])
             participants.append(len(replies))
         state = training.run(federation, state, first_round=first + self.method.rounds,
-                             rounds=self.method.recovery_rounds, sizes=retained, forget_ids=forget)
+                             rounds=self.method.recovery_for("steps"), sizes=retained, forget_ids=forget)
         return state, {"target_clients": sorted(quitting), "participants_per_round": participants,
                        "quitting_samples": sum(len(ids) for ids in quitting.values()),
-                       "recovery_rounds": self.method.recovery_rounds,
+                       "recovery_rounds": self.method.recovery_for("steps"),
                        "distance": "squared logits" if self.method.temperature is None else "T²·KL"}
 
     @staticmethod

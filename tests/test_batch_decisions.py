@@ -143,7 +143,9 @@ def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_
     assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
 
     remembered = attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=False)
-    assert [a.method for a in remembered] == ["fedquit", "puf-special", "puf-special", "puf-regular", "retrain"]
+    assert [a.method for a in remembered] == ["fedquit", "fedquit", "puf-special", "puf-special", "puf-regular",
+                                              "retrain"]
+    assert [a.options for a in remembered[:2]] == [{}, {"solver": "steps"}]  # the edit, then the paper's rounds
     assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
     assert attempts_in_order(hfl, "hfl", source_remembers=False, chosen_by_user=False) == hfl
     assert attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=True) == hfl

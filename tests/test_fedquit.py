@@ -1,8 +1,9 @@
 """FedQUIT (fedunlearn/unlearning/fedquit.py): the virtual teacher on toy logits; on the memorising
-scenario ``digits-canary-hfl`` with 40 canaries requested, it removes what the source memorised —
-the per-example audit falls from the source's level to near chance, not far below it — at a small
-share of the training's FLOPs and without losing test accuracy; deterministic; refuses class requests
-and bad hyperparameters by name."""
+scenario ``digits-canary-hfl`` with 40 canaries requested, both solvers (the closed-form edit, the
+paper's steps) remove what the source memorised — the per-example audit falls from the source's
+level to near chance, not far below it — at a small share of the training's FLOPs (the edit at a
+hundredth of it) and without losing test accuracy; deterministic; refuses class requests and bad
+hyperparameters by name."""
 
 
 import numpy as np
@@ -33,11 +34,12 @@ def canaries(tmp_path_factory):
     return canary_federation(tmp_path_factory.mktemp("fedquit"))
 
 
-def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(canaries):
+@pytest.mark.parametrize("solver, share", [("edit", 0.01), ("steps", 0.2)])
+def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(canaries, solver, share):
     federation, training_cost, references, batch = canaries
     forget = federation.forget_data(batch)
     source = federation.model_from(federation.state)
-    outcome = get_method("fedquit").unlearn(federation, batch)
+    outcome = get_method("fedquit", solver=solver).unlearn(federation, batch)
     unlearned = federation.model_from(outcome.state)
     before, after = audit_forgetting(source, forget, references), audit_forgetting(unlearned, forget, references)
     # The source memorised them: its whole interval lies well above chance.
@@ -45,23 +47,25 @@ def test_memorised_canaries_are_brought_to_the_never_seen_level_not_below_it(can
     assert before.auc - after.auc > 0.25, (before.auc, after.auc)
     assert 0.35 < after.auc < 0.65, after.interval              # near never-seen, not far below it
     assert accuracy(unlearned, federation.test) >= accuracy(source, federation.test) - 0.02
-    # A share of a retrain's compute: 5 one-epoch rounds and one recovery round (5 local epochs here)
-    # against 20 rounds of 5 epochs; the scenario's training is short (docs/data-and-scenarios.md).
-    assert outcome.cost.flops < 0.2 * training_cost.flops
+    # A share of a retrain's compute. The steps: 5 one-epoch rounds and two recovery rounds (5 local
+    # epochs here) against 20 rounds of 5 epochs, a short training (docs/data-and-scenarios.md); the
+    # edit: forward passes over the targets and a bounded retained sample, and one solve.
+    assert outcome.cost.flops < share * training_cost.flops
     assert outcome.certificate_inputs["target_clients"] == sorted(batch.forget_ids)
+    assert outcome.notes["solver"] == solver
 
 
 def test_the_same_request_gives_the_same_model(canaries):
     federation, _, _, batch = canaries
-    method = get_method("fedquit", rounds=1)
-    first, second = method.unlearn(federation, batch), method.unlearn(federation, batch)
-    assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
+    for method in (get_method("fedquit", solver="steps", rounds=1), get_method("fedquit")):
+        first, second = method.unlearn(federation, batch), method.unlearn(federation, batch)
+        assert all(torch.equal(first.state[k], second.state[k]) for k in first.state)
 
 
 def test_a_whole_client_is_forgotten_by_its_own_forget_steps(canaries):
     federation, _, _, _ = canaries
     batch = resolve_request("client", [2], federation.clients)
-    outcome = get_method("fedquit", rounds=1).unlearn(federation, batch)
+    outcome = get_method("fedquit", solver="steps", rounds=1).unlearn(federation, batch)
     assert outcome.notes["participants_per_round"] == [3] and outcome.cost.flops > 0
     forget = federation.forget_data(batch)
     assert accuracy(federation.model_from(outcome.state), forget) < accuracy(federation.model_from(federation.state),
@@ -78,7 +82,10 @@ def test_class_requests_and_bad_hyperparameters_are_refused_by_name(canaries):
                          ({"forget_weight": -1.0}, "forget_weight must be > 0, got -1.0"),
                          ({"suppress": "max"}, "suppress must be one of min, mean, got 'max'"),
                          ({"temperature": 0.0}, "temperature must be > 0 or None, got 0.0"),
-                         ({"recovery_rounds": -1}, "recovery_rounds must be an integer >= 0, got -1")):
+                         ({"recovery_rounds": -1}, "recovery_rounds must be an integer >= 0 or None, got -1"),
+                         ({"solver": "sgd"}, "solver must be one of edit, steps, got 'sgd'"),
+                         ({"retained_rows": 0}, "retained_rows must be an integer >= 1, got 0"),
+                         ({"ridge": 0.0}, "ridge must be > 0, got 0.0")):
         with pytest.raises(ValueError, match=f"fedquit: {message}"):
             get_method("fedquit", **bad)
 
@@ -102,9 +109,9 @@ def _expected_flops(federation, batch, rounds: int, recovery_rounds: int, local_
 
 def test_its_flops_count_every_training_pass_the_teacher_and_the_recovery_rounds(canaries):
     federation, _, _, batch = canaries
-    outcome = get_method("fedquit", rounds=2, recovery_rounds=1).unlearn(federation, batch)
+    outcome = get_method("fedquit", solver="steps", rounds=2, recovery_rounds=1).unlearn(federation, batch)
     assert outcome.cost.flops == pytest.approx(_expected_flops(federation, batch, 2, 1), rel=1e-9)
-    no_recovery = get_method("fedquit", rounds=2, recovery_rounds=0).unlearn(federation, batch)
+    no_recovery = get_method("fedquit", solver="steps", rounds=2, recovery_rounds=0).unlearn(federation, batch)
     assert no_recovery.cost.flops == pytest.approx(_expected_flops(federation, batch, 2, 0), rel=1e-9)
 
 

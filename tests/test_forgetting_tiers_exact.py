@@ -26,7 +26,7 @@ from workspaces import Printed, copy_workspace, status_row
 
 # What a digits-hfl batch of client 1's samples tries under `strict`: every approximate attempt is
 # held back (no check fails, none is passed either) and the exact retrain serves.
-STRICT_ESCALATION = ["puf-special", "puf-special", "puf-regular", "fedquit", "retrain"]
+STRICT_ESCALATION = ["puf-special", "puf-special", "puf-regular", "fedquit", "fedquit", "retrain"]
 
 
 @pytest.fixture

@@ -90,7 +90,7 @@ def test_the_default_chain_runs_on_flower_from_first_attempt_to_last_resort():
         assert flower_attempts(Runtime.flower, chain, flower_methods(), False) == chain
         assert in_process_fallbacks(Runtime.flower, chain, flower_methods()) is None, (kind, first)
     chain = default_escalation("hfl", "sample", Attempt(method="hf-kcu"))
-    assert [a.method for a in chain] == ["hf-kcu", "hf-kcu", "puf-regular", "fedquit", "retrain"]
+    assert [a.method for a in chain] == ["hf-kcu", "hf-kcu", "puf-regular", "fedquit", "fedquit", "retrain"]
 
 
 def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns(monkeypatch):

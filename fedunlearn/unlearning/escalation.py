@@ -17,7 +17,9 @@ more cost, so a user's stronger-than-default choice is made stronger still, neve
 * puf-special / puf-regular: the unlearning step η_u and the unlearning epochs;
 * ga: the ascent epochs; hf-kcu: the CG steps, and the federation's curvature with no β cap;
 * fedora: the iterations and ω;
-* certified-dfu: the Newton steps (a smaller residual, so more of the budget is left).
+* certified-dfu: the Newton steps (a smaller residual, so more of the budget is left);
+* fedquit: from its closed-form edit to the paper's FedAvg rounds (``solver="steps"``), the last
+  resort's stronger attempt, tried after the edit.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ STRONGER_SCALES: dict[str, tuple[str, ...]] = {
     "hf-kcu": ("cg_iterations",),
     "fedora": ("iterations", "omega"),
     "certified-dfu": ("newton_steps",),
+    "fedquit": (),
 }
-STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federation", "beta": None}}
+STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federation", "beta": None},
+                                               "fedquit": {"solver": "steps"}}
 # The other method tried per setting, first one supporting the request kind wins.
 FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
 # Tried after the fallback, each one supporting the request kind, in order: methods that do not
@@ -81,16 +85,24 @@ def default_escalation(setting: str, kind: str, first: Attempt) -> list[Attempt]
     if first.exact:
         return [first]
     get_method_class(first.method, setting).check_supported(setting, kind)
-    attempts = [first]
-    if first.method in STRONGER_SCALES:
-        attempts.append(stronger(first, setting))
+    attempts = [first, *_stronger_if_any(first, setting)]
     supported = set(available_methods(setting, kind))
     fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
     if fallback is not None:
         attempts.append(Attempt(method=fallback))
     tried = {attempt.method for attempt in attempts}
-    attempts += [Attempt(method=m) for m in LAST_RESORT[setting] if m in supported and m not in tried]
+    for method in LAST_RESORT[setting]:
+        if method in supported and method not in tried:
+            attempts += [Attempt(method=method), *_stronger_if_any(Attempt(method=method), setting)]
     return attempts + [Attempt(method=EXACT_RETRAIN_METHOD)]
+
+
+def _stronger_if_any(attempt: Attempt, setting: str) -> list[Attempt]:
+    """``[stronger(attempt)]`` where the method has a stronger setting that differs from ``attempt``."""
+    if attempt.method not in STRONGER_SCALES:
+        return []
+    harder = stronger(attempt, setting)
+    return [] if harder.options == attempt.options else [harder]
 
 
 def removal_first(attempts: list[Attempt], setting: str) -> list[Attempt]:

@@ -13,8 +13,13 @@ escalation's last resort before an exact retrain, and its first attempt where th
 remembers the forget set; class requests are refused. The distance is by default the squared
 logit distance (distillation's high-temperature limit [2]_, logit matching [3]_), not the paper's
 softmax KL at T = 1, whose gradient on the labelled logit vanishes while the log-odds a membership
-audit reads are still high. The local step, the other departures from the paper and why, and where
-it fails: docs/methods.md, "fedquit".
+audit reads are still high.
+
+Two solvers of that objective: ``"edit"`` (the default) solves it in closed form on the hidden layer
+below the output, at the cost of forward passes over the forget rows and a bounded sample of every
+client's retained rows (``fedunlearn.unlearning.layer_edit``); ``"steps"`` descends it by the paper's
+FedAvg rounds. The escalation tries the edit first and the steps after it. The local step, the other
+departures from the paper and why, and where each fails: docs/methods.md, "fedquit".
 
 References
 ----------
@@ -43,12 +48,16 @@ from fedunlearn.federation.fedavg import ClientUpdate, aggregate
 from fedunlearn.federation.local import State, Tensors, accuracy, objective, predict_logits
 from fedunlearn.unlearning.base import (ForgetSet, FederatedState, Monitor, Outcome, UnlearningMethod,
                                         fedavg_rounds, num_params)
+from fedunlearn.unlearning.layer_edit import (EditLayers, EditUnsupported, HiddenEdit, activations, edit_layers,
+                                              hidden_edit, retained_factor, retained_system, sample_rows)
 from fedunlearn.unlearning.registry import register
 
 SUPPRESSIONS = ("min", "mean")
 DISTANCES = ("squared", "huber")
 PARTICIPANTS = ("holders", "all")
 ANCHORS = ("labels", "source")
+SOLVERS = ("edit", "steps")
+STEPS_RECOVERY_ROUNDS = 2   # recovery after the steps, where ``recovery_rounds`` is None
 
 
 @dataclass
@@ -86,8 +95,19 @@ class FedQUIT(UnlearningMethod):
 
     Parameters
     ----------
+    solver : {"edit", "steps"}, default="edit"
+        "edit": the objective solved in closed form on the hidden layer below the output, for a model
+        that ends Linear → ReLU → Linear (another model gets the steps, and the outcome says so);
+        "steps": ``rounds`` FedAvg rounds of local steps (the paper's protocol).
+    retained_rows : int, default=400
+        with the edit, the retained rows each client samples for the term that holds the model on
+        retained data.
+    retained_weight : float, default=30.0
+        μ, that term's weight against the forget rows' (the mean over the sampled rows).
+    ridge : float, default=1e-3
+        ε, the edit's ridge: the edit stays small in directions no row constrains.
     rounds : int, default=5
-        R, unlearning rounds, each a FedAvg round with the forget term.
+        R, unlearning rounds, each a FedAvg round with the forget term (the steps).
     local_epochs : int, default=1
         local epochs per round over each client's retained data.
     forget_weight : float, default=0.1
@@ -102,11 +122,11 @@ class FedQUIT(UnlearningMethod):
     lr : float or None, default=None
         local step size (None: the training's ``TrainConfig.lr``; momentum and batch size are always
         the training's).
-    recovery_rounds : int, default=2
+    recovery_rounds : int or None, default=None
         FedAvg rounds on the retained data afterwards, without the forget term: they restore test
-        accuracy the forget term cost, at the price of a little of the signal coming back (the
-        default is where the frontier keeps test accuracy within a point of the retrain's:
-        docs/BENCHMARKS.md).
+        accuracy the forget term cost, at the price of a little of the signal coming back. None: 2
+        after the steps (where the frontier keeps test accuracy within a point of the retrain's:
+        docs/BENCHMARKS.md), 0 after the edit (which holds the retained outputs by construction).
     distance : {"squared", "huber"}, default="squared"
         the logit distance when ``temperature`` is None: squared, or Huber (smooth L1, a bounded
         gradient per logit).
@@ -143,11 +163,17 @@ class FedQUIT(UnlearningMethod):
     request_kinds = frozenset({"sample", "client"})
     guarantee = EMPIRICAL_ONLY
 
-    def __init__(self, *, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
-                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int = 2,
+    def __init__(self, *, solver: str = "edit", retained_rows: int = 400, retained_weight: float = 30.0,
+                 ridge: float = 1e-3, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1,
+                 suppress: str = "min", temperature: float | None = None, lr: float | None = None,
+                 recovery_rounds: int | None = None,
                  distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
                  local_steps: int | None = None, retained_batch: int | None = None,
                  target_test_acc: float | None = None, recovery_tolerance: float | None = None, anchor: str = "labels"):
+        self.solver = solver
+        self.retained_rows = retained_rows
+        self.retained_weight = retained_weight
+        self.ridge = ridge
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.forget_weight = forget_weight
@@ -163,6 +189,10 @@ class FedQUIT(UnlearningMethod):
         self.target_test_acc = target_test_acc
         self.recovery_tolerance = recovery_tolerance
         self.anchor = anchor
+        self._require(solver in SOLVERS, "solver", f"one of {', '.join(SOLVERS)}")
+        self._require(isinstance(retained_rows, int) and retained_rows >= 1, "retained_rows", "an integer >= 1")
+        self._require(isinstance(retained_weight, (int, float)) and retained_weight >= 0, "retained_weight", ">= 0")
+        self._require(isinstance(ridge, (int, float)) and ridge > 0, "ridge", "> 0")
         self._require(anchor in ANCHORS, "anchor", f"one of {', '.join(ANCHORS)}")
         self._require(participants in PARTICIPANTS, "participants", f"one of {', '.join(PARTICIPANTS)}")
         self._require(local_steps is None or (isinstance(local_steps, int) and local_steps >= 1), "local_steps",
@@ -181,12 +211,92 @@ class FedQUIT(UnlearningMethod):
         self._require(suppress in SUPPRESSIONS, "suppress", f"one of {', '.join(SUPPRESSIONS)}")
         self._require(temperature is None or temperature > 0, "temperature", "> 0 or None")
         self._require(lr is None or lr > 0, "lr", "> 0 or None")
-        self._require(isinstance(recovery_rounds, int) and recovery_rounds >= 0, "recovery_rounds",
-                      "an integer >= 0")
+        self._require(recovery_rounds is None or (isinstance(recovery_rounds, int) and recovery_rounds >= 0),
+                      "recovery_rounds", "an integer >= 0 or None")
+
+    def recovery_for(self, solver: str) -> int:
+        """The recovery rounds run after ``solver``: ``recovery_rounds``, or where None its default."""
+        if self.recovery_rounds is not None:
+            return self.recovery_rounds
+        return 0 if solver == "edit" else STEPS_RECOVERY_ROUNDS
 
     def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
         forget = quitting_targets(fed_state.forget_by_client(batch), batch)
         retained = fed_state.retained_clients(batch)
+        unsupported = None
+        if self.solver == "edit":
+            try:
+                layers = edit_layers(fed_state.model_from(fed_state.state))
+                activations(fed_state.model_from(fed_state.state), layers, torch.zeros_like(fed_state.test.x[:1]))
+            except EditUnsupported as why:
+                unsupported = f"{why}: the steps ran instead"
+            else:
+                return self._unlearn_by_edit(fed_state, batch, forget, retained, layers, monitor)
+        outcome = self._unlearn_by_steps(fed_state, batch, forget, retained, monitor)
+        if unsupported:
+            outcome.notes["solver"] = unsupported
+        return outcome
+
+    def _unlearn_by_edit(self, fed_state: FederatedState, batch: ForgetSet, forget: dict[int, Tensors],
+                         retained: list[Tensors], layers: EditLayers, monitor: Monitor) -> Outcome:
+        """The edit (``layer_edit``): every client's retained factor, each holder's edit for its
+        targets, their sum; then ``recovery_for("edit")`` rounds."""
+        factors = fed_state.map_updates(self._client_factor, [
+            {"fed_state": fed_state, "layers": layers, "rows": rows, "client": c}
+            for c, rows in enumerate(retained) if len(rows)])
+        stacked = torch.cat(factors)
+        system, system_flops = retained_system(stacked, retained_weight=self.retained_weight, ridge=self.ridge)
+        edits = fed_state.map_updates(self._holder_edit, [
+            {"fed_state": fed_state, "layers": layers, "forget": forget[c], "system": system} for c in sorted(forget)])
+        state = {key: value.clone() for key, value in fed_state.state.items()}
+        for edit in edits:
+            state[f"{layers.hidden}.weight"] += edit.weight
+            state[f"{layers.hidden}.bias"] += edit.bias
+        monitor.record("unlearn", 1, state)
+        cost = self._edit_cost(fed_state, stacked, forget, edits, layers, participants=len(factors),
+                               system_flops=system_flops)
+        rounds = self.recovery_for("edit")
+        state, recovery, recovered = self._recover(fed_state, retained, state, fed_state.train_config.rounds, monitor,
+                                                   rounds)
+        notes = {"solver": "edit", "edited_layer": layers.hidden, "target_clients": sorted(forget),
+                 "participants_per_round": [len(factors)], "retained_rows": int(len(stacked)),
+                 "recovery_rounds_run": recovered, "distance": "squared logits, solved on the hidden layer"}
+        numbers = {**self.get_params(), "forget_samples": batch.num_forget,
+                   "quitting_samples": sum(len(t) for t in forget.values()), **notes}
+        return Outcome(state, cost + recovery, certificate_inputs=numbers, notes=notes)
+
+    def _client_factor(self, fed_state: FederatedState, layers: EditLayers, rows: Tensors, client: int) -> torch.Tensor:
+        """A client's share of the retained term: its sampled rows' rotated factor."""
+        sample, generator = sample_rows(rows, self.retained_rows, fed_state.seed, client)
+        return retained_factor(fed_state.model_from(fed_state.state), layers, sample, generator)
+
+    def _holder_edit(self, fed_state: FederatedState, layers: EditLayers, forget: Tensors,
+                     system: torch.Tensor) -> HiddenEdit:
+        """A holder's edit: its targets' logits to the virtual teacher, the retained term held."""
+        model = fed_state.model_from(fed_state.state)
+        return hidden_edit(model, layers, forget, self.teacher_logits(model, forget), system)
+
+    @staticmethod
+    def _edit_cost(fed_state: FederatedState, stacked: torch.Tensor, forget: dict[int, Tensors],
+                   edits: list[HiddenEdit], layers: EditLayers, participants: int, system_flops: float) -> Cost:
+        """Forward passes (a third of a training pass a row): the sampled retained rows, and the
+        targets twice (the teacher's logits, then the edited layers' rows); the server's factorisation
+        and the holders' solves; and the bytes: the model to every participant, the factors up, the
+        Cholesky factor down to each holder, the edits up."""
+        per_sample = fed_state.flops_per_sample()
+        targets = sum(len(t) for t in forget.values())
+        parts = {"retained": per_sample * len(stacked) / TRAINING_STEP_OVER_FORWARD,
+                 "teacher": per_sample * 2 * targets / TRAINING_STEP_OVER_FORWARD,
+                 "solve": float(system_flops + sum(edit.solve_flops for edit in edits))}
+        edit_size = sum(fed_state.state[f"{layers.hidden}.{k}"].numel() for k in ("weight", "bias"))
+        width = stacked.shape[1]
+        floats = num_params(fed_state.state) * participants + stacked.numel() + width * width * len(edits) + \
+            edit_size * len(edits)
+        return Cost(flops=float(sum(parts.values())), comm_bytes=int(4 * floats), parts=parts)
+
+    def _unlearn_by_steps(self, fed_state: FederatedState, batch: ForgetSet, forget: dict[int, Tensors],
+                          retained: list[Tensors], monitor: Monitor) -> Outcome:
+        """The paper's protocol: ``rounds`` FedAvg rounds with the quitting term, then recovery."""
         state, first = fed_state.state, fed_state.train_config.rounds  # fresh shuffling seeds after training
         updates: list[QuitUpdate] = []
         participants: list[int] = []
@@ -197,13 +307,14 @@ class FedQUIT(UnlearningMethod):
             participants.append(len(round_updates))
             monitor.record("unlearn", r + 1, state)
         cost = self._cost(fed_state, updates, participants)
-        state, recovery, recovered = self._recover(fed_state, retained, state, first + self.rounds, monitor)
+        state, recovery, recovered = self._recover(fed_state, retained, state, first + self.rounds, monitor,
+                                                   self.recovery_for("steps"))
         quit_samples = sum(len(t) for t in forget.values())
         numbers = {**self.get_params(), "target_clients": sorted(forget), "forget_samples": batch.num_forget,
                    "quitting_samples": quit_samples, "participants_per_round": participants,
                    "recovery_rounds_run": recovered}
         return Outcome(state, cost + recovery, certificate_inputs=numbers,
-                       notes={"target_clients": sorted(forget), "participants_per_round": participants,
+                       notes={"solver": "steps", "target_clients": sorted(forget), "participants_per_round": participants,
                               "recovery_rounds_run": recovered,
                               "distance": "squared logits" if self.temperature is None else "T²·KL"})
 
@@ -221,17 +332,17 @@ class FedQUIT(UnlearningMethod):
         return fed_state.map_updates(self._local_update, jobs)
 
     def _recover(self, fed_state: FederatedState, retained: list[Tensors], state: State, first_round: int,
-                 monitor: Monitor) -> tuple[State, Cost, int]:
-        """``recovery_rounds`` rounds on the retained data without the forget term. With a
+                 monitor: Monitor, rounds_due: int) -> tuple[State, Cost, int]:
+        """``rounds_due`` rounds on the retained data without the forget term. With a
         ``recovery_tolerance`` (and the batch's ``target_test_acc``) they stop as soon as the test
         accuracy is within it of the target, checked before each round (each check counted)."""
         if self.recovery_tolerance is None or self.target_test_acc is None:
             if self.local_steps is None:
-                state, spent = fedavg_rounds(fed_state, retained, state=state, rounds=self.recovery_rounds,
+                state, spent = fedavg_rounds(fed_state, retained, state=state, rounds=rounds_due,
                                              first_round=first_round, phase="recovery", monitor=monitor)
-                return state, dataclasses.replace(spent, parts={"recovery": spent.flops}), self.recovery_rounds
+                return state, dataclasses.replace(spent, parts={"recovery": spent.flops}), rounds_due
         cost, rounds = Cost(), 0
-        while rounds < self.recovery_rounds:
+        while rounds < rounds_due:
             if self.recovery_tolerance is not None and self.target_test_acc is not None:
                 cost = cost + self._check_cost(fed_state)
                 if accuracy(fed_state.model_from(state), fed_state.test) >= self.target_test_acc - \
