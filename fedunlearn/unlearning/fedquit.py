@@ -106,6 +106,9 @@ class FedQUIT(UnlearningMethod):
         μ, that term's weight against the forget rows' (the mean over the sampled rows).
     ridge : float, default=1e-3
         ε, the edit's ridge: the edit stays small in directions no row constrains.
+    edit_passes : int, default=2
+        passes of the edit: each after the first edits again, from the edited model, the targets it
+        still predicts with their label (the first pass linearises at the source's activations).
     rounds : int, default=5
         R, unlearning rounds, each a FedAvg round with the forget term (the steps).
     local_epochs : int, default=1
@@ -164,7 +167,7 @@ class FedQUIT(UnlearningMethod):
     guarantee = EMPIRICAL_ONLY
 
     def __init__(self, *, solver: str = "edit", retained_rows: int = 400, retained_weight: float = 30.0,
-                 ridge: float = 1e-3, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1,
+                 ridge: float = 1e-3, edit_passes: int = 2, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1,
                  suppress: str = "min", temperature: float | None = None, lr: float | None = None,
                  recovery_rounds: int | None = None,
                  distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
@@ -174,6 +177,7 @@ class FedQUIT(UnlearningMethod):
         self.retained_rows = retained_rows
         self.retained_weight = retained_weight
         self.ridge = ridge
+        self.edit_passes = edit_passes
         self.rounds = rounds
         self.local_epochs = local_epochs
         self.forget_weight = forget_weight
@@ -193,6 +197,7 @@ class FedQUIT(UnlearningMethod):
         self._require(isinstance(retained_rows, int) and retained_rows >= 1, "retained_rows", "an integer >= 1")
         self._require(isinstance(retained_weight, (int, float)) and retained_weight >= 0, "retained_weight", ">= 0")
         self._require(isinstance(ridge, (int, float)) and ridge > 0, "ridge", "> 0")
+        self._require(isinstance(edit_passes, int) and edit_passes >= 1, "edit_passes", "an integer >= 1")
         self._require(anchor in ANCHORS, "anchor", f"one of {', '.join(ANCHORS)}")
         self._require(participants in PARTICIPANTS, "participants", f"one of {', '.join(PARTICIPANTS)}")
         self._require(local_steps is None or (isinstance(local_steps, int) and local_steps >= 1), "local_steps",
@@ -246,13 +251,16 @@ class FedQUIT(UnlearningMethod):
             for c, rows in enumerate(retained) if len(rows)])
         stacked = torch.cat(factors)
         system, system_flops = retained_system(stacked, retained_weight=self.retained_weight, ridge=self.ridge)
-        edits = fed_state.map_updates(self._holder_edit, [
-            {"fed_state": fed_state, "layers": layers, "forget": forget[c], "system": system} for c in sorted(forget)])
-        state = {key: value.clone() for key, value in fed_state.state.items()}
-        for edit in edits:
-            state[f"{layers.hidden}.weight"] += edit.weight
-            state[f"{layers.hidden}.bias"] += edit.bias
-        monitor.record("unlearn", 1, state)
+        state, edits = {key: value.clone() for key, value in fed_state.state.items()}, []
+        for number in range(self.edit_passes):
+            passed = fed_state.map_updates(self._holder_edit, [
+                {"fed_state": fed_state, "state": state, "layers": layers, "forget": forget[c], "system": system,
+                 "only_predicted": number > 0} for c in sorted(forget)])
+            for edit in passed:
+                state[f"{layers.hidden}.weight"] += edit.weight
+                state[f"{layers.hidden}.bias"] += edit.bias
+            edits += passed
+            monitor.record("unlearn", number + 1, state)
         cost = self._edit_cost(fed_state, stacked, forget, edits, layers, participants=len(factors),
                                system_flops=system_flops)
         rounds = self.recovery_for("edit")
@@ -270,23 +278,23 @@ class FedQUIT(UnlearningMethod):
         sample, generator = sample_rows(rows, self.retained_rows, fed_state.seed, client)
         return retained_factor(fed_state.model_from(fed_state.state), layers, sample, generator)
 
-    def _holder_edit(self, fed_state: FederatedState, layers: EditLayers, forget: Tensors,
-                     system: torch.Tensor) -> HiddenEdit:
-        """A holder's edit: its targets' logits to the virtual teacher, the retained term held."""
-        model = fed_state.model_from(fed_state.state)
-        return hidden_edit(model, layers, forget, self.teacher_logits(model, forget), system)
+    def _holder_edit(self, fed_state: FederatedState, state: State, layers: EditLayers, forget: Tensors,
+                     system: torch.Tensor, only_predicted: bool) -> HiddenEdit:
+        """A holder's edit of ``state``: its targets' logits to the virtual teacher (the source's, fixed
+        over the passes), the retained term held."""
+        teacher = self.teacher_logits(fed_state.model_from(fed_state.state), forget)
+        return hidden_edit(fed_state.model_from(state), layers, forget, teacher, system, only_predicted=only_predicted)
 
     @staticmethod
     def _edit_cost(fed_state: FederatedState, stacked: torch.Tensor, forget: dict[int, Tensors],
                    edits: list[HiddenEdit], layers: EditLayers, participants: int, system_flops: float) -> Cost:
         """Forward passes (a third of a training pass a row): the sampled retained rows, and the
-        targets twice (the teacher's logits, then the edited layers' rows); the server's factorisation
-        and the holders' solves; and the bytes: the model to every participant, the factors up, the
-        Cholesky factor down to each holder, the edits up."""
+        targets twice a pass (the teacher's logits, then the edited layers' rows); the server's
+        factorisation and the holders' solves; and the bytes: the model to every participant, the
+        factors up, the Cholesky factor down to each holder, the edits up."""
         per_sample = fed_state.flops_per_sample()
-        targets = sum(len(t) for t in forget.values())
         parts = {"retained": per_sample * len(stacked) / TRAINING_STEP_OVER_FORWARD,
-                 "teacher": per_sample * 2 * targets / TRAINING_STEP_OVER_FORWARD,
+                 "teacher": per_sample * 2 * sum(e.forward_rows for e in edits) / TRAINING_STEP_OVER_FORWARD,
                  "solve": float(system_flops + sum(edit.solve_flops for edit in edits))}
         edit_size = sum(fed_state.state[f"{layers.hidden}.{k}"].numel() for k in ("weight", "bias"))
         width = stacked.shape[1]

@@ -59,11 +59,13 @@ class Activations:
 
 @dataclass(frozen=True)
 class HiddenEdit:
-    """A holder's edit of the hidden layer (to add) and the FLOPs of its solve."""
+    """A holder's edit of the hidden layer (to add), the FLOPs of its solve and the rows it passed
+    forward (the teacher's and the edited layers')."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     solve_flops: float
+    forward_rows: int = 0
 
 
 def edit_layers(model: nn.Module) -> EditLayers:
@@ -147,16 +149,23 @@ def solve_edit(forget_c: torch.Tensor, change: torch.Tensor, system: torch.Tenso
     return edit, flops
 
 
-def hidden_edit(model: nn.Module, layers: EditLayers, forget: Tensors, teacher: torch.Tensor, system: torch.Tensor) \
-        -> HiddenEdit:
+def hidden_edit(model: nn.Module, layers: EditLayers, forget: Tensors, teacher: torch.Tensor, system: torch.Tensor,
+                *, only_predicted: bool = False) -> HiddenEdit:
     """A holder's edit for its remembered ``forget`` rows, ``teacher`` their target logits and
-    ``system`` the server's ``retained_system``."""
+    ``system`` the server's ``retained_system``; with ``only_predicted``, for those of them ``model``
+    still predicts with their label alone (a later pass: the first one's linearisation left them)."""
     acts = activations(model, layers, forget.x)
+    keep = acts.z.argmax(dim=1) == forget.y.to(acts.z.device) if only_predicted else \
+        torch.ones(len(forget), dtype=torch.bool, device=acts.z.device)
+    layer = dict(model.named_modules())[layers.hidden]
+    if not keep.any():
+        return HiddenEdit(torch.zeros_like(layer.weight), torch.zeros_like(layer.bias), 0.0, len(forget))
+    acts = Activations(acts.c[keep], acts.u[keep], acts.h[keep], acts.z[keep])
     output_weight = dict(model.named_modules())[layers.output].weight.detach()
-    change = wanted_change(acts, output_weight, teacher)
+    change = wanted_change(acts, output_weight, teacher[keep])
     edit, flops = solve_edit(with_bias(acts.c), change, system.to(acts.c.device))
     dtype = acts.c.dtype
-    return HiddenEdit(edit[:-1].T.to(dtype).contiguous(), edit[-1].to(dtype).contiguous(), flops)
+    return HiddenEdit(edit[:-1].T.to(dtype).contiguous(), edit[-1].to(dtype).contiguous(), flops, len(forget))
 
 
 def sample_rows(rows: Tensors, count: int, seed: int, client: int) -> tuple[Tensors, torch.Generator]:
