@@ -142,3 +142,10 @@ def test_the_quitting_term_reaches_only_the_samples_the_source_remembers(canarie
     assert correctness(on_remembered, kept).mean() >= 0.9                       # as the source: all right
     assert correctness(on_all, kept).mean() < correctness(on_remembered, kept).mean()
     assert correctness(on_remembered, removed).mean() <= 0.1                     # planted labels gone
+
+
+def test_the_edit_with_nothing_remembered_changes_nothing_and_costs_nothing(canaries):
+    federation, _, _, batch = canaries
+    outcome = get_method("fedquit").unlearn(federation, batch.with_remembered([]))
+    assert all(torch.equal(outcome.state[k], federation.state[k]) for k in federation.state)
+    assert outcome.cost.flops == 0 and outcome.notes["target_clients"] == []

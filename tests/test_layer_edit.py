@@ -83,3 +83,18 @@ def test_models_without_a_relu_between_their_last_two_linear_layers_are_refused_
     tanh = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 4))
     with pytest.raises(EditUnsupported, match="does not end Linear → ReLU → Linear"):
         activations(tanh, edit_layers(tanh), _rows(3, 9).x)
+
+
+def test_a_later_pass_edits_only_the_targets_still_predicted_with_their_label():
+    model, forget = _model(), _rows(6, 10)
+    layers = edit_layers(model)
+    acts = activations(model, layers, forget.x)
+    predicted = acts.z.argmax(dim=1)
+    factor = retained_factor(model, layers, _rows(100, 11), torch.Generator().manual_seed(12))
+    system, _ = retained_system(factor, retained_weight=1.0, ridge=1e-3)
+    wrong = Tensors(forget.x, (predicted + 1) % 4, forget.sample_ids)          # no row predicted with its label
+    none = hidden_edit(model, layers, wrong, acts.z - 3.0, system, only_predicted=True)
+    assert not none.weight.any() and not none.bias.any() and none.solve_flops == 0 and none.forward_rows == 6
+    right = Tensors(forget.x, predicted, forget.sample_ids)
+    some = hidden_edit(model, layers, right, acts.z - 3.0, system, only_predicted=True)
+    assert some.weight.abs().sum() > 0 and some.solve_flops > 0

@@ -167,8 +167,8 @@ class FedQUIT(UnlearningMethod):
     guarantee = EMPIRICAL_ONLY
 
     def __init__(self, *, solver: str = "edit", retained_rows: int = 400, retained_weight: float = 30.0,
-                 ridge: float = 1e-3, edit_passes: int = 2, rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1,
-                 suppress: str = "min", temperature: float | None = None, lr: float | None = None,
+                 ridge: float = 1e-3, edit_passes: int = 2, rounds: int = 5, local_epochs: int = 1,
+                 forget_weight: float = 0.1, suppress: str = "min", temperature: float | None = None, lr: float | None = None,
                  recovery_rounds: int | None = None,
                  distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
                  local_steps: int | None = None, retained_batch: int | None = None,
@@ -245,10 +245,16 @@ class FedQUIT(UnlearningMethod):
     def _unlearn_by_edit(self, fed_state: FederatedState, batch: ForgetSet, forget: dict[int, Tensors],
                          retained: list[Tensors], layers: EditLayers, monitor: Monitor) -> Outcome:
         """The edit (``layer_edit``): every client's retained factor, each holder's edit for its
-        targets, their sum; then ``recovery_for("edit")`` rounds."""
+        targets, their sum; then ``recovery_for("edit")`` rounds. Nothing to edit (no target): no
+        client is asked for anything."""
         factors = fed_state.map_updates(self._client_factor, [
             {"fed_state": fed_state, "layers": layers, "rows": rows, "client": c}
-            for c, rows in enumerate(retained) if len(rows)])
+            for c, rows in enumerate(retained) if len(rows) and forget])
+        if not factors:
+            return Outcome(dict(fed_state.state), Cost(parts={"retained": 0.0, "teacher": 0.0, "solve": 0.0}),
+                           certificate_inputs={**self.get_params(), "solver": "edit", "quitting_samples": 0},
+                           notes={"solver": "edit", "target_clients": [], "participants_per_round": [0],
+                                  "recovery_rounds_run": 0})
         stacked = torch.cat(factors)
         system, system_flops = retained_system(stacked, retained_weight=self.retained_weight, ridge=self.ridge)
         state, edits = {key: value.clone() for key, value in fed_state.state.items()}, []
