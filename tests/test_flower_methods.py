@@ -85,6 +85,7 @@ def test_the_flower_methods_keep_the_in_process_defaults():
     """Every hyperparameter of a Flower version has the in-process method's name and default."""
     import inspect
 
+    from fedunlearn.unlearning.fedquit import EDIT_SETTINGS
     from fedunlearn.unlearning.registry import get_method_class
     from fedunlearn_flower.server_app import ALGORITHMS
 
@@ -94,7 +95,7 @@ def test_the_flower_methods_keep_the_in_process_defaults():
         # FedQUIT's closed-form edit has no Flower version: there the steps are the default, and the
         # edit's own settings are not taken.
         differs = {"solver": "steps"} if name == "fedquit" else {}
-        edit_only = {"retained_rows", "retained_weight", "ridge"} if name == "fedquit" else set()
+        edit_only = set(EDIT_SETTINGS) if name == "fedquit" else set()
         assert {k: differs.get(k, ours[k]) for k in theirs} == theirs, name
         if name in ("ga", "finetune", "fedquit"):
             assert {k: v for k, v in {**ours, **differs}.items() if k not in edit_only} == theirs, name

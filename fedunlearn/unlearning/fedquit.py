@@ -57,6 +57,7 @@ DISTANCES = ("squared", "huber")
 PARTICIPANTS = ("holders", "all")
 ANCHORS = ("labels", "source")
 SOLVERS = ("edit", "steps")
+EDIT_SETTINGS = ("retained_rows", "retained_weight", "ridge", "edit_passes")  # read by the edit alone
 STEPS_RECOVERY_ROUNDS = 2   # recovery after the steps, where ``recovery_rounds`` is None
 
 
