@@ -232,8 +232,9 @@ class FedQUIT(UnlearningMethod):
         unsupported = None
         if self.solver == "edit":
             try:
-                layers = edit_layers(fed_state.model_from(fed_state.state))
-                activations(fed_state.model_from(fed_state.state), layers, torch.zeros_like(fed_state.test.x[:1]))
+                source = fed_state.model_from(fed_state.state)
+                layers = edit_layers(source)
+                activations(source, layers, torch.zeros_like(fed_state.test.x[:1]))
             except EditUnsupported as why:
                 unsupported = f"{why}: the steps ran instead"
             else:

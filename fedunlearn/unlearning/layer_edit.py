@@ -157,11 +157,12 @@ def hidden_edit(model: nn.Module, layers: EditLayers, forget: Tensors, teacher: 
     acts = activations(model, layers, forget.x)
     keep = acts.z.argmax(dim=1) == forget.y.to(acts.z.device) if only_predicted else \
         torch.ones(len(forget), dtype=torch.bool, device=acts.z.device)
-    layer = dict(model.named_modules())[layers.hidden]
+    modules = dict(model.named_modules())
     if not keep.any():
-        return HiddenEdit(torch.zeros_like(layer.weight), torch.zeros_like(layer.bias), 0.0, len(forget))
+        hidden = modules[layers.hidden]
+        return HiddenEdit(torch.zeros_like(hidden.weight), torch.zeros_like(hidden.bias), 0.0, len(forget))
     acts = Activations(acts.c[keep], acts.u[keep], acts.h[keep], acts.z[keep])
-    output_weight = dict(model.named_modules())[layers.output].weight.detach()
+    output_weight = modules[layers.output].weight.detach()
     change = wanted_change(acts, output_weight, teacher[keep])
     edit, flops = solve_edit(with_bias(acts.c), change, system.to(acts.c.device))
     dtype = acts.c.dtype
