@@ -59,14 +59,15 @@ def attempts_for_route(taken: Route, attempts: list[Attempt]) -> list[Attempt]:
     return attempts
 
 
-def attempts_in_order(attempts: list[Attempt], setting: str, source_remembers: bool,
+def attempts_in_order(attempts: list[Attempt], setting: str, removal_wanted: bool,
                       chosen_by_user: bool) -> list[Attempt]:
-    """The order the batch tries its attempts in. Where the source model's audit finds the forget set
-    remembered (its interval wholly above the interim tier's band) and the user left the method to the
+    """The order the batch tries its attempts in. Where the source model's audit wants a removal
+    method first (``AuditResult.removal_wanted``: the forget set or a sample shown remembered, or a
+    sample it predicts with a label the references reject) and the user left the method to the
     default, the methods that can remove what was memorised go first (``escalation.removal_first``);
     otherwise the policy's own order. The source's audit is taken before any candidate exists, so the
     order depends on no candidate's score, and every candidate is judged by the same gates."""
-    if chosen_by_user or not source_remembers:
+    if chosen_by_user or not removal_wanted:
         return attempts
     return removal_first(attempts, setting)
 

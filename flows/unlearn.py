@@ -167,7 +167,8 @@ def unlearn_and_register(scope: ScenarioScope, batch: Batch) -> Unlearned:
     """The batch's attempts in order, each registered and gated, until one may serve under its
     forgetting policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts registered
     by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
-    source remembers tries the methods that can remove it first (``attempts_in_order``)."""
+    source remembers, or may (``AuditResult.removal_wanted``), tries the methods that can remove it first
+    (``attempts_in_order``)."""
     judging = Judging(scope, batch)
     taken = judging.route
     if taken is Route.retrain_for_new_features:
@@ -210,12 +211,13 @@ def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
     source's audit measured."""
     batch, source_audit = judging.batch, judging.source.audit
     planned = attempts_for_route(taken, list(batch.attempts))
-    ordered = attempts_in_order(planned, judging.scope.config.setting, source_audit.remembered(),
+    ordered = attempts_in_order(planned, judging.scope.config.setting, source_audit.removal_wanted(),
                                 batch.chosen_by_user)
     if ordered != planned:
-        get_run_logger().info("the source model remembers the forget set (per sample: %s; audit AUC %.3f): %s first, "
-                              "where the seed methods' gradient is close to zero",
-                              source_audit.per_sample_summary(), source_audit.auc, ordered[0].method)
+        get_run_logger().info("the source model remembers, or may remember, forget samples (per sample: %s; %d "
+                              "removal target(s); audit AUC %.3f): %s first, where the seed methods' gradient is "
+                              "close to zero", source_audit.per_sample_summary(), len(source_audit.removal_targets()),
+                              source_audit.auc, ordered[0].method)
     return ordered
 
 

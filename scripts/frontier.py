@@ -126,7 +126,7 @@ def run_draw(setup, seed: int, kind: str, methods: list[tuple[str, dict[str, Any
     audit_source = audit_forgetting(source_model, sets.forget, setup.references, seed=setup.params.seed)
     retrain = run_candidate(setup, evaluator, sets, batch, source_eval, audit_source, "retrain", {}, gates)
     record = {"seed": seed, "kind": kind, "n_forget": batch.num_forget, "source_auc": audit_source.auc,
-              "source_remembered": audit_source.remembered(), "source_per_sample": audit_source.per_sample_summary(),
+              "source_remembered": audit_source.remembered(), "source_removal_wanted": audit_source.removal_wanted(), "source_per_sample": audit_source.per_sample_summary(),
               "source_test_acc": source_eval.test_acc, "retrain": retrain, "candidates": [],
               "source": part_accuracies(source_model, sets.forget, setup.canaries)}
     for method, options in methods:
@@ -164,7 +164,8 @@ def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "samp
     grid lacks an attempt of the chain."""
     runs = {(r["method"], effective(r["method"], r["options"])): r for r in draw["candidates"]}
     policy = attempts_in_order(default_escalation(setting, kind, Attempt(method=default_method(setting))), setting,
-                               bool(draw.get("source_remembered")), chosen_by_user=False)
+                               bool(draw.get("source_removal_wanted", draw.get("source_remembered"))),
+                               chosen_by_user=False)
     seconds = flops = 0.0
     for attempt in policy:
         if attempt.exact:

@@ -83,6 +83,18 @@ def test_references_train_on_pool_a_subsets_only(references):
     assert references.seconds > 0
 
 
+def test_a_sample_harder_than_every_never_seen_pair_meets_the_hardest_stratum_not_an_error():
+    """A one-row request in an atypical difficulty bin pool B's pairs do not hold (refs' φ far below any
+    pair's) is compared with the nearest bin that holds pairs; labels and held bins stay as they are."""
+    from fedunlearn.evaluation.audit import ATYPICAL_STRATUM, _held_strata
+
+    pool = np.array([3, 4, ATYPICAL_STRATUM - 2, ATYPICAL_STRATUM - 5])
+    forget = np.array([3, ATYPICAL_STRATUM - 14, ATYPICAL_STRATUM - 2, ATYPICAL_STRATUM - 4])
+    assert _held_strata(forget, pool).tolist() == [3, ATYPICAL_STRATUM - 5, ATYPICAL_STRATUM - 2,
+                                                   ATYPICAL_STRATUM - 5]
+    assert _held_strata(forget[:1], np.array([3])).tolist() == [3]
+
+
 def test_a_memorised_forget_set_is_not_forgotten(targets, references):
     result = audit_forgetting(targets[0], rows(FORGET, FLIPPED), references)
     assert result.verdict == NOT_FORGOTTEN, (result.auc, result.interval)  # measured: AUC 0.997 [0.73, 1.00]
@@ -269,3 +281,26 @@ def test_ordinary_samples_a_model_generalises_to_are_not_called_remembered(canar
     assert len(source.shown("remembered")) <= 3 and source.shown("over-forgotten") == [], source.per_sample_summary()
     # Where it shows none, there is nothing per sample to show gone.
     assert source.per_sample_check(source).verdict == ("fail" if source.shown("remembered") else "inconclusive")
+
+
+def test_each_learnt_mislabelled_row_alone_sends_its_batch_to_removal_first_clean_rows_are_few_targets(
+        canary_targets, references):
+    """The order's reading (``removal_wanted``) on undeclared mislabelled rows, one request each, and
+    on a large set of clean rows the model generalises to (a client's data): the one is a removal
+    target even where it is short of α/2; the other's targets are too few to move the order."""
+    source, retrained = canary_targets
+    with torch.no_grad():
+        planted = mislabelled(CANARIES[:30])
+        learnt = CANARIES[:30][(source(planted.x).argmax(1) == planted.y).numpy()]
+    alone = [audit_forgetting(source, mislabelled(np.array([i])), references) for i in learnt]
+    wanted, shown = sum(a.removal_wanted() for a in alone), sum(a.remembered() for a in alone)
+    # More than the rows shown remembered one by one: the suspicion catches what α/2 misses.
+    assert wanted >= 0.95 * len(learnt) and wanted > shown, (wanted, shown, len(learnt))
+    # A large clean set: its hard rows the references reject are removal targets, far from half of it
+    # (whether it goes first is then its membership signal's: ``remembered``).
+    clean = audit_forgetting(source, rows(CLEAN[:200]), references)
+    assert len(clean.removal_targets()) < 0.25 * clean.n_forget, len(clean.removal_targets())
+    assert clean.removal_wanted() == clean.remembered()
+    # The retrain never learnt the wrong labels: nothing for a removal method to remove.
+    assert sum(audit_forgetting(retrained, mislabelled(np.array([i])), references).removal_wanted()
+               for i in learnt) <= 0.1 * len(learnt)

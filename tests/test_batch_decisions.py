@@ -142,15 +142,15 @@ def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_
     hfl = default_escalation("hfl", "sample", Attempt(method="puf-special"))
     assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
 
-    remembered = attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=False)
+    remembered = attempts_in_order(hfl, "hfl", removal_wanted=True, chosen_by_user=False)
     assert [a.method for a in remembered] == ["fedquit", "fedquit", "puf-special", "puf-special", "puf-regular",
                                               "retrain"]
     assert [a.options for a in remembered[:2]] == [{}, {"solver": "steps"}]  # the edit, then the paper's rounds
     assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
-    assert attempts_in_order(hfl, "hfl", source_remembers=False, chosen_by_user=False) == hfl
-    assert attempts_in_order(hfl, "hfl", source_remembers=True, chosen_by_user=True) == hfl
+    assert attempts_in_order(hfl, "hfl", removal_wanted=False, chosen_by_user=False) == hfl
+    assert attempts_in_order(hfl, "hfl", removal_wanted=True, chosen_by_user=True) == hfl
     vfl = default_escalation("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
-    assert attempts_in_order(vfl, "vfl", source_remembers=True, chosen_by_user=False) == vfl
+    assert attempts_in_order(vfl, "vfl", removal_wanted=True, chosen_by_user=False) == vfl
 
 
 def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():

@@ -221,6 +221,23 @@ def test_a_sample_predicted_with_a_label_never_seen_models_reject_is_a_removal_t
     assert audit.removal_targets() == ["s-1"]
 
 
+def test_a_removal_method_goes_first_where_half_the_forget_set_is_predicted_with_labels_references_reject():
+    """The batch's order (``attempts_in_order``) reads ``removal_wanted``: a sample shown remembered, or
+    half the forget set predicted with a label the references reject though short of α/2 (a memorised
+    row of a small request); not a forget set with fewer such rows (the hard rows of a client's data)."""
+    def suspected(readings: list[str], rows: int) -> AuditResult:
+        audit = _audit(readings)
+        for row in audit.samples[:rows]:
+            row["atypical_hit"] = True
+        return audit
+
+    assert suspected([WITHIN_RANGE], 1).removal_wanted() and suspected([WITHIN_RANGE] * 4, 2).removal_wanted()
+    assert _audit([REMEMBERED, WITHIN_RANGE, WITHIN_RANGE]).removal_wanted()
+    assert not suspected([WITHIN_RANGE] * 3, 1).removal_wanted()
+    assert not _audit([WITHIN_RANGE, OVER_FORGOTTEN]).removal_wanted()
+    assert not _audit([WITHIN_RANGE], alpha=None).removal_wanted()  # an earlier record: its remembered()
+
+
 def _outcome() -> GateOutcome:
     return GateOutcome.of("without reference", [GateCheck(name="certificate", value="empirical only", limit=None,
                                                           passed=True)])

@@ -269,6 +269,19 @@ class AuditResult:
         interval wholly above 0.5 + ``margin``). False for a record with neither."""
         return bool(self.shown(REMEMBERED)) or (self.margin is not None and self.interval[0] > 0.5 + self.margin)
 
+    def removal_wanted(self) -> bool:
+        """Whether a batch should try the methods that remove what was memorised first: the forget
+        set or a sample shown remembered (``remembered``), or a forget set of which half or more are
+        removal targets (``removal_targets``: at p ≤ α/2, or predicted with a label the references
+        reject). The order is no verdict (every candidate meets the same gates), so it takes a
+        suspicion a verdict could not: one memorised row of a small request is often short of α/2 on
+        its own. Half, not any: a model predicts some hard rows of any large set (a client's) with
+        labels weaker references reject, and such a set keeps the policy's order. ``remembered`` for
+        a record without per-sample evidence."""
+        if self.per_sample_alpha is None:
+            return self.remembered()
+        return self.remembered() or 2 * len(self.removal_targets()) >= max(self.n_forget, 1)
+
     def shown(self, reading: str) -> list[Any]:
         """The sample IDs whose per-sample reading is ``reading`` (``per_sample.REMEMBERED``, …)."""
         return [row["sample_id"] for row in self.samples if row.get("reading") == reading]
@@ -379,6 +392,21 @@ def _strata(labels: np.ndarray, difficulty: np.ndarray) -> np.ndarray:
     return np.where(difficulty < 0, ATYPICAL_STRATUM + bins, np.asarray(labels))
 
 
+def _held_strata(forget_strata: np.ndarray, pool_strata: np.ndarray) -> np.ndarray:
+    """``forget_strata`` with each atypical stratum pool B's pairs do not hold moved to the nearest one
+    they do: a sample harder than any never-seen pair is compared with the hardest (without this, a
+    one-sample request in an empty bin has no AUC at all)."""
+    # Atypical strata lie within 1e6 / ATYPICAL_BIN below ATYPICAL_STRATUM; labels are far below half of it.
+    held = np.unique(pool_strata[pool_strata >= ATYPICAL_STRATUM // 2])
+    if not len(held):
+        return forget_strata
+    moved = forget_strata.copy()
+    for i, stratum in enumerate(forget_strata):
+        if stratum >= ATYPICAL_STRATUM // 2 and stratum not in held:
+            moved[i] = held[np.argmin(np.abs(held - stratum))]
+    return moved
+
+
 def _never_seen_pairs(target: nn.Module, references: AuditSet, pool: Tensors, pooled_std: float | None) -> _Pairs:
     """Every (row, label) pair of ``pool``: the candidate's φ and the references' on each label from
     one pass each (``logit_scaled_confidences``), so relabelling costs no extra forward pass."""
@@ -436,7 +464,7 @@ def audit_forgetting(target: nn.Module, forget: Tensors, references: AuditSet, *
     kept = pairs.compared()
     pool_z, pool_strata = pairs.z[kept], pairs.strata()[kept]
     # Scored on the label it carries (a backdoor's target, if triggered), stratified by its difficulty there.
-    forget_strata = _strata(forget.y.cpu().numpy(), forget_difficulty)
+    forget_strata = _held_strata(_strata(forget.y.cpu().numpy(), forget_difficulty), pool_strata)
     hits = _predicts_label(target, forget)
     check = check_stratified_auc(CHECK_NAME, auc_scores(forget_z, hits, forget_difficulty), forget_strata,
                                  auc_scores(pairs.z, pairs.hits, pairs.difficulty)[kept], pool_strata,
