@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 
 import torch
 from prefect import flow
@@ -72,52 +71,47 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
 
 @dataclass(frozen=True)
 class Repayment:
-    """One repayment of a scenario's retrain debt as its steps share it: the scope, the device the
-    command chose, the current data version it holds and whether it repays only what is due; and what
-    is owed, each read once, when first asked for — the receipts forgotten only approximately
-    (``debt``), the batches applied without unlearning (``open``), the latest safe start of the exact
-    retrain (``start_by``) and, for a federation in shards, the shards it retrains (``shards``)."""
+    """One repayment of a scenario's retrain debt, gathered once (``read_repayment``): the scope, the
+    device the command chose, the current data version it holds and whether it repays only what is
+    due; and what is owed — the receipts forgotten only approximately (``debt``), the batches applied
+    without unlearning (``open``), the latest safe start of the exact retrain (``start_by``) and, for
+    a federation in shards, each client's shard (``shard_of``; None for one federation)."""
 
     scope: ScenarioScope
     device: torch.device
     data_version: str
+    debt: Debt
+    open: list[BatchRecord]
+    start_by: datetime | None
+    shard_of: tuple[int, ...] | None
     only_due: bool = False
-
-    @cached_property
-    def debt(self) -> Debt:
-        return retrain_debt(self.scope.ws, self.scope.scenario)
-
-    @cached_property
-    def open(self) -> list[BatchRecord]:
-        return open_batches(self.scope.ws, self.scope.scenario)
-
-    @cached_property
-    def start_by(self) -> datetime | None:
-        return repayment_time(self.scope.ws, self.scope.scenario, self.debt)
-
-    @cached_property
-    def shard_of(self) -> tuple[int, ...] | None:
-        """Client → shard of a federation in shards; None for one federation."""
-        return shard_assignment(self.scope.ws, self.scope.scenario)
-
-    @cached_property
-    def shards(self) -> ShardRepayment | None:
-        """``shard_debt.shards_to_repay`` of a federation in shards with no batch applied without
-        unlearning (those need every shard); None: one exact retrain of all that owes."""
-        if self.shard_of is None or self.open:
-            return None
-        return shards_to_repay(shard_debt(self.debt, self.shard_of), self.only_due, utc_now())
 
     @property
     def owed(self) -> bool:
         return bool(self.debt.receipts or self.open)
 
 
+def read_repayment(scope: ScenarioScope, device: torch.device, data_version: str,
+                   only_due: bool = False) -> Repayment:
+    """What the scenario owes, read from its stores once, for the repayment's steps to share."""
+    ws, scenario = scope.ws, scope.scenario
+    debt = retrain_debt(ws, scenario)
+    return Repayment(scope, device, data_version, debt, open_batches(ws, scenario),
+                     repayment_time(ws, scenario, debt), shard_assignment(ws, scenario), only_due)
+
+
+def shards_due(repayment: Repayment, now: datetime) -> ShardRepayment | None:
+    """``shard_debt.shards_to_repay`` of a federation in shards with no batch applied without
+    unlearning (those need every shard); None: one exact retrain of all that owes."""
+    if repayment.shard_of is None or repayment.open:
+        return None
+    return shards_to_repay(shard_debt(repayment.debt, repayment.shard_of), repayment.only_due, now)
+
+
 def repay(scope: ScenarioScope, device: torch.device, data_version: str, only_due: bool = False) -> RepayResult:
     """The repayment itself (``repay_debt``), for a caller that holds the batch lock, on the device
     the command chose and the current data version it holds."""
-    repayment = Repayment(scope, device, data_version, only_due)
-    return repay_debt(repayment)
+    return repay_debt(read_repayment(scope, device, data_version, only_due))
 
 
 def repay_debt(repayment: Repayment) -> RepayResult:
@@ -130,7 +124,7 @@ def repay_debt(repayment: Repayment) -> RepayResult:
         print("no retrain debt")
         retire_forgotten(ws, scenario)
         return RepayResult(scenario=scenario, repaid=[])
-    shards = repayment.shards
+    shards = shards_due(repayment, utc_now())
     if shards is not None and not shards.retrain:
         print(f"no shard of {scenario} is due yet: shard(s) {', '.join(map(str, sorted(shards.wait)))} owe(s) an "
               "exact retrain by a later latest safe start, or the weekly run")

@@ -28,7 +28,7 @@ from fedunlearn.faults import failpoint
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.model import utc_now
 from flows.batch import Receipted, Settled
-from flows.debt import Repayment, repay_debt
+from flows.debt import read_repayment, repay_debt
 from runtime.events import announce_owed, announce_processed
 from stores.workspace import ScenarioScope
 from tasks.backup import sync_state
@@ -91,7 +91,7 @@ def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str |
     scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left,
     what was done about it, and the receipts a repayment rewrote."""
     ws, scenario = scope.ws, scope.scenario
-    repayment = Repayment(scope, receipted.device, receipted.record.data_version_after)
+    repayment = read_repayment(scope, receipted.device, receipted.record.data_version_after)
     debt, start_by = repayment.debt, repayment.start_by
     action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
     if action in (DebtAction.repay, DebtAction.repay_due):

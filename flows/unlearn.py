@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import cached_property
 
 import torch
 from prefect import get_run_logger, task
@@ -72,15 +71,46 @@ class Judged:
 
 
 @dataclass(frozen=True)
+class BatchData:
+    """What the batch deleted, read once: the data before the batch (``federation``, holding the
+    source's weights), its forget set (None: only held-out samples) and the batch's route."""
+
+    federation: Federation
+    forget: ForgetSet | None
+    route: Route
+
+
+@task(name="read-batch-data", task_run_name="read-batch-data", cache_policy=NO_CACHE)
+def read_batch_data(scope: ScenarioScope, batch: Batch) -> BatchData:
+    """The data before the batch with the source's weights, its forget set, and
+    ``batch_decisions.route`` on what the batch deleted and how the scenario's features are fit."""
+    record = batch.record
+    federation = with_weights(load_data(scope.ws, scope.scenario, batch.device, record.data_version_before,
+                                        backdoor_ids=list(batch.poisoned)), batch.source)
+    forget = record.forget_set(federation.clients)
+    taken = route(refits_on_holdout_deletion(read_manifest(scope.scenario, scope.ws.root)),
+                  any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
+                  sum(len(c) for c in federation.clients))
+    if taken in (Route.exact_only, Route.retrain_for_new_features):
+        get_run_logger().warning("%s deletes held-out samples, on which %s's feature transform is fit: every "
+                                 "sample's features moved, so the batch retrains exactly", record.batch_id,
+                                 scope.scenario)
+    return BatchData(federation, forget, taken)
+
+
+@dataclass(frozen=True)
 class Judging:
-    """One batch's unlearning as its steps share it: the scope and the batch, and what every attempt is
-    judged with, each read once, when first asked for — the data before the batch (``federation``,
-    holding the source's weights) and its forget set, the batch's route, the evaluation sets,
-    evaluator and audit reference models (``kit``), the source model judged on them, and the forget
-    set the methods unlearn (what the source is measured to remember)."""
+    """What every attempt of one batch is judged with, gathered once (``gather_judging``): the scope,
+    the batch and its data (``data``), the evaluation sets, evaluator and audit reference models
+    (``kit``), the source model judged on them (``source``), and what the methods unlearn
+    (``setup``: the forget set with what the source is measured to remember)."""
 
     scope: ScenarioScope
     batch: Batch
+    data: BatchData
+    kit: ForgetSetKit
+    source: Judged
+    setup: yardstick.BenchmarkSetup
 
     @property
     def ws(self) -> Workspace:
@@ -94,61 +124,41 @@ class Judging:
     def record(self) -> BatchRecord:
         return self.batch.record
 
-    @cached_property
+    @property
     def federation(self) -> Federation:
-        batch = self.batch
-        return with_weights(load_data(self.ws, self.scenario, batch.device, batch.record.data_version_before,
-                                      backdoor_ids=list(batch.poisoned)), batch.source)
-
-    @cached_property
-    def forget(self) -> ForgetSet | None:
-        """The training samples the batch deleted, per client; None: only held-out samples."""
-        return self.record.forget_set(self.federation.clients)
-
-    @cached_property
-    def route(self) -> Route:
-        """``batch_decisions.route`` on what the batch deleted and how the scenario's features are fit."""
-        forget, record = self.forget, self.record
-        taken = route(refits_on_holdout_deletion(read_manifest(self.scenario, self.ws.root)),
-                      any(e.held_out for e in record.requests), None if forget is None else forget.num_forget,
-                      sum(len(c) for c in self.federation.clients))
-        if taken in (Route.exact_only, Route.retrain_for_new_features):
-            get_run_logger().warning("%s deletes held-out samples, on which %s's feature transform is fit: every "
-                                     "sample's features moved, so the batch retrains exactly", record.batch_id,
-                                     self.scenario)
-        return taken
-
-    @cached_property
-    def kit(self) -> ForgetSetKit:
-        """The evaluation sets, evaluator and audit reference models (trained first if the scenario has
-        none usable)."""
-        return forget_set_kit(self.scope, self.record, self.federation, self.forget, list(self.batch.poisoned),
-                              self.batch.device)
-
-    @cached_property
-    def source(self) -> Judged:
-        """The source model evaluated and audited on the batch's forget set."""
-        source, kit, federation = self.batch.source, self.kit, self.federation
-        if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
-            federation.calibration = kit.audit_set.calibration_rows(federation.test)
-        return self.judge(f"source-v{source.ref.version}", source)
-
-    @cached_property
-    def setup(self) -> yardstick.BenchmarkSetup:
-        """What the methods unlearn: a removal method acts on what the source is measured to remember,
-        and leaves the rest as a retrain would."""
-        record = self.record
-        forget = self.forget.with_remembered(self.source.audit.removal_targets())
-        return yardstick.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", self.federation, forget,
-                                     bool(self.batch.poisoned), self.kit.sets)
+        return self.data.federation
 
     def audit(self, name: str, model: nn.Module) -> AuditResult:
-        kit = self.kit
-        return audit(name, model, kit.sets.forget, kit.audit_set, self.ws.params.seed, kit.clean_forget_labels)
+        return audit_with(self.kit, self.ws.params.seed, name, model)
 
     def judge(self, name: str, model: RegisteredModel) -> Judged:
-        network = self.federation.model_from(model.state)
-        return Judged(model, evaluate(self.kit.evaluator, name, network), self.audit(name, network))
+        return judge_with(self.kit, self.federation, self.ws.params.seed, name, model)
+
+
+@task(name="gather-judging", task_run_name="gather-judging", cache_policy=NO_CACHE)
+def gather_judging(scope: ScenarioScope, batch: Batch, data: BatchData) -> Judging:
+    """The evaluation sets, evaluator and audit reference models (trained first if the scenario has
+    none usable), the source model evaluated and audited on the batch's forget set, and the forget
+    set a removal method acts on: what the source is measured to remember (the rest is left as a
+    retrain would leave it)."""
+    record, federation, seed = batch.record, data.federation, scope.ws.params.seed
+    kit = forget_set_kit(scope, record, federation, data.forget, list(batch.poisoned), batch.device)
+    if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
+        federation.calibration = kit.audit_set.calibration_rows(federation.test)
+    source = judge_with(kit, federation, seed, f"source-v{batch.source.ref.version}", batch.source)
+    forget = data.forget.with_remembered(source.audit.removal_targets())
+    setup = yardstick.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, forget,
+                                     bool(batch.poisoned), kit.sets)
+    return Judging(scope, batch, data, kit, source, setup)
+
+
+def audit_with(kit: ForgetSetKit, seed: int, name: str, model: nn.Module) -> AuditResult:
+    return audit(name, model, kit.sets.forget, kit.audit_set, seed, kit.clean_forget_labels)
+
+
+def judge_with(kit: ForgetSetKit, federation: Federation, seed: int, name: str, model: RegisteredModel) -> Judged:
+    network = federation.model_from(model.state)
+    return Judged(model, evaluate(kit.evaluator, name, network), audit_with(kit, seed, name, network))
 
 
 @dataclass(frozen=True)
@@ -169,17 +179,17 @@ def unlearn_and_register(scope: ScenarioScope, batch: Batch) -> Unlearned:
     by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
     source remembers, or may (``AuditResult.removal_wanted``), tries the methods that can remove it first
     (``attempts_in_order``)."""
-    judging = Judging(scope, batch)
-    taken = judging.route
-    if taken is Route.retrain_for_new_features:
-        return Unlearned(batch, retrain_for_new_features(judging))
-    if taken is Route.keep_source:
-        return Unlearned(batch, keep_source(judging))
-    if taken is Route.no_model:
-        close_without_model(judging)
+    data = read_batch_data(scope, batch)
+    if data.route is Route.retrain_for_new_features:
+        return Unlearned(batch, retrain_for_new_features(scope, batch))
+    if data.route is Route.keep_source:
+        return Unlearned(batch, keep_source(batch, scope.ws))
+    if data.route is Route.no_model:
+        close_without_model(scope, batch)
+    judging = gather_judging(scope, batch, data)
     reference = batch_reference(judging)
     source_gates = judge_the_source(judging, reference)
-    escalated = escalate(judging, ordered_attempts(judging, taken), reference)
+    escalated = escalate(judging, ordered_attempts(judging, data.route), reference)
     return Unlearned(batch, batch_outcome(judging, escalated, source_gates))
 
 
@@ -187,7 +197,6 @@ def batch_reference(judging: Judging) -> Judged | None:
     """The new data version's exact reference, retrained first when the batch asked for it
     (``--retrain``), evaluated on the batch's forget set; None when it has none."""
     batch, record = judging.batch, judging.batch.record
-    judging.source  # the source is judged first: its audit set is trained (if none) before any retrain
     if batch.retrain_reference:
         reference_for(judging.scope, batch.device, record.data_version_after, record.batch_id)
     found = find_reference(judging.ws, judging.scenario, record.data_version_after)
@@ -415,13 +424,13 @@ def registered_cost(model: RegisteredModel) -> Cost:
                       int(model.metrics.get("comm_bytes", 0) or 0))
 
 
-def retrain_for_new_features(judging: Judging) -> BatchUnlearning:
+def retrain_for_new_features(scope: ScenarioScope, batch: Batch) -> BatchUnlearning:
     """A batch that deleted only held-out samples of a scenario whose feature transform is fit on
     the held-out split: no model of the earlier data version fits the new one's features (nor may
     it keep statistics of the deleted samples), so the new data version gets an exact retrain."""
-    ws, record, source = judging.ws, judging.record, judging.batch.source
+    ws, record, source = scope.ws, batch.record, batch.source
     exact = retrained_model(ws, record.scenario, record.data_version_after) or exact_retrain(
-        judging.scope, record, judging.batch.device)
+        scope, record, batch.device)
     tag_attempt(ws, record.scenario, exact.ref.version, 0)
     why = "held-out samples deleted: the feature transform fit on them changed"
     cost = registered_cost(exact)
@@ -431,11 +440,10 @@ def retrain_for_new_features(judging: Judging) -> BatchUnlearning:
                                                                                  why), cost, {}, exact.ref)
 
 
-def keep_source(judging: Judging) -> BatchUnlearning:
+def keep_source(batch: Batch, ws: Workspace) -> BatchUnlearning:
     """A batch that deleted only held-out test samples: no model was trained on them, so the source
     model is, unchanged, the model of the new data version — registered as its version with the
     source's guarantee (an original or retrained source is exactly what retraining gives)."""
-    batch, ws = judging.batch, judging.ws
     record, registered, source = batch.record, batch.registered, batch.source
     exact = source.ref.role in ("original", "retrained")
     guarantee = EXACT_RETRAIN if exact else source.tags.get("certificate", EXACT_RETRAIN)
@@ -456,11 +464,11 @@ def keep_source(judging: Judging) -> BatchUnlearning:
                         Cost(0.0, 0.0, 0), {})
 
 
-def close_without_model(judging: Judging) -> None:
+def close_without_model(scope: ScenarioScope, batch: Batch) -> None:
     """The batch deleted every training sample: no model can be trained or unlearned on what is left.
     The deletion stands (ledger, data version); alias ``current`` — a model trained on the deleted
     samples — is removed; a receipt says so, so no later run retries the batch."""
-    batch, ws, scenario = judging.batch, judging.ws, judging.scenario
+    ws, scenario = scope.ws, scope.scenario
     record, source = batch.record, batch.source
     remove_alias(ws, scenario, "current")
     erasure = scan_stores(ws, record.purged, batch.fingerprints or capture_fingerprints(ws, record),
