@@ -1,26 +1,47 @@
 """The unlearning methods by name and setting, without importing them (they import torch): what the
 command line checks ``process --method`` and ``benchmark --methods`` against before a server or a
-flow starts (issue 37, "input checked first"). tests/test_cli_startup.py holds this table to the
-registry (``fedunlearn.unlearning.available_methods``), so a method registered there and not here
-fails the suite, not a user."""
+flow starts. Read from the methods' own files as text (each ``@register``ed class's ``name`` and
+``settings``), so a new method's file is all it takes; tests/test_cli_startup.py holds this table to
+the registry (``fedunlearn.unlearning.available_methods``)."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 from fedunlearn.errors import InputError
 
 AUTO = "auto"  # process-deletions' default: the setting's and request kind's own method
-METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
-    "certified-dfu": ("dfl",),
-    "certified-dfu-paper": ("dfl",),
-    "fedora": ("vfl",),
-    "fedquit": ("hfl",),
-    "finetune": ("hfl",),
-    "ga": ("hfl", "vfl"),
-    "hf-kcu": ("hfl",),
-    "puf-regular": ("hfl",),
-    "puf-special": ("hfl",),
-    "retrain": ("dfl", "hfl", "vfl"),
-}
+def _literal(node: ast.ClassDef, attribute: str, classes: dict[str, ast.ClassDef]) -> object:
+    """A class attribute's literal value as the source writes it (``frozenset({...})`` as its set),
+    looked up through the bases defined in the same file; None where none is written."""
+    for statement in node.body:
+        if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) == attribute for t in statement.targets):
+            value = statement.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "frozenset" and value.args:
+                value = value.args[0]
+            return ast.literal_eval(value)
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in classes:
+            return _literal(classes[base.id], attribute, classes)
+    return None
+
+
+def _declared_methods() -> dict[str, tuple[str, ...]]:
+    """Each ``@register``ed class under fedunlearn/unlearning/ by its ``name`` and ``settings``, read
+    from the source as text: the method's own file is the one place it is declared."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((Path(__file__).parent / "unlearning").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+        for node in classes.values():
+            if any(getattr(d, "id", None) == "register" for d in node.decorator_list):
+                name, settings = _literal(node, "name", classes), _literal(node, "settings", classes)
+                found.setdefault(str(name), set()).update(settings or ())
+    return {name: tuple(sorted(settings)) for name, settings in sorted(found.items())}
+
+
+METHOD_SETTINGS: dict[str, tuple[str, ...]] = _declared_methods()
 
 
 def methods_for(setting: str) -> list[str]:

@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generic, TypeVar
 
@@ -243,6 +243,15 @@ class UnlearningMethod(ABC):
     settings: ClassVar[frozenset[str]]
     request_kinds: ClassVar[frozenset[str]]
     guarantee: ClassVar[str]
+    # Its place in the default escalation (``unlearning.escalation``), read from the class that
+    # declares it (a subclass inherits none): per setting, or per (setting, request kind) where that
+    # differs, ``"default"`` (the first attempt), ``"fallback"`` or ``"last-resort"``; ``rank`` orders
+    # the methods of one role. Its stronger attempt: the hyperparameters multiplied
+    # (``stronger_scales``) and set (``stronger_switches``); neither: it has no stronger attempt.
+    roles: ClassVar[Mapping[str | tuple[str, str], str]] = {}
+    rank: ClassVar[int] = 0
+    stronger_scales: ClassVar[tuple[str, ...]] = ()
+    stronger_switches: ClassVar[Mapping[str, Any]] = {}
 
     def get_params(self) -> dict[str, Any]:
         """The hyperparameters, read from ``__init__``'s signature as scikit-learn does."""

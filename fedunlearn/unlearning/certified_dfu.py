@@ -343,6 +343,8 @@ class CertifiedDFU(UnlearningMethod):
     """
 
     name = "certified-dfu"
+    roles = {"dfl": "default"}
+    stronger_scales = ("newton_steps",)
     settings = frozenset({"dfl"})
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = FORMAL
@@ -599,6 +601,7 @@ class CertifiedDFUPaperCalibration(CertifiedDFU):
     is ``CertifiedDFU``'s; only ``calibration`` defaults to ``"paper"``."""
 
     name = "certified-dfu-paper"
+    stronger_scales = ()  # as before: no stronger attempt of its own
 
     def __init__(self, *, epsilon: float = 1.0, delta: float = 1e-5, calibration: str = "paper",
                  residual_budget: float = 1e-3, hessian: str = "exact", newton_steps: int = 8, damping: float = 0.0,

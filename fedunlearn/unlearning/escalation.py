@@ -28,31 +28,46 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedunlearn.unlearning.base import UnlearningMethod
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class
 
 EXACT_RETRAIN_METHOD = "retrain"
-DEFAULT_METHODS = {"hfl": "puf-special", "vfl": "fedora", "dfl": "certified-dfu"}
-# FedORA's sample objective pushes the forget samples to uncertainty: its own setting is a share of
-# chosen classes; arbitrary samples of a model that generalises it over-forgets (docs/methods.md).
-DEFAULT_BY_KIND = {("vfl", "sample"): "ga"}
 STRONGER_FACTOR = 2
-STRONGER_SCALES: dict[str, tuple[str, ...]] = {
-    "puf-special": ("eta_u", "unlearn_epochs"),
-    "puf-regular": ("eta_u", "unlearn_epochs"),
-    "ga": ("epochs",),
-    "hf-kcu": ("cg_iterations",),
-    "fedora": ("iterations", "omega"),
-    "certified-dfu": ("newton_steps",),
-    "fedquit": (),
-}
-STRONGER_SWITCHES: dict[str, dict[str, Any]] = {"hf-kcu": {"hessian": "federation", "beta": None},
-                                               "fedquit": {"solver": "steps"}}
-# The other method tried per setting, first one supporting the request kind wins.
-FALLBACKS = {"hfl": ("puf-regular", "ga", "finetune"), "vfl": ("ga",), "dfl": ()}
-# Tried after the fallback, each one supporting the request kind, in order: methods that do not
-# start from the gradient at the forget samples, so they can remove what the seed methods cannot
-# (a memorised sample's gradient is close to zero; docs/methods.md), at the risk of over-forgetting.
-LAST_RESORT: dict[str, tuple[str, ...]] = {"hfl": ("fedquit",), "vfl": (), "dfl": ()}
+# The roles a method declares (``UnlearningMethod.roles``): the first attempt; the other method tried
+# per setting, the first of rank order supporting the request kind; tried after it, each one
+# supporting the kind, methods that do not start from the gradient at the forget samples, so they
+# can remove what the seed methods cannot (a memorised sample's gradient is close to zero;
+# docs/methods.md), at the risk of over-forgetting.
+DEFAULT, FALLBACK, LAST_RESORT = "default", "fallback", "last-resort"
+ROLES = (DEFAULT, FALLBACK, LAST_RESORT)
+
+
+def _declared(cls: type[UnlearningMethod], attribute: str, empty: Any) -> Any:
+    """A class attribute as the class itself declares it: a subclass (a method's variant) inherits
+    no place in the escalation and no stronger attempt."""
+    return vars(cls).get(attribute, empty)
+
+
+def role_of(cls: type[UnlearningMethod], setting: str, kind: str | None = None) -> str | None:
+    """The role ``cls`` declares for ``setting`` (for ``kind``, where it declares one of its own)."""
+    roles = _declared(cls, "roles", {})
+    if kind is not None and (setting, kind) in roles:
+        return roles[(setting, kind)]
+    return roles.get(setting)
+
+
+def methods_in_role(setting: str, role: str, kind: str | None = None) -> tuple[str, ...]:
+    """The registered methods of ``setting`` declaring ``role``, in rank order (then by name)."""
+    classes = [get_method_class(name, setting) for name in available_methods(setting)]
+    chosen = sorted((c for c in classes if role_of(c, setting, kind) == role), key=lambda c: (c.rank, c.name))
+    return tuple(c.name for c in chosen)
+
+
+def stronger_settings(method: str, setting: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """What ``method``'s stronger attempt multiplies and sets (``UnlearningMethod.stronger_scales`` and
+    ``stronger_switches``, as its class declares them)."""
+    cls = get_method_class(method, setting)
+    return tuple(_declared(cls, "stronger_scales", ())), dict(_declared(cls, "stronger_switches", {}))
 
 
 class Attempt(BaseModel):
@@ -74,8 +89,17 @@ def is_exact_retrain(method: str) -> bool:
 
 
 def default_method(setting: str, kind: str | None = None) -> str:
-    """The setting's default method, or the one for its request kind where that differs."""
-    return DEFAULT_BY_KIND.get((setting, kind), DEFAULT_METHODS[setting])
+    """The setting's default method, or the one for its request kind where that differs: the method
+    declaring the role ``default`` for (setting, kind), else the one declaring it for the setting
+    (exactly one must)."""
+    classes = [get_method_class(name, setting) for name in available_methods(setting)]
+    for key in ([(setting, kind)] if kind is not None else []) + [setting]:
+        found = sorted(c.name for c in classes if _declared(c, "roles", {}).get(key) == DEFAULT)
+        if len(found) > 1:
+            raise ValueError(f"{len(found)} methods declare roles {{{key!r}: {DEFAULT!r}}}: {', '.join(found)}; one may")
+        if found:
+            return found[0]
+    raise ValueError(f"no method declares roles {{{setting!r}: {DEFAULT!r}}}")
 
 
 def default_escalation(setting: str, kind: str, first: Attempt) -> list[Attempt]:
@@ -87,11 +111,11 @@ def default_escalation(setting: str, kind: str, first: Attempt) -> list[Attempt]
     get_method_class(first.method, setting).check_supported(setting, kind)
     attempts = [first, *_stronger_if_any(first, setting)]
     supported = set(available_methods(setting, kind))
-    fallback = next((m for m in FALLBACKS[setting] if m in supported and m != first.method), None)
+    fallback = next((m for m in methods_in_role(setting, FALLBACK) if m in supported and m != first.method), None)
     if fallback is not None:
         attempts.append(Attempt(method=fallback))
     tried = {attempt.method for attempt in attempts}
-    for method in LAST_RESORT[setting]:
+    for method in methods_in_role(setting, LAST_RESORT):
         if method in supported and method not in tried:
             attempts += [Attempt(method=method), *_stronger_if_any(Attempt(method=method), setting)]
     return attempts + [Attempt(method=EXACT_RETRAIN_METHOD)]
@@ -99,7 +123,7 @@ def default_escalation(setting: str, kind: str, first: Attempt) -> list[Attempt]
 
 def _stronger_if_any(attempt: Attempt, setting: str) -> list[Attempt]:
     """``[stronger(attempt)]`` where the method has a stronger setting that differs from ``attempt``."""
-    if attempt.method not in STRONGER_SCALES:
+    if is_exact_retrain(attempt.method) or stronger_settings(attempt.method, setting) == ((), {}):
         return []
     harder = stronger(attempt, setting)
     return [] if harder.options == attempt.options else [harder]
@@ -110,17 +134,19 @@ def removal_first(attempts: list[Attempt], setting: str) -> list[Attempt]:
     the source model remembers: the seed methods move the model along the loss gradient at the forget
     samples, and a memorised sample's gradient is close to zero, so they would be paid for and fail
     before the method that can remove it is tried (docs/methods.md, "Which method first")."""
-    first = [attempt for attempt in attempts if attempt.method in LAST_RESORT[setting]]
+    last_resort = methods_in_role(setting, LAST_RESORT)
+    first = [attempt for attempt in attempts if attempt.method in last_resort]
     return first + [attempt for attempt in attempts if attempt not in first]
 
 
 def stronger(attempt: Attempt, setting: str) -> Attempt:
-    """``attempt`` with each of its method's strength settings (``STRONGER_SCALES``) multiplied by
+    """``attempt`` with each of its method's strength settings (``UnlearningMethod.stronger_scales``) multiplied by
     ``STRONGER_FACTOR`` from what it chose (the default where it chose nothing), and the method's
-    switches (``STRONGER_SWITCHES``) set."""
+    switches (``stronger_switches``) set."""
     chosen = get_method(attempt.method, setting=setting, **attempt.options).get_params()
-    options = {**attempt.options, **STRONGER_SWITCHES.get(attempt.method, {})}
-    for key in STRONGER_SCALES[attempt.method]:
+    scales, switches = stronger_settings(attempt.method, setting)
+    options = {**attempt.options, **switches}
+    for key in scales:
         options[key] = type(chosen[key])(chosen[key] * STRONGER_FACTOR)
     return Attempt(method=attempt.method, options=options)
 

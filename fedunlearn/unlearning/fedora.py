@@ -238,6 +238,8 @@ class FedORA(UnlearningMethod):
     """
 
     name = "fedora"
+    roles = {"vfl": "default"}
+    stronger_scales = ("iterations", "omega")
     settings = frozenset({"vfl"})
     request_kinds = frozenset({"sample", "class"})
     guarantee = CONSTRAINT_SATISFIED

@@ -161,6 +161,9 @@ class FedQUIT(UnlearningMethod):
     """
 
     name = "fedquit"
+    # The edit first; its stronger attempt is the paper's FedAvg rounds.
+    roles = {"hfl": "last-resort"}
+    stronger_switches = {"solver": "steps"}
     settings = frozenset({"hfl"})
     # Not "class": a retrain without a class never predicts it on any input; the teacher only
     # changes the forget inputs' targets, so the class would live on elsewhere.

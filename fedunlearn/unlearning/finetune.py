@@ -22,6 +22,8 @@ from fedunlearn.unlearning.registry import register
 @register
 class FineTune(UnlearningMethod):
     name = "finetune"
+    roles = {"hfl": "fallback"}
+    rank = 2
     settings = frozenset({"hfl"})
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EMPIRICAL_ONLY

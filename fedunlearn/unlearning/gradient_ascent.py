@@ -59,6 +59,9 @@ class AscentUpdate(ClientUpdate):
 @register
 class GradientAscent(UnlearningMethod):
     name = "ga"
+    roles = {"hfl": "fallback"}
+    rank = 1
+    stronger_scales = ("epochs",)
     settings = frozenset({"hfl"})
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EMPIRICAL_ONLY

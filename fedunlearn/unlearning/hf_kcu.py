@@ -104,6 +104,8 @@ class HFKCU(UnlearningMethod):
     set's loss reaches the calibration rows' (docs/methods.md, "Strength")."""
 
     name = "hf-kcu"
+    stronger_scales = ("cg_iterations",)
+    stronger_switches = {"hessian": "federation", "beta": None}
     settings = frozenset({"hfl"})
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = BOUNDED_APPROXIMATION

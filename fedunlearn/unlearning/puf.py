@@ -254,6 +254,8 @@ class PUFSpecial(_PUF):
     """
 
     name = "puf-special"
+    roles = {"hfl": "default"}
+    stronger_scales = ("eta_u", "unlearn_epochs")
 
     def __init__(self, *, eta_u: float = 2.0, unlearn_epochs: int = 1, max_recovery_rounds: int = 10,
                  target_test_acc: float | None = None, max_doublings: int = 0):
@@ -293,6 +295,8 @@ class PUFRegular(_PUF):
     """
 
     name = "puf-regular"
+    roles = {"hfl": "fallback"}
+    stronger_scales = ("eta_u", "unlearn_epochs")
 
     def __init__(self, *, eta_u: float = 20.0, eta_r: float = 1.0, unlearn_epochs: int = 1,
                  max_recovery_rounds: int = 10, target_test_acc: float | None = None, max_doublings: int = 0):

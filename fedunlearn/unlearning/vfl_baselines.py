@@ -67,6 +67,10 @@ class VerticalRetrain(UnlearningMethod):
 @register
 class VerticalGradientAscent(UnlearningMethod):
     name = "ga"
+    # FedORA's sample objective pushes the forget samples to uncertainty: its own setting is a share
+    # of chosen classes; arbitrary samples of a model that generalises it over-forgets (docs/methods.md).
+    roles = {"vfl": "fallback", ("vfl", "sample"): "default"}
+    stronger_scales = ("epochs",)
     settings = frozenset({"vfl"})
     request_kinds = frozenset({"sample", "class"})
     guarantee = EMPIRICAL_ONLY
