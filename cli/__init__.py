@@ -57,7 +57,7 @@ def configure_output(verbose: bool) -> None:
 
 
 # Commands a data subject runs without a workspace, whose modules import no torch: they are parsed
-# by a parser that registers only their own module, so that they start quickly (issue 47).
+# by a parser that registers only their own module, so that they start quickly.
 LIGHT_COMMANDS = {"verify-receipt": "transparency"}
 
 

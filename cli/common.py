@@ -55,8 +55,8 @@ def prepare_flow_run(verbose: bool = False) -> None:
 def leave_when_own_server_exits(command: str, root: Path) -> None:
     """For the real command line (cli.main; a test calling main() in-process is not ended): once the
     command's own Prefect server exits by itself, end the command at once with ``lost_service``'s one
-    ``error:`` line and its exit status. Every later call to the server would be retried for minutes
-    (139 s and 30 warning lines, issue 51), and a batch resumes from any point it stops at."""
+    ``error:`` line and its exit status. Every later call to the server would be retried for minutes,
+    with a warning line each, and a batch resumes from any point it stops at."""
     def leave() -> None:
         from cli import leave_now
 

@@ -1,5 +1,5 @@
 """Which registered versions still hold deleted samples, and when each may — and must — lose its
-weights (issue 46). Pure: facts about versions and batches in, a plan out; no store is touched.
+weights. Pure: facts about versions and batches in, a plan out; no store is touched.
 
 A version *owes* a batch when its weights learnt samples the batch deleted:
 

@@ -1,4 +1,4 @@
-"""Which engine computes a command's training and unlearning (issue 38): the decisions, as plain
+"""Which engine computes a command's training and unlearning : the decisions, as plain
 functions, that ``fedunlearn train|process --runner`` and the flows' ``runner`` parameter make.
 
 The engine is our own in-process loop unless the command or the scenario's params (``runner:``)

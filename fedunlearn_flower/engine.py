@@ -1,4 +1,4 @@
-"""What a pipeline task calls to train or unlearn through Flower (issue 38, item 3): one function
+"""What a pipeline task calls to train or unlearn through Flower: one function
 per step, the engine chosen by name, the ``runtime`` tag of the version it produced returned with
 the model. Tasks keep registering, gating and writing receipts as they do for the in-process
 engine; nothing here touches a store.

@@ -1,4 +1,4 @@
-"""The Merkle log's tree heads published beyond the workspace (issue 39, item 4): after each batch
+"""The Merkle log's tree heads published beyond the workspace: after each batch
 the signed head and the public key go to the DVC remote (``fedunlearn-state/transparency/``,
 beside the state snapshots) and to MLflow (artifacts ``transparency/`` of the batch's run, or of a run of the
 ``transparency-log`` experiment), so that rewriting the log unseen means rewriting three stores.
@@ -6,8 +6,8 @@ Also the serving version's model hash the batch statement commits to.
 
 Call ``publish_tree_head(root, run_id)`` once a batch's receipt is written (and after an exact
 retrain repaid a batch): it logs what is not logged yet, signs, and publishes. ``published_heads``
-reads every head back from both stores: the log signs nothing that does not extend each of them
-(issue 47), so a workspace whose ``data/transparency/`` was lost or rebuilt cannot sign a new
+reads every head back from both stores: the log signs nothing that does not extend each of them,
+so a workspace whose ``data/transparency/`` was lost or rebuilt cannot sign a new
 history under the old origin.
 """
 

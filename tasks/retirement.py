@@ -1,4 +1,4 @@
-"""Retirement of the versions that learnt deleted data (issue 46), as Prefect tasks: the plan read from
+"""Retirement of the versions that learnt deleted data, as Prefect tasks: the plan read from
 the registry, the batch records and the receipts (``fedunlearn.retirement``), the weights deleted
 from MLflow (``stores.registry.retirement``) and from the local stores that may hold a copy, the
 receipts told which versions retired or are held, each retirement and hold logged in the Merkle log.

@@ -1,4 +1,4 @@
-"""The Merkle log's tree head published with a batch, as a Prefect task run (issue 39, item 4).
+"""The Merkle log's tree head published with a batch, as a Prefect task run.
 
 ``flows.promote.promote_and_receipt`` runs it right after the batch's receipt is written and before
 the state snapshot is pushed, so the snapshot on the DVC remote carries the head that logs the batch;

@@ -2,8 +2,8 @@
 training configuration, seed and poisoning give the same original, so it is trained once.
 Stored as a plain state dict (loaded with ``weights_only=True``) plus its cost, history and
 provenance (scenario, data version): an original trained on data a later batch deletes learnt those
-samples, and retires with the registered versions once they are exactly forgotten (issue 46,
-``tasks.retirement``)."""
+samples, and retires with the registered versions once they are exactly forgotten
+(``tasks.retirement``)."""
 
 from __future__ import annotations
 

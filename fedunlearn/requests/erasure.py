@@ -449,7 +449,7 @@ def anchor_offset(row: bytes, width: int = 8) -> int:
     return int(np.argmax(np.count_nonzero(window, axis=1)))
 
 
-# Retired versions' weights (issue 46): per tensor, its first WINDOW_BYTES as stored (float32), kept as an
+# Retired versions' weights: per tensor, its first WINDOW_BYTES as stored (float32), kept as an
 # 8-byte anchor and HMAC-SHA256 under the fingerprint key — a later scan recognises any copy of the tensor
 # (a torch file, a pickle, an array) without the workspace keeping the weights it deleted.
 RETIRED_WEIGHTS_PATH = Path("data/ledger/retired-weights.jsonl")

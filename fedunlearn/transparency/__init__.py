@@ -1,4 +1,4 @@
-"""The deletion ledger as a transparency log (issue 39): an RFC 9162 Merkle log over the ledger's
+"""The deletion ledger as a transparency log: an RFC 9162 Merkle log over the ledger's
 entries and later statements, tree heads signed as C2SP checkpoints with the workspace's Ed25519
 key, and receipts a data subject verifies alone.
 

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any, Iterable
 
-DELETION_V1 = "fedunlearn.deletion@v1"  # leaves logged before issue 47: a bare ledger_checksum, spaced ID JSON
+DELETION_V1 = "fedunlearn.deletion@v1"  # leaves of the log's first format: a bare ledger_checksum, spaced ID JSON
 DELETION = "fedunlearn.deletion@v2"
 DELETIONS = (DELETION_V1, DELETION)
 BATCH, EXACT = "fedunlearn.batch-receipt@v1", "fedunlearn.exact-forgetting@v1"

@@ -1,4 +1,4 @@
-"""Retiring a registered version (issue 46): its weights leave every MLflow store, its record stays.
+"""Retiring a registered version: its weights leave every MLflow store, its record stays.
 
 A retired version keeps its run (metrics, parameters, dataset inputs), its tags and description —
 what ``fedunlearn compare`` and MLflow's compare view read — and gains a tombstone:
