@@ -19,13 +19,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
-from fedunlearn.certify.tiers import Tier, exact_due, repay_now, serves, tier_of
+from fedunlearn.certify.tiers import Tier, exact_due, repay_now, tier_of
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import Evaluation, VersionMetrics
 from fedunlearn.federation.cost import Cost
 from fedunlearn.receipts import NO_MODEL, EscalationStep, ExactForgetting, ModelRef, Receipt
 from fedunlearn.requests.batch import BatchRecord
-from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, is_exact_retrain, removal_first
+from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, is_exact_retrain
 
 UNCHANGED = "unchanged"  # the method of a batch that deleted only held-out samples: nothing to unlearn
 SOURCE_TAG = "source_version"
@@ -51,27 +51,6 @@ def route(refits_on_holdout: bool, deletes_held_out: bool, forget_samples: int |
     return Route.exact_only if transform_moved else Route.escalate
 
 
-def attempts_for_route(taken: Route, attempts: list[Attempt]) -> list[Attempt]:
-    """The attempts the route leaves: where deleting held-out samples moved every sample's features,
-    only an exact retrain fits the new data version, whatever was asked."""
-    if taken in (Route.exact_only, Route.retrain_for_new_features):
-        return [Attempt(method=EXACT_RETRAIN_METHOD)]
-    return attempts
-
-
-def attempts_in_order(attempts: list[Attempt], setting: str, removal_wanted: bool,
-                      chosen_by_user: bool) -> list[Attempt]:
-    """The order the batch tries its attempts in. Where the source model's audit wants a removal
-    method first (``AuditResult.removal_wanted``: the forget set or a sample shown remembered, or a
-    sample it predicts with a label the references reject) and the user left the method to the
-    default, the methods that can remove what was memorised go first (``escalation.removal_first``);
-    otherwise the policy's own order. The source's audit is taken before any candidate exists, so the
-    order depends on no candidate's score, and every candidate is judged by the same gates."""
-    if chosen_by_user or not removal_wanted:
-        return attempts
-    return removal_first(attempts, setting)
-
-
 @dataclass(frozen=True)
 class RegisteredAttempt:
     """An attempt of the batch that an earlier run registered: its version, and the source version it
@@ -85,15 +64,6 @@ def recorded_source(registered: Mapping[int, RegisteredAttempt]) -> str | None:
     """The source version an earlier run of the batch unlearned from (its registered attempts say it),
     so a resumed batch judges its attempts against the same model."""
     return next((a.source_version for a in registered.values() if a.source_version is not None), None)
-
-
-def stops(gates: GateOutcome, forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
-    """Whether an attempt ends the escalation: it may serve under the forgetting policy. With an exact
-    retrain of the batch's data version already in hand (``process --retrain``), only a pass ends it:
-    serving an approximate version would leave owed what is already paid for."""
-    if exact_in_hand:
-        return gates.passed
-    return serves(gates.passed, gates.interim, forgetting)
 
 
 @dataclass

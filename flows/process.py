@@ -54,7 +54,7 @@ from fedunlearn.requests.model import DeletionRequestModel
 from fedunlearn.runtime_choice import check_flower_training, choose_runtime, flower_attempts, in_process_fallbacks
 from fedunlearn.timing import FlowClock
 from fedunlearn.unlearning import available_methods
-from fedunlearn.unlearning.escalation import Attempt, checked_escalation, default_escalation, default_method
+from fedunlearn.unlearning.escalation import Attempt, default_method, planned_attempts
 from flows.batch import Batch, Receipted, Settled
 from flows.debt import repay
 from flows.finish import finish_batch, resume_end
@@ -252,8 +252,7 @@ def start_batch(scope: ScenarioScope, taken: Intake, choice: Choice, device: str
                                  "inbox wait for the next run", record.batch_id)
     ws, setting = scope.ws, scope.config.setting
     first = Attempt(method=choose_method(choice.method, setting, record.kind), options=choice.method_options)
-    attempts = (checked_escalation(setting, record.kind, choice.escalation) if choice.escalation
-                else default_escalation(setting, record.kind, first))
+    attempts = planned_attempts(setting, record.kind, first, choice.escalation)
     # Strict only for attempts the user named (an escalation): a chosen --method is the first attempt,
     # checked as such, and the default chain's fallbacks after it may run in-process where Flower lacks them.
     kept = flower_attempts(choice.runtime, attempts, flower_methods(), bool(choice.escalation))

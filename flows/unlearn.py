@@ -13,12 +13,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, attempts_for_route,
-                                        attempts_in_order, batch_flops, exact_certificate, metrics_of, receipt_without_model,
-                                        route, stops)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, batch_flops,
+                                        exact_certificate, metrics_of, receipt_without_model, route)
 from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, judge_source
+from fedunlearn.certify.tiers import stops
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
 from fedunlearn.errors import BatchCannotSucceed
@@ -33,7 +33,7 @@ from fedunlearn.receipts import EscalationStep, ModelRef
 from fedunlearn.requests.batch import BatchRecord, record_path
 from fedunlearn.runtime_choice import IN_PROCESS_RUNTIME, flower_engine
 from fedunlearn.unlearning.base import ForgetSet, Outcome
-from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, is_exact_retrain
+from fedunlearn.unlearning.escalation import EXACT_RETRAIN_METHOD, Attempt, batch_order, is_exact_retrain
 from flows.batch import Batch, Unlearned
 from flows.forget_sets import ForgetSetKit, forget_set_kit
 from flows.reference import reference_for
@@ -178,7 +178,7 @@ def unlearn_and_register(scope: ScenarioScope, batch: Batch) -> Unlearned:
     forgetting policy (``tiers.serves``; the last, exact retrain, needs no gate). Attempts registered
     by an earlier run are read back, not redone. Unless the user chose the attempts, a forget set the
     source remembers, or may (``AuditResult.removal_wanted``), tries the methods that can remove it first
-    (``attempts_in_order``)."""
+    (``escalation.batch_order``)."""
     data = read_batch_data(scope, batch)
     if data.route is Route.retrain_for_new_features:
         return Unlearned(batch, retrain_for_new_features(scope, batch))
@@ -216,13 +216,14 @@ def judge_the_source(judging: Judging, reference: Judged | None) -> GateOutcome:
 
 
 def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
-    """The route's attempts, in the order ``batch_decisions.attempts_in_order`` gives on what the
+    """The batch's attempts, in the order ``escalation.batch_order`` gives on its route and on what the
     source's audit measured."""
     batch, source_audit = judging.batch, judging.source.audit
-    planned = attempts_for_route(taken, list(batch.attempts))
-    ordered = attempts_in_order(planned, judging.scope.config.setting, source_audit.removal_wanted(),
-                                batch.chosen_by_user)
-    if ordered != planned:
+    planned = list(batch.attempts)
+    ordered = batch_order(planned, judging.scope.config.setting,
+                          exact_only=taken in (Route.exact_only, Route.retrain_for_new_features),
+                          removal_wanted=source_audit.removal_wanted(), chosen_by_user=batch.chosen_by_user)
+    if ordered != planned and not ordered[0].exact:
         get_run_logger().info("the source model remembers, or may remember, forget samples (per sample: %s; %d "
                               "removal target(s); audit AUC %.3f): %s first, where the seed methods' gradient is "
                               "close to zero", source_audit.per_sample_summary(), len(source_audit.removal_targets()),

@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from audit_power import build_setup, clopper_pearson, draw_batch  # noqa: E402
 
-from fedunlearn.batch_decisions import attempts_in_order  # noqa: E402
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY  # noqa: E402
 from fedunlearn.certify.gates import PromotionGates, judge  # noqa: E402
 from fedunlearn.config import load_params  # noqa: E402
@@ -49,7 +48,7 @@ from fedunlearn.device import resolve_device  # noqa: E402
 from fedunlearn.evaluation.audit import audit_forgetting  # noqa: E402
 from fedunlearn.evaluation.evaluator import Evaluator, correctness, evaluation_sets  # noqa: E402
 from fedunlearn.federation.forget_set import ForgetSet  # noqa: E402
-from fedunlearn.unlearning.escalation import Attempt, default_method, default_escalation  # noqa: E402
+from fedunlearn.unlearning.escalation import Attempt, batch_order, default_method, default_escalation  # noqa: E402
 from fedunlearn.unlearning.registry import available_methods, get_method, get_method_class  # noqa: E402
 
 MIXED = "mixed"
@@ -159,13 +158,14 @@ def effective(method: str, options: dict[str, Any]) -> str:
 def escalation_run(draw: dict[str, Any], setting: str = "hfl", kind: str = "sample") -> dict[str, Any] | None:
     """What a deletion batch's default escalation would have run on this draw, rebuilt from the
     draw's runs: the attempts of ``default_escalation``, in the order the batch puts them in for its
-    source's audit (``attempts_in_order``), until one may serve on the interim tier, their costs
+    source's audit (``batch_order``), until one may serve on the interim tier, their costs
     summed (orchestration and evaluation not counted); the exact retrain if none may. None when the
     grid lacks an attempt of the chain."""
     runs = {(r["method"], effective(r["method"], r["options"])): r for r in draw["candidates"]}
-    policy = attempts_in_order(default_escalation(setting, kind, Attempt(method=default_method(setting))), setting,
-                               bool(draw.get("source_removal_wanted", draw.get("source_remembered"))),
-                               chosen_by_user=False)
+    policy = batch_order(default_escalation(setting, kind, Attempt(method=default_method(setting))), setting,
+                         exact_only=False, removal_wanted=bool(draw.get("source_removal_wanted",
+                                                                        draw.get("source_remembered"))),
+                         chosen_by_user=False)
     seconds = flops = 0.0
     for attempt in policy:
         if attempt.exact:

@@ -10,13 +10,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, DebtAction, NoModelFits, Owed, OwedFacts,
-                                        RegisteredAttempt, Route, attempts_for_route, attempts_in_order,
+                                        RegisteredAttempt, Route,
                                         certificate_record, debt_action, exact_certificate, late_start, metrics_of,
                                         owed, racing_retrain, receipt_closed_by_retrain, receipt_for,
                                         receipt_without_model, recorded_source, reference_to_reuse,
-                                        retrain_closes_open, route, speedup, stops, tier_fields)
+                                        retrain_closes_open, route, speedup, tier_fields)
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
+from fedunlearn.certify.tiers import stops
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.evaluation.records import VersionMetrics
 from fedunlearn.federation.cost import Cost
@@ -136,23 +137,6 @@ def test_with_an_exact_retrain_in_hand_only_a_pass_ends_the_escalation():
     assert stops(gates(True, True), ForgettingPolicy.interim, exact_in_hand=True)
 
 
-def test_a_remembered_forget_set_tries_the_removal_method_first_unless_the_user_chose():
-    from fedunlearn.unlearning.escalation import Attempt, default_escalation
-
-    hfl = default_escalation("hfl", "sample", Attempt(method="puf-special"))
-    assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
-
-    remembered = attempts_in_order(hfl, "hfl", removal_wanted=True, chosen_by_user=False)
-    assert [a.method for a in remembered] == ["fedquit", "fedquit", "puf-special", "puf-special", "puf-regular",
-                                              "retrain"]
-    assert [a.options for a in remembered[:2]] == [{}, {"solver": "steps"}]  # the edit, then the paper's rounds
-    assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
-    assert attempts_in_order(hfl, "hfl", removal_wanted=False, chosen_by_user=False) == hfl
-    assert attempts_in_order(hfl, "hfl", removal_wanted=True, chosen_by_user=True) == hfl
-    vfl = default_escalation("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
-    assert attempts_in_order(vfl, "vfl", removal_wanted=True, chosen_by_user=False) == vfl
-
-
 def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():
     deadlines = {"r0": DUE, "r1": DUE + timedelta(days=3)}
     fields = tier_fields(deadlines, "empirical", ForgettingPolicy.interim, lambda due: due - timedelta(hours=8))
@@ -228,16 +212,6 @@ def test_a_receipt_records_a_method_certificate_whole_and_an_unchanged_model_by_
 
     assert certificate_record(method) == json.loads(method.to_json())
     assert certificate_record(unchanged) == {"method": UNCHANGED, "guarantee": EXACT_RETRAIN}
-
-
-@pytest.mark.parametrize("taken", [Route.exact_only, Route.retrain_for_new_features])
-def test_a_batch_whose_features_moved_retrains_exactly_whatever_was_asked(taken):
-    from fedunlearn.unlearning.escalation import Attempt
-
-    asked = [Attempt(method="ga"), Attempt(method="retrain")]
-
-    assert [a.method for a in attempts_for_route(taken, asked)] == ["retrain"]
-    assert attempts_for_route(Route.escalate, asked) is asked
 
 
 @pytest.mark.parametrize("owed, start_by, expected", [

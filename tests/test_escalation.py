@@ -11,8 +11,8 @@ import pytest
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY
 from fedunlearn.unlearning import registry
 from fedunlearn.unlearning.base import UnlearningMethod
-from fedunlearn.unlearning.escalation import (Attempt, default_escalation, default_method, methods_in_role,
-                                              removal_first, stronger_settings)
+from fedunlearn.unlearning.escalation import (Attempt, batch_order, default_escalation, default_method,
+                                              methods_in_role, planned_attempts, removal_first, stronger_settings)
 
 
 def chain(setting: str, kind: str) -> list[tuple[str, dict]]:
@@ -87,3 +87,38 @@ def test_a_setting_with_two_default_methods_is_an_error_naming_them(monkeypatch)
     registry.register(_Second)
     with pytest.raises(ValueError, match="2 methods declare roles .*puf-special, test-second-default"):
         default_method("hfl", "sample")
+
+
+def order(attempts: list[Attempt], setting: str, **kwargs) -> list[Attempt]:
+    return batch_order(attempts, setting, **{"exact_only": False, "removal_wanted": False, "chosen_by_user": False,
+                                             **kwargs})
+
+
+def test_a_batch_the_removal_method_is_wanted_for_tries_it_first_unless_the_user_chose():
+    hfl = default_escalation("hfl", "sample", Attempt(method="puf-special"))
+    assert [a.method for a in hfl][:2] == ["puf-special", "puf-special"]  # the default order starts with the seed
+
+    remembered = order(hfl, "hfl", removal_wanted=True)
+    assert [a.method for a in remembered] == ["fedquit", "fedquit", "puf-special", "puf-special", "puf-regular",
+                                              "retrain"]
+    assert [a.options for a in remembered[:2]] == [{}, {"solver": "steps"}]  # the edit, then the paper's rounds
+    assert sorted(map(repr, remembered)) == sorted(map(repr, hfl))  # reordered: nothing added or lost
+    assert order(hfl, "hfl") == hfl
+    assert order(hfl, "hfl", removal_wanted=True, chosen_by_user=True) == hfl
+    vfl = default_escalation("vfl", "class", Attempt(method="fedora"))  # no last-resort method: the order stays
+    assert order(vfl, "vfl", removal_wanted=True) == vfl
+
+
+def test_a_batch_whose_features_moved_retrains_exactly_whatever_was_asked():
+    asked = [Attempt(method="ga"), Attempt(method="retrain")]
+    assert [a.method for a in order(asked, "hfl", exact_only=True, removal_wanted=True)] == ["retrain"]
+    assert order(asked, "hfl") is asked
+
+
+def test_the_chain_is_the_users_checked_or_the_default_from_the_first_attempt():
+    given = [Attempt(method="ga")]
+    assert [a.method for a in planned_attempts("hfl", "sample", Attempt(method="ga"), given)] == ["ga", "retrain"]
+    assert planned_attempts("hfl", "sample", Attempt(method="ga")) == default_escalation("hfl", "sample",
+                                                                                        Attempt(method="ga"))
+    with pytest.raises(ValueError, match="fedquit"):
+        planned_attempts("hfl", "class", Attempt(method="ga"), [Attempt(method="fedquit")])

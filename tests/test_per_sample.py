@@ -222,7 +222,7 @@ def test_a_sample_predicted_with_a_label_never_seen_models_reject_is_a_removal_t
 
 
 def test_a_removal_method_goes_first_where_half_the_forget_set_is_predicted_with_labels_references_reject():
-    """The batch's order (``attempts_in_order``) reads ``removal_wanted``: a sample shown remembered, or
+    """The batch's order (``escalation.batch_order``) reads ``removal_wanted``: a sample shown remembered, or
     half the forget set predicted with a label the references reject though short of α/2 (a memorised
     row of a small request); not a forget set with fewer such rows (the hard rows of a client's data)."""
     def suspected(readings: list[str], rows: int) -> AuditResult:

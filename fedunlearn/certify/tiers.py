@@ -12,7 +12,8 @@ policy of "escalate until a check passes" retrains every batch. The contract ins
   (``latest_safe_time``), and a batch that finds that time passed repays at once.
 
 ``strict`` keeps the earlier behaviour: escalate until the strict verdict is ``pass``, the exact
-retrain at worst. Pure functions here; the flows schedule and record.
+retrain at worst. Whether an attempt may serve (``serves``) and whether it ends a batch's escalation
+(``stops``) are decided here. Pure functions; the flows schedule and record.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from fedunlearn.certify.certificate import EXACT_RETRAIN, FORMAL
 from fedunlearn.config import ForgettingPolicy
+
+if TYPE_CHECKING:  # gates reads the tiers; the tiers read a gate's outcome only
+    from fedunlearn.certify.gates import GateOutcome
 
 
 class Tier(str, Enum):
@@ -45,6 +50,15 @@ def owes_exact(certificate: str | None) -> bool:
 def serves(gate_passed: bool, interim_allowed: bool | None, policy: ForgettingPolicy) -> bool:
     """Whether a gated attempt may become ``current`` under ``policy``."""
     return gate_passed or (policy is ForgettingPolicy.interim and bool(interim_allowed))
+
+
+def stops(gates: "GateOutcome", forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
+    """Whether an attempt ends the escalation: it may serve under the forgetting policy. With an exact
+    retrain of the batch's data version already in hand (``process --retrain``), only a pass ends it:
+    serving an approximate version would leave owed what is already paid for."""
+    if exact_in_hand:
+        return gates.passed
+    return serves(gates.passed, gates.interim, forgetting)
 
 
 def exact_due(deadlines: Iterable[datetime]) -> datetime | None:

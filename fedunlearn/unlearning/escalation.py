@@ -129,6 +129,28 @@ def _stronger_if_any(attempt: Attempt, setting: str) -> list[Attempt]:
     return [] if harder.options == attempt.options else [harder]
 
 
+def planned_attempts(setting: str, kind: str, first: Attempt, given: list[Attempt] | None = None) -> list[Attempt]:
+    """A batch's chain: the attempts the user gave (``checked_escalation``), else the default one from
+    ``first`` (``default_escalation``)."""
+    return checked_escalation(setting, kind, given) if given else default_escalation(setting, kind, first)
+
+
+def batch_order(attempts: list[Attempt], setting: str, *, exact_only: bool, removal_wanted: bool,
+                chosen_by_user: bool) -> list[Attempt]:
+    """The order a batch tries its attempts in. ``exact_only`` (its route: deleting held-out samples
+    moved every sample's features): only an exact retrain fits the new data version, whatever was
+    asked. Where the source model's audit wants a removal method first (``removal_wanted``:
+    ``AuditResult.removal_wanted``) and the user left the method to the default, the methods that can
+    remove what was memorised go first (``removal_first``); otherwise the policy's own order. The
+    source's audit is taken before any candidate exists, so the order depends on no candidate's score,
+    and every candidate is judged by the same gates."""
+    if exact_only:
+        return [Attempt(method=EXACT_RETRAIN_METHOD)]
+    if chosen_by_user or not removal_wanted:
+        return attempts
+    return removal_first(attempts, setting)
+
+
 def removal_first(attempts: list[Attempt], setting: str) -> list[Attempt]:
     """``attempts`` with the setting's last-resort methods moved ahead of the others, for a forget set
     the source model remembers: the seed methods move the model along the loss gradient at the forget
