@@ -39,7 +39,6 @@ STRONGER_FACTOR = 2
 # can remove what the seed methods cannot (a memorised sample's gradient is close to zero;
 # docs/methods.md), at the risk of over-forgetting.
 DEFAULT, FALLBACK, LAST_RESORT = "default", "fallback", "last-resort"
-ROLES = (DEFAULT, FALLBACK, LAST_RESORT)
 
 
 def _declared(cls: type[UnlearningMethod], attribute: str, empty: Any) -> Any:
@@ -56,10 +55,13 @@ def role_of(cls: type[UnlearningMethod], setting: str, kind: str | None = None) 
     return roles.get(setting)
 
 
+def _classes(setting: str) -> list[type[UnlearningMethod]]:
+    return [get_method_class(name, setting) for name in available_methods(setting)]
+
+
 def methods_in_role(setting: str, role: str, kind: str | None = None) -> tuple[str, ...]:
     """The registered methods of ``setting`` declaring ``role``, in rank order (then by name)."""
-    classes = [get_method_class(name, setting) for name in available_methods(setting)]
-    chosen = sorted((c for c in classes if role_of(c, setting, kind) == role), key=lambda c: (c.rank, c.name))
+    chosen = sorted((c for c in _classes(setting) if role_of(c, setting, kind) == role), key=lambda c: (c.rank, c.name))
     return tuple(c.name for c in chosen)
 
 
@@ -92,7 +94,7 @@ def default_method(setting: str, kind: str | None = None) -> str:
     """The setting's default method, or the one for its request kind where that differs: the method
     declaring the role ``default`` for (setting, kind), else the one declaring it for the setting
     (exactly one must)."""
-    classes = [get_method_class(name, setting) for name in available_methods(setting)]
+    classes = _classes(setting)
     for key in ([(setting, kind)] if kind is not None else []) + [setting]:
         found = sorted(c.name for c in classes if _declared(c, "roles", {}).get(key) == DEFAULT)
         if len(found) > 1:
