@@ -24,7 +24,7 @@ import torch
 from prefect import flow
 
 from fedunlearn.device import intra_op_threads
-from fedunlearn.requests.batch import BatchRecord
+from fedunlearn.requests.batch import BatchRecord, load_records
 from fedunlearn.requests.model import utc_now
 from fedunlearn.shard_debt import ShardRepayment, shards_to_repay
 from flows.forget_sets import measure_retrained, retrain_device
@@ -75,7 +75,8 @@ class Repayment:
     device the command chose, the current data version it holds and whether it repays only what is
     due; and what is owed — the receipts forgotten only approximately (``debt``), the batches applied
     without unlearning (``open``), the latest safe start of the exact retrain (``start_by``) and, for
-    a federation in shards, each client's shard (``shard_of``; None for one federation)."""
+    a federation in shards, each client's shard (``shard_of``; None for one federation); ``records``:
+    the batch records of everything owed (the debt's batches and the open ones)."""
 
     scope: ScenarioScope
     device: torch.device
@@ -84,6 +85,7 @@ class Repayment:
     open: list[BatchRecord]
     start_by: datetime | None
     shard_of: tuple[int, ...] | None
+    records: list[BatchRecord]
     only_due: bool = False
 
     @property
@@ -95,9 +97,11 @@ def read_repayment(scope: ScenarioScope, device: torch.device, data_version: str
                    only_due: bool = False) -> Repayment:
     """What the scenario owes, read from its stores once, for the repayment's steps to share."""
     ws, scenario = scope.ws, scope.scenario
-    debt = retrain_debt(ws, scenario)
-    return Repayment(scope, device, data_version, debt, open_batches(ws, scenario),
-                     repayment_time(ws, scenario, debt), shard_assignment(ws, scenario), only_due)
+    debt, still_open = retrain_debt(ws, scenario), open_batches(ws, scenario)
+    owed = {r.batch_id for r in debt.receipts}
+    records = [*still_open, *(r for r in load_records(ws.folders) if r.batch_id in owed)]
+    return Repayment(scope, device, data_version, debt, still_open, repayment_time(ws, scenario, debt),
+                     shard_assignment(ws, scenario), records, only_due)
 
 
 def shards_due(repayment: Repayment, now: datetime) -> ShardRepayment | None:
@@ -132,10 +136,12 @@ def repay_debt(repayment: Repayment) -> RepayResult:
     if shards is not None and shards.partial:
         return repay_shards(repayment, shards)
     reference = reference_for(scope, repayment.device, repayment.data_version)
-    repaid = (close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt")
+    repaid = (close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt",
+                               repayment.open)
               + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt"))
     batch_ids = [r.batch_id for r in repaid]
-    measure_retrained(scope, reference.model_version, batch_ids, retrain_device(reference) or repayment.device)
+    measure_retrained(scope, reference.model_version, [r for r in repayment.records if r.batch_id in batch_ids],
+                      retrain_device(reference) or repayment.device)
     retired = retire_forgotten(ws, scenario)
     written = {**{r.batch_id: r for r in repaid}, **{b: r for b, r in retired.receipts.items() if b in batch_ids}}
     publish_status(scope)  # as a batch publishes its own: a monitor of the status sees the repayment

@@ -17,7 +17,7 @@ from torch import nn
 from fedunlearn.evaluation.evaluator import EvaluationSets, Evaluator, evaluation_sets
 from fedunlearn.evaluation.forget_sets import RETRAINED, figures
 from fedunlearn.federation.protocol import Federation
-from fedunlearn.requests.batch import BatchRecord, load_records
+from fedunlearn.requests.batch import BatchRecord
 from fedunlearn.unlearning.base import ForgetSet
 from fedunlearn.evaluation.audit import AuditResult, AuditSet
 from flows.audit import train_audit_set
@@ -76,15 +76,14 @@ def retrain_device(result: ReferenceResult) -> torch.device | None:
     return torch.device(result.trained.device) if result.trained else None
 
 
-def measure_retrained(scope: ScenarioScope, version: str, batch_ids: list[str], device: torch.device) -> list[str]:
-    """The exact retrain ``version`` measured on the forget set of each of ``batch_ids`` (the batches
-    whose debt it repays), each logged as that batch's figures; returns the batches measured. Per
-    batch, not on their union: each batch's source and unlearned version were measured on its own
-    forget set. A batch whose data before it cannot be read back (purged, or DVC's cache lost) is
-    left unmeasured with a warning: the retrain serves and the receipts say so either way."""
+def measure_retrained(scope: ScenarioScope, version: str, records: list[BatchRecord], device: torch.device) -> list[str]:
+    """The exact retrain ``version`` measured on the forget set of each batch of ``records`` (the
+    batches whose debt it repays, as the caller holds them), each logged as that batch's figures;
+    returns the batches measured. Per batch, not on their union: each batch's source and unlearned
+    version were measured on its own forget set. A batch whose data before it cannot be read back
+    (purged, or DVC's cache lost) is left unmeasured with a warning: the retrain serves and the
+    receipts say so either way."""
     ws, scenario, log = scope.ws, scope.scenario, get_run_logger()
-    wanted = set(batch_ids)
-    records = [r for r in load_records(ws.folders) if r.batch_id in wanted]
     if not records:
         return []
     model = ws.registry.load(scenario, version)

@@ -27,7 +27,7 @@ from fedunlearn.faults import failpoint
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, QuarantineNote, Triage
 from flows.batch import Applied
 from tasks.backup import sync_state
-from tasks.debt import close_by_retrain
+from tasks.debt import close_by_retrain, open_batches
 from tasks.erasure import capture_fingerprints, purge_cache, verify_erasure
 from tasks.siblings import owe_siblings
 from fedunlearn.batch_decisions import Owed
@@ -88,7 +88,8 @@ def intake_requests(scope: ScenarioScope, purge: bool = False, take_owed: bool =
     unfinished = unfinished_end(ws, scenario) if take_owed else None
     owed = owed_batch(ws, scenario) if take_owed else Owed()
     if owed.closes_open is not None:  # a model on the current data serves: the open batches get their receipts
-        close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, owed.closes_open), "process-deletions")
+        close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, owed.closes_open), "process-deletions",
+                         open_batches(ws, scenario))
     if owed.batch is not None or owed.retrain_open:
         return Intake(batch=owed.batch, owed=True, resumed=resumed, unfinished=unfinished,
                       retrain_open=owed.retrain_open)

@@ -76,11 +76,12 @@ def close_open_batches(scope: ScenarioScope, result: ReferenceResult, device: to
     with ws.batch_lock(LOCK_TIMEOUT_S, f"fedunlearn retrain --scenario {scenario}"):
         # Asked again under the lock: a batch that held it meanwhile moved the data, or finished (and
         # chose what serves) the batch it found open. Then this retrain is a reference, nothing more.
-        if not retrain_closes_open(result.data_version, ws.data_version(scenario), len(open_batches(ws, scenario))):
+        still_open = open_batches(ws, scenario)
+        if not retrain_closes_open(result.data_version, ws.data_version(scenario), len(still_open)):
             return result
         closed = [r.batch_id for r in close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"),
-                                                       "retrain-reference")]
-        measure_retrained(scope, result.model_version, closed, retrain_device(result) or device)
+                                                       "retrain-reference", still_open)]
+        measure_retrained(scope, result.model_version, still_open, retrain_device(result) or device)
         print(f"alias current -> {scenario} v{result.model_version}: it closes the batch(es) applied without "
               f"unlearning {', '.join(closed)} (receipts written)")
         return result.model_copy(update={"closed": closed})

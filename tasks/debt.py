@@ -176,15 +176,16 @@ def open_batches(ws: Workspace, scenario: str) -> list[BatchRecord]:
 
 
 @task(name="close-batches-by-retrain", cache_policy=NO_CACHE)
-def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str) -> list[Receipt]:
+def close_by_retrain(ws: Workspace, scenario: str, version: ModelRef, by: str,
+                     open_records: list[BatchRecord]) -> list[Receipt]:
     """The exact retrain ``version`` (trained on the current data version, which every applied batch
     is out of) serves: alias ``current`` moves to it, tagged exact, and each open batch gets its
     receipt — forgotten exactly, erasure scanned; returns those receipts. For a caller that holds the
-    batch lock."""
+    batch lock; ``open_records``: ``open_batches`` as the caller read them under that lock."""
     closed = []
     ws.registry.set_version_tag(scenario, version.version, FORGETTING_TAG, "exact")
     ws.registry.set_alias(scenario, "current", version.version)
-    for record in open_batches(ws, scenario):
+    for record in open_records:
         erasure = scan_stores(ws, record.purged, capture_fingerprints(ws, record), record=record)
         receipt = receipt_closed_by_retrain(
             record, version, ws.registry.alias_ref(scenario, "original"), erasure.model_dump(mode="json"), by,
