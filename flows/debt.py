@@ -97,9 +97,9 @@ def read_repayment(scope: ScenarioScope, device: torch.device, data_version: str
                    only_due: bool = False) -> Repayment:
     """What the scenario owes, read from its stores once, for the repayment's steps to share."""
     ws, scenario = scope.ws, scope.scenario
-    debt, still_open = retrain_debt(ws, scenario), open_batches(ws, scenario)
-    owed = {r.batch_id for r in debt.receipts}
-    records = [*still_open, *(r for r in load_records(ws.folders) if r.batch_id in owed)]
+    debt, every = retrain_debt(ws, scenario), load_records(ws.folders)
+    still_open, owed = open_batches(ws, scenario, every), {r.batch_id for r in debt.receipts}
+    records = [*still_open, *(r for r in every if r.batch_id in owed)]
     return Repayment(scope, device, data_version, debt, still_open, repayment_time(ws, scenario, debt),
                      shard_assignment(ws, scenario), records, only_due)
 

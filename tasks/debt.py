@@ -168,10 +168,12 @@ def mark_shards_repaid(ws: Workspace, scenario: str, version: str, by: str, debt
     return written
 
 
-def open_batches(ws: Workspace, scenario: str) -> list[BatchRecord]:
+def open_batches(ws: Workspace, scenario: str, records: list[BatchRecord] | None = None) -> list[BatchRecord]:
     """Batches applied to the data (``fedunlearn ingest``) that no receipt closes yet: the model
-    serving may still hold their samples."""
-    return [r for r in load_records(ws.folders) if r.scenario == scenario and r.status is BatchStatus.COMPLETE
+    serving may still hold their samples. ``records``: the workspace's batch records where the
+    caller already read them."""
+    records = load_records(ws.folders) if records is None else records
+    return [r for r in records if r.scenario == scenario and r.status is BatchStatus.COMPLETE
             and read_receipt(ws.root, r.batch_id) is None]
 
 

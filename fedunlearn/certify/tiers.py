@@ -52,7 +52,7 @@ def serves(gate_passed: bool, interim_allowed: bool | None, policy: ForgettingPo
     return gate_passed or (policy is ForgettingPolicy.interim and bool(interim_allowed))
 
 
-def stops(gates: "GateOutcome", forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
+def stops(gates: GateOutcome, forgetting: ForgettingPolicy, exact_in_hand: bool = False) -> bool:
     """Whether an attempt ends the escalation: it may serve under the forgetting policy. With an exact
     retrain of the batch's data version already in hand (``process --retrain``), only a pass ends it:
     serving an approximate version would leave owed what is already paid for."""

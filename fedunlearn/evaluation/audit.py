@@ -280,7 +280,7 @@ class AuditResult:
         a record without per-sample evidence."""
         if self.per_sample_alpha is None:
             return self.remembered()
-        return self.remembered() or 2 * len(self.removal_targets()) >= max(self.n_forget, 1)
+        return self.remembered() or 2 * len(self.removal_targets()) >= self.n_forget
 
     def shown(self, reading: str) -> list[Any]:
         """The sample IDs whose per-sample reading is ``reading`` (``per_sample.REMEMBERED``, …)."""
