@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import torch
-from prefect import flow
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from fedunlearn.device import intra_op_threads
 from fedunlearn.requests.batch import BatchRecord, load_records
@@ -71,16 +72,12 @@ def repay_retrain_debt(scenario: str = "mnist5k-hfl", root: str = ".", device: s
 
 @dataclass(frozen=True)
 class Repayment:
-    """One repayment of a scenario's retrain debt, gathered once (``read_repayment``): the scope, the
-    device the command chose, the current data version it holds and whether it repays only what is
-    due; and what is owed — the receipts forgotten only approximately (``debt``), the batches applied
-    without unlearning (``open``), the latest safe start of the exact retrain (``start_by``) and, for
-    a federation in shards, each client's shard (``shard_of``; None for one federation); ``records``:
-    the batch records of everything owed (the debt's batches and the open ones)."""
+    """What one repayment of a scenario's retrain debt owes, gathered once (``read_repayment``): the
+    receipts forgotten only approximately (``debt``), the batches applied without unlearning
+    (``open``), the latest safe start of the exact retrain (``start_by``), for a federation in shards
+    each client's shard (``shard_of``; None for one federation), the batch records of everything owed
+    (``records``: the debt's batches and the open ones) and whether it repays only what is due."""
 
-    scope: ScenarioScope
-    device: torch.device
-    data_version: str
     debt: Debt
     open: list[BatchRecord]
     start_by: datetime | None
@@ -92,16 +89,19 @@ class Repayment:
     def owed(self) -> bool:
         return bool(self.debt.receipts or self.open)
 
+    def records_of(self, batch_ids: list[str]) -> list[BatchRecord]:
+        return [r for r in self.records if r.batch_id in batch_ids]
 
-def read_repayment(scope: ScenarioScope, device: torch.device, data_version: str,
-                   only_due: bool = False) -> Repayment:
+
+@task(name="read-repayment", task_run_name="read-repayment-{scope.scenario}", cache_policy=NO_CACHE)
+def read_repayment(scope: ScenarioScope, only_due: bool = False) -> Repayment:
     """What the scenario owes, read from its stores once, for the repayment's steps to share."""
     ws, scenario = scope.ws, scope.scenario
     debt, every = retrain_debt(ws, scenario), load_records(ws.folders)
     still_open, owed = open_batches(ws, scenario, every), {r.batch_id for r in debt.receipts}
     records = [*still_open, *(r for r in every if r.batch_id in owed)]
-    return Repayment(scope, device, data_version, debt, still_open, repayment_time(ws, scenario, debt),
-                     shard_assignment(ws, scenario), records, only_due)
+    return Repayment(debt, still_open, repayment_time(ws, scenario, debt), shard_assignment(ws, scenario), records,
+                     only_due)
 
 
 def shards_due(repayment: Repayment, now: datetime) -> ShardRepayment | None:
@@ -109,39 +109,42 @@ def shards_due(repayment: Repayment, now: datetime) -> ShardRepayment | None:
     unlearning (those need every shard); None: one exact retrain of all that owes."""
     if repayment.shard_of is None or repayment.open:
         return None
-    return shards_to_repay(shard_debt(repayment.debt, repayment.shard_of), repayment.only_due, now)
+    owed = shard_debt(repayment.debt, repayment.shard_of)
+    return shards_to_repay(owed, repayment.only_due, now)
 
 
 def repay(scope: ScenarioScope, device: torch.device, data_version: str, only_due: bool = False) -> RepayResult:
     """The repayment itself (``repay_debt``), for a caller that holds the batch lock, on the device
     the command chose and the current data version it holds."""
-    return repay_debt(read_repayment(scope, device, data_version, only_due))
+    repayment = read_repayment(scope, only_due)
+    return repay_debt(scope, device, data_version, repayment, shards_due(repayment, utc_now()))
 
 
-def repay_debt(repayment: Repayment) -> RepayResult:
+def repay_debt(scope: ScenarioScope, device: torch.device, data_version: str, repayment: Repayment,
+               shards: ShardRepayment | None) -> RepayResult:
     """The exact retrain on the current data version serves and repays the debt; batches applied
     without unlearning are closed by the same retrain (``close_by_retrain``). Nothing owed: only a
-    retirement a killed run left unfinished is completed."""
-    scope = repayment.scope
+    retirement a killed run left unfinished is completed. ``device``: the command's; ``data_version``:
+    the current one, which the retrain trains on; ``shards``: what ``shards_due`` says is due of a
+    federation in shards (None: one exact retrain of all that owes)."""
     ws, scenario = scope.ws, scope.scenario
     if not repayment.owed:
         print("no retrain debt")
         retire_forgotten(ws, scenario)
         return RepayResult(scenario=scenario, repaid=[])
-    shards = shards_due(repayment, utc_now())
     if shards is not None and not shards.retrain:
         print(f"no shard of {scenario} is due yet: shard(s) {', '.join(map(str, sorted(shards.wait)))} owe(s) an "
               "exact retrain by a later latest safe start, or the weekly run")
         return RepayResult(scenario=scenario, repaid=[])
     if shards is not None and shards.partial:
-        return repay_shards(repayment, shards)
-    reference = reference_for(scope, repayment.device, repayment.data_version)
+        return repay_shards(scope, device, data_version, repayment, shards)
+    reference = reference_for(scope, device, data_version)
     repaid = (close_by_retrain(ws, scenario, ws.registry.alias_ref(scenario, "retrained"), "repay-retrain-debt",
                                repayment.open)
               + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt"))
     batch_ids = [r.batch_id for r in repaid]
-    measure_retrained(scope, reference.model_version, [r for r in repayment.records if r.batch_id in batch_ids],
-                      retrain_device(reference) or repayment.device)
+    measure_retrained(scope, reference.model_version, repayment.records_of(batch_ids),
+                      retrain_device(reference) or device)
     retired = retire_forgotten(ws, scenario)
     written = {**{r.batch_id: r for r in repaid}, **{b: r for b, r in retired.receipts.items() if b in batch_ids}}
     publish_status(scope)  # as a batch publishes its own: a monitor of the status sees the repayment
@@ -153,17 +156,17 @@ def repay_debt(repayment: Repayment) -> RepayResult:
                        retired=list(retired.versions), receipts=list(written.values()))
 
 
-def repay_shards(repayment: Repayment, shards: ShardRepayment) -> RepayResult:
+def repay_shards(scope: ScenarioScope, device: torch.device, data_version: str, repayment: Repayment,
+                 shards: ShardRepayment) -> RepayResult:
     """Only the shards due retrained from scratch; every other owing shard keeps the model ``current``
     serves (approximately unlearned) until its own latest safe start or the weekly run. The version
     serves; each receipt records its shards retrained, and is forgotten exactly once all are."""
-    scope = repayment.scope
     ws, scenario = scope.ws, scope.scenario
     # The shards not due are kept from the version current serves: never from one that must not serve.
     refuse_wrong_serving(ws, scenario, f"`fedunlearn repay-debt --scenario {scenario}`",
                          "the shards not due would be kept from it")
     serving = ws.registry.alias_ref(scenario, "current")
-    trained = train_model(scope, repayment.device, repayment.data_version,
+    trained = train_model(scope, device, data_version,
                           Training(role="repaid", kept_from=serving.version, kept=shards.wait))
     receipts = mark_shards_repaid(ws, scenario, trained.model_version, "repay-retrain-debt", repayment.debt,
                                   repayment.shard_of)

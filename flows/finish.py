@@ -28,7 +28,7 @@ from fedunlearn.faults import failpoint
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.model import utc_now
 from flows.batch import Receipted, Settled
-from flows.debt import read_repayment, repay_debt
+from flows.debt import read_repayment, repay_debt, shards_due
 from runtime.events import announce_owed, announce_processed
 from stores.workspace import ScenarioScope
 from tasks.backup import sync_state
@@ -91,11 +91,13 @@ def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str |
     scheduled run of ``repay-retrain-debt``, when that deployment is served). Returns the debt left,
     what was done about it, and the receipts a repayment rewrote."""
     ws, scenario = scope.ws, scope.scenario
-    repayment = read_repayment(scope, receipted.device, receipted.record.data_version_after)
+    repayment = read_repayment(scope)
     debt, start_by = repayment.debt, repayment.start_by
     action = debt_action(debt.requests, ws.params.requests.max_retrain_debt, start_by, utc_now())
     if action in (DebtAction.repay, DebtAction.repay_due):
-        repaid = repay_debt(replace(repayment, only_due=action is DebtAction.repay_due))
+        repayment = replace(repayment, only_due=action is DebtAction.repay_due)
+        repaid = repay_debt(scope, receipted.device, receipted.record.data_version_after, repayment,
+                            shards_due(repayment, utc_now()))
         return retrain_debt(ws, scenario), "repaid in this run", repaid.receipts
     if action is DebtAction.nothing:
         return debt, None, []

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, RootModel, model_serializer
 
-from fedunlearn.certify.gates import tier_reading
+from fedunlearn.certify.tiers import tier_reading
 from fedunlearn.receipts import EscalationStep, ModelRef, Receipt
 from fedunlearn.requests.batch import QuarantineNote
 from fedunlearn.requests.erasure import ErasureReport

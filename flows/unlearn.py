@@ -17,7 +17,7 @@ from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAt
                                         exact_certificate, metrics_of, receipt_without_model, route)
 from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
-from fedunlearn.certify.gates import GateOutcome, judge_source
+from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source
 from fedunlearn.certify.tiers import stops
 from fedunlearn.config import ForgettingPolicy
 from fedunlearn.data.store import read_manifest, refits_on_holdout_deletion
@@ -100,65 +100,78 @@ def read_batch_data(scope: ScenarioScope, batch: Batch) -> BatchData:
 
 @dataclass(frozen=True)
 class Judging:
-    """What every attempt of one batch is judged with, gathered once (``gather_judging``): the scope,
-    the batch and its data (``data``), the evaluation sets, evaluator and audit reference models
-    (``kit``), the source model judged on them (``source``), and what the methods unlearn
-    (``setup``: the forget set with what the source is measured to remember)."""
+    """What every candidate of one batch is judged with, gathered once (``gather_judging``): the
+    evaluation sets, evaluator and audit reference models (``kit``), the data a candidate's weights are
+    read into (``federation``), the audit's ``seed``, and the source judged on them (``source``: the
+    gates' baseline)."""
 
-    scope: ScenarioScope
-    batch: Batch
-    data: BatchData
     kit: ForgetSetKit
+    federation: Federation
+    seed: int
     source: Judged
-    setup: yardstick.BenchmarkSetup
 
-    @property
-    def ws(self) -> Workspace:
-        return self.scope.ws
+    def audit(self, name: str, state: dict) -> AuditResult:
+        """A candidate's weights audited on the forget set."""
+        return audit_with(self.kit, self.seed, name, self.federation.model_from(state))
 
-    @property
-    def scenario(self) -> str:
-        return self.scope.scenario
+    def judge(self, name: str, state: dict) -> tuple[Evaluation, AuditResult]:
+        """A candidate's weights evaluated and audited."""
+        network = self.federation.model_from(state)
+        return evaluate(self.kit.evaluator, name, network), audit_with(self.kit, self.seed, name, network)
 
-    @property
-    def record(self) -> BatchRecord:
-        return self.batch.record
+    def gate(self, name: str, judged: tuple[Evaluation, AuditResult], guarantee: str,
+             reference: Judged | None, gates: PromotionGates) -> GateOutcome:
+        """A candidate's gates against the source, and the exact reference where there is one."""
+        evaluation, verdict = judged
+        return apply_gates(name, evaluation, guarantee, self.source.evaluation,
+                           reference.evaluation if reference else None, gates, verdict, self.source.audit)
 
-    @property
-    def federation(self) -> Federation:
-        return self.data.federation
-
-    def audit(self, name: str, model: nn.Module) -> AuditResult:
-        return audit_with(self.kit, self.ws.params.seed, name, model)
-
-    def judge(self, name: str, model: RegisteredModel) -> Judged:
-        return judge_with(self.kit, self.federation, self.ws.params.seed, name, model)
+    def flops(self) -> JudgingCost | None:
+        """What evaluating and auditing one candidate costs; None where the federation does not count
+        training FLOPs per sample (it is then not counted)."""
+        per_sample = getattr(self.federation, "flops_per_sample", None)
+        if per_sample is None:
+            return None
+        audit_set = self.kit.audit_set
+        pool = None if audit_set is None else len(audit_set.pool)
+        return judging_cost(per_sample(), self.kit.sets, pool, 0 if audit_set is None else len(audit_set))
 
 
 @task(name="gather-judging", task_run_name="gather-judging", cache_policy=NO_CACHE)
 def gather_judging(scope: ScenarioScope, batch: Batch, data: BatchData) -> Judging:
     """The evaluation sets, evaluator and audit reference models (trained first if the scenario has
-    none usable), the source model evaluated and audited on the batch's forget set, and the forget
-    set a removal method acts on: what the source is measured to remember (the rest is left as a
-    retrain would leave it)."""
+    none usable), and the source model evaluated and audited on the batch's forget set."""
     record, federation, seed = batch.record, data.federation, scope.ws.params.seed
     kit = forget_set_kit(scope, record, federation, data.forget, list(batch.poisoned), batch.device)
     if hasattr(federation, "calibration"):  # HFL: a method sizing its strength reads pool A, never pool B
         federation.calibration = kit.audit_set.calibration_rows(federation.test)
-    source = judge_with(kit, federation, seed, f"source-v{batch.source.ref.version}", batch.source)
+    network = federation.model_from(batch.source.state)
+    name = f"source-v{batch.source.ref.version}"
+    source = Judged(batch.source, evaluate(kit.evaluator, name, network), audit_with(kit, seed, name, network))
+    return Judging(kit, federation, seed, source)
+
+
+@dataclass(frozen=True)
+class Unlearning:
+    """What every method of one batch unlearns from: the source's weights and test accuracy (a
+    method's target), and ``setup``, the forget set with what the source is measured to remember (the
+    rest is left as a retrain would leave it) in the federation, with the evaluation sets."""
+
+    source: RegisteredModel
+    source_test_acc: float
+    setup: yardstick.BenchmarkSetup
+
+
+def unlearning_inputs(batch: Batch, data: BatchData, judging: Judging) -> Unlearning:
+    source = judging.source
     forget = data.forget.with_remembered(source.audit.removal_targets())
-    setup = yardstick.BenchmarkSetup(record.scenario, f"batch {record.batch_id}", federation, forget,
-                                     bool(batch.poisoned), kit.sets)
-    return Judging(scope, batch, data, kit, source, setup)
+    setup = yardstick.BenchmarkSetup(batch.record.scenario, f"batch {batch.record.batch_id}", data.federation,
+                                     forget, bool(batch.poisoned), judging.kit.sets)
+    return Unlearning(batch.source, source.evaluation.test_acc, setup)
 
 
 def audit_with(kit: ForgetSetKit, seed: int, name: str, model: nn.Module) -> AuditResult:
     return audit(name, model, kit.sets.forget, kit.audit_set, seed, kit.clean_forget_labels)
-
-
-def judge_with(kit: ForgetSetKit, federation: Federation, seed: int, name: str, model: RegisteredModel) -> Judged:
-    network = federation.model_from(model.state)
-    return Judged(model, evaluate(kit.evaluator, name, network), audit_with(kit, seed, name, network))
 
 
 @dataclass(frozen=True)
@@ -187,41 +200,38 @@ def unlearn_and_register(scope: ScenarioScope, batch: Batch) -> Unlearned:
     if data.route is Route.no_model:
         close_without_model(scope, batch)
     judging = gather_judging(scope, batch, data)
-    reference = batch_reference(judging)
-    source_gates = judge_the_source(judging, reference)
-    escalated = escalate(judging, ordered_attempts(judging, data.route), reference)
-    return Unlearned(batch, batch_outcome(judging, escalated, source_gates))
+    reference = batch_reference(scope, batch, judging)
+    source_gates = judge_the_source(scope.ws, batch, judging.source, reference)
+    planned = ordered_attempts(batch, scope.config.setting, judging.source.audit, data.route)
+    escalated = escalate(scope, batch, judging, unlearning_inputs(batch, data, judging), planned, reference)
+    return Unlearned(batch, batch_outcome(scope, batch, judging, data.forget, escalated, source_gates))
 
 
-def batch_reference(judging: Judging) -> Judged | None:
+def batch_reference(scope: ScenarioScope, batch: Batch, judging: Judging) -> Judged | None:
     """The new data version's exact reference, retrained first when the batch asked for it
     (``--retrain``), evaluated on the batch's forget set; None when it has none."""
-    batch, record = judging.batch, judging.batch.record
+    record = batch.record
     if batch.retrain_reference:
-        reference_for(judging.scope, batch.device, record.data_version_after, record.batch_id)
-    found = find_reference(judging.ws, judging.scenario, record.data_version_after)
+        reference_for(scope, batch.device, record.data_version_after, record.batch_id)
+    found = find_reference(scope.ws, scope.scenario, record.data_version_after)
     if found is None:
         return None
     return Judged(found, evaluate(judging.kit.evaluator, "retrained", judging.federation.model_from(found.state)))
 
 
-def judge_the_source(judging: Judging, reference: Judged | None) -> GateOutcome:
+def judge_the_source(ws: Workspace, batch: Batch, source: Judged, reference: Judged | None) -> GateOutcome:
     """The source judged by the checks a candidate meets (``gates.judge_source``), logged on its run."""
-    source = judging.source
     gates = judge_source(source.evaluation, reference=reference.evaluation if reference else None,
-                         gates=judging.batch.gates, source_audit=source.audit.as_check(),
-                         atypical=source.audit.atypical)
-    log_source_audit(judging.ws, source.model.ref.run_id, judging.record.batch_id, source.audit, gates)
+                         gates=batch.gates, source_audit=source.audit.as_check(), atypical=source.audit.atypical)
+    log_source_audit(ws, source.model.ref.run_id, batch.record.batch_id, source.audit, gates)
     return gates
 
 
-def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
+def ordered_attempts(batch: Batch, setting: str, source_audit: AuditResult, taken: Route) -> list[Attempt]:
     """The batch's attempts, in the order ``escalation.batch_order`` gives on its route and on what the
     source's audit measured."""
-    batch, source_audit = judging.batch, judging.source.audit
     planned = list(batch.attempts)
-    ordered = batch_order(planned, judging.scope.config.setting,
-                          exact_only=taken in (Route.exact_only, Route.retrain_for_new_features),
+    ordered = batch_order(planned, setting, exact_only=taken in (Route.exact_only, Route.retrain_for_new_features),
                           removal_wanted=source_audit.removal_wanted(), chosen_by_user=batch.chosen_by_user)
     if ordered != planned and not ordered[0].exact:
         get_run_logger().info("the source model remembers, or may remember, forget samples (per sample: %s; %d "
@@ -231,26 +241,31 @@ def ordered_attempts(judging: Judging, taken: Route) -> list[Attempt]:
     return ordered
 
 
-def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None) -> Escalated:
+def escalate(scope: ScenarioScope, batch: Batch, judging: Judging, inputs: Unlearning, planned: list[Attempt],
+             reference: Judged | None) -> Escalated:
     """The attempts in order until one may serve (``tiers.serves``); the exact retrain ends the chain."""
-    attempts, certificate, cost, forgetting = [], None, Cost(), judging.batch.forgetting
-    label = f"attempts of {judging.record.batch_id}"
+    attempts, certificate, cost = [], None, Cost()
+    label, cost_of_judging = f"attempts of {batch.record.batch_id}", judging.flops()
     for number, attempt in enumerate(planned):
+        step = Step(attempt, number, len(planned))
         progress.report(label, number, len(planned), f"attempt {number + 1} of at most {len(planned)}: "
                                                      f"{attempt.method}")
         if attempt.exact:
-            record, certificate, reference = try_exact(judging, attempt, number, len(planned), reference)
+            reference = audited_reference(scope, batch, judging, reference)
+            record, certificate = record_exact(scope.ws, batch.record, step, reference)
             attempts.append(record)
             cost = registered_cost(reference.model)
             break
-        record, certificate, cost = try_method(judging, attempt, number, len(planned), reference)
-        attempts.append(record)
-        gate = record.gates
-        if stops(gate, forgetting, exact_in_hand=reference is not None):
+        candidate = attempt_outcome(scope.ws, batch, inputs, step)
+        judged = judging.judge(step.name, candidate.outcome.state)
+        gate = judging.gate(step.name, judged, candidate.certificate.guarantee, reference, batch.gates)
+        attempts.append(record_attempt(scope.ws, batch, inputs, step, candidate, judged, gate, cost_of_judging))
+        certificate, cost = candidate.certificate, candidate.outcome.cost
+        if stops(gate, batch.forgetting, exact_in_hand=reference is not None):
             break
         get_run_logger().warning("attempt %d (%s) did not pass its gates (%s%s): escalating", number + 1,
                                  attempt.method, gate.verdict, "; interim tier: " + "; ".join(gate.held_back)
-                                 if forgetting is ForgettingPolicy.interim else "")
+                                 if batch.forgetting is ForgettingPolicy.interim else "")
     if attempts:
         last = attempts[-1]
         progress.report(label, len(attempts), len(planned), f"{len(attempts)} attempt(s), the last {last.method}: "
@@ -258,108 +273,120 @@ def escalate(judging: Judging, planned: list[Attempt], reference: Judged | None)
     return Escalated(attempts, certificate, cost, reference)
 
 
-def try_exact(judging: Judging, attempt: Attempt, number: int, steps: int,
-              reference: Judged | None) -> tuple[EscalationStep, Certificate, Judged]:
-    """The escalation's last step: the reference of the new data version, or an exact retrain now;
-    audited, described, no gate needed. It becomes the batch's reference."""
-    ws, scenario, record = judging.ws, judging.scenario, judging.record
+@dataclass(frozen=True)
+class Step:
+    """Attempt ``number`` of the ``steps`` the escalation plans."""
+
+    attempt: Attempt
+    number: int
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.attempt.method}-{self.number}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An attempt's model, computed now (``ref`` None until registered) or read back as an earlier
+    run registered it, with its certificate."""
+
+    outcome: Outcome
+    certificate: Certificate
+    ref: ModelRef | None = None
+
+
+def audited_reference(scope: ScenarioScope, batch: Batch, judging: Judging, reference: Judged | None) -> Judged:
+    """The escalation's last step: the new data version's reference, or an exact retrain of it now
+    (``exact_retrain``), audited on the forget set."""
     if reference is None:
-        reference = judging.judge("retrained", exact_retrain(judging.scope, record, judging.batch.device))
-    else:
-        reference = replace(reference, audit=judging.audit("retrained",
-                                                           judging.federation.model_from(reference.model.state)))
-    exact, verdict = reference.model, reference.audit
-    tag_attempt(ws, scenario, exact.ref.version, number)
+        model = exact_retrain(scope, batch.record, batch.device)
+        evaluation, verdict = judging.judge("retrained", model.state)
+        return Judged(model, evaluation, verdict)
+    return replace(reference, audit=judging.audit("retrained", reference.model.state))
+
+
+def record_exact(ws: Workspace, record: BatchRecord, step: Step, reference: Judged) -> tuple[EscalationStep, Certificate]:
+    """The exact step tagged, its audit logged and its version described; no gate needed."""
+    exact, verdict, scenario = reference.model, reference.audit, record.scenario
+    tag_attempt(ws, scenario, exact.ref.version, step.number)
     log_audit(ws, exact.ref.run_id, verdict)
     describe_version(ws, scenario, exact.ref.version, batch_description(
-        record, number, steps, attempt.method, attempt.options, EXACT_RETRAIN, None,
+        record, step.number, step.steps, step.attempt.method, step.attempt.options, EXACT_RETRAIN, None,
         note=f"none needed (exact retrain; audit {verdict.verdict})"))
-    step = EscalationStep(attempt=number, method=attempt.method, version=exact.ref, certificate=EXACT_RETRAIN,
-                         metrics=metrics_of(reference.evaluation, None),
-                         note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
-                              f"{verdict.verdict})")
-    return step, exact_certificate(scenario, record.batch_id, "the escalation's last step"), reference
+    done = EscalationStep(attempt=step.number, method=step.attempt.method, version=exact.ref,
+                          certificate=EXACT_RETRAIN, metrics=metrics_of(reference.evaluation, None),
+                          note=f"exact retrain: nothing of the deleted samples, no gate needed (audit: "
+                               f"{verdict.verdict})")
+    return done, exact_certificate(scenario, record.batch_id, "the escalation's last step")
 
 
-def try_method(judging: Judging, attempt: Attempt, number: int, steps: int,
-               reference: Judged | None) -> tuple[EscalationStep, Certificate, Cost]:
-    """One unlearning attempt (or the one an earlier run registered, read back): evaluated, audited,
-    registered, gated against the source or the reference, described."""
-    ws, scenario, name, source = judging.ws, judging.scenario, f"{attempt.method}-{number}", judging.source
-    earlier = judging.batch.registered.get(number)
+def attempt_outcome(ws: Workspace, batch: Batch, inputs: Unlearning, step: Step) -> Candidate:
+    """The attempt an earlier run registered, read back (a method with fresh noise would otherwise be
+    judged on weights nobody registered); else computed: through Flower on a Flower runner where the
+    method has a Flower version, otherwise in-process (on a Flower runner the batch says so)."""
+    earlier = batch.registered.get(step.number)
     if earlier is not None:
-        ref, outcome, certificate = read_attempt(ws, scenario, earlier)
-    else:
-        outcome, certificate = compute_attempt(judging, attempt, number)
-    model = judging.federation.model_from(outcome.state)
-    evaluation = evaluate(judging.kit.evaluator, name, model)
-    verdict = judging.audit(name, model)
-    if earlier is None:
-        ref = register_attempt(ws, judging.record, source.model, judging.federation, attempt, number, outcome,
-                               certificate, evaluation, steps)
-        log_audit(ws, ref.run_id, verdict)
-        failpoint("after-registration")
-    gate = apply_gates(name, evaluation, certificate.guarantee, source.evaluation,
-                       reference.evaluation if reference else None, judging.batch.gates, verdict, source.audit)
-    describe_version(ws, scenario, ref.version, batch_description(
-        judging.record, number, steps, attempt.method, attempt.options, certificate.guarantee,
-        source.model.ref.version, gate))
-    step = EscalationStep(attempt=number, method=attempt.method, options=attempt.options, version=ref,
-                         certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost),
-                         cost_split=cost_split(outcome.cost, judging_flops(judging)))
-    return step, certificate, outcome.cost
-
-
-def judging_flops(judging: Judging) -> JudgingCost | None:
-    """What evaluating and auditing one candidate of this batch costs; None where the federation
-    does not count training FLOPs per sample (it is then not counted)."""
-    per_sample = getattr(judging.federation, "flops_per_sample", None)
-    if per_sample is None:
-        return None
-    kit = judging.kit
-    pool = None if kit.audit_set is None else len(kit.audit_set.pool)
-    return judging_cost(per_sample(), kit.sets, pool, 0 if kit.audit_set is None else len(kit.audit_set))
-
-
-def compute_attempt(judging: Judging, attempt: Attempt, number: int) -> tuple[Outcome, Certificate]:
-    """The attempt's model, through Flower on a Flower runner where the method has a Flower version;
-    otherwise in-process, and on a Flower runner the batch says so (the user asked for Flower)."""
-    source, engine = judging.source, flower_engine(judging.batch.runtime)
+        return read_attempt(ws, batch.record.scenario, earlier)
+    attempt, engine = step.attempt, flower_engine(batch.runtime)
     if engine is not None and attempt.method in flower_methods():
-        return unlearn_through_flower(judging.ws, judging.record, judging.setup, source.model.state, attempt.method,
-                                      source.evaluation.test_acc, attempt.options, engine)
+        return Candidate(*unlearn_through_flower(ws, batch.record, inputs.setup, inputs.source.state, attempt.method,
+                                                 inputs.source_test_acc, attempt.options, engine))
     if engine is not None:
         get_run_logger().warning("attempt %d (%s) runs in-process: %s has no Flower version (Flower engine %s)",
-                                 number + 1, attempt.method, attempt.method, engine)
-    return unlearn_in_gpu_slot(judging.setup, source.model.state, attempt.method, source.evaluation.test_acc,
-                               attempt.options)
+                                 step.number + 1, attempt.method, attempt.method, engine)
+    return Candidate(*unlearn_in_gpu_slot(inputs.setup, inputs.source.state, attempt.method, inputs.source_test_acc,
+                                          attempt.options))
 
 
-def batch_outcome(judging: Judging, escalated: Escalated, source_gates: GateOutcome) -> BatchUnlearning:
+def record_attempt(ws: Workspace, batch: Batch, inputs: Unlearning, step: Step, candidate: Candidate,
+                   judged: tuple[Evaluation, AuditResult], gate: GateOutcome,
+                   cost_of_judging: JudgingCost | None) -> EscalationStep:
+    """An attempt registered (unless an earlier run did), its audit logged on its run and its version
+    described with its gates."""
+    evaluation, verdict = judged
+    attempt, outcome, certificate, ref = step.attempt, candidate.outcome, candidate.certificate, candidate.ref
+    if ref is None:
+        ref = register_attempt(ws, batch.record, inputs.source, inputs.setup.fed_state, attempt, step.number,
+                               outcome, certificate, evaluation, step.steps)
+        log_audit(ws, ref.run_id, verdict)
+        failpoint("after-registration")
+    describe_version(ws, batch.record.scenario, ref.version, batch_description(
+        batch.record, step.number, step.steps, attempt.method, attempt.options, certificate.guarantee,
+        inputs.source.ref.version, gate))
+    return EscalationStep(attempt=step.number, method=attempt.method, options=attempt.options, version=ref,
+                          certificate=certificate.guarantee, gates=gate, metrics=metrics_of(evaluation, outcome.cost),
+                          cost_split=cost_split(outcome.cost, cost_of_judging))
+
+
+def batch_outcome(scope: ScenarioScope, batch: Batch, judging: Judging, forget: ForgetSet, escalated: Escalated,
+                  source_gates: GateOutcome) -> BatchUnlearning:
+    """The escalation's figures as the batch's receipt and registry hold them; the source's and the
+    reference's own measurement on the forget set logged where ``compare`` reads them."""
     source, reference, reference_metrics = judging.source, escalated.reference, None
-    log_on_forget_set(judging, source, SOURCE)
+    forget_size = len(judging.kit.sets.forget)
+    log_on_forget_set(scope.ws, batch.record, source, SOURCE, forget_size)
     if reference is not None:
         # Its training run could not know the forget set (it logged NaN): the batch's figures.
         if reference.audit is None:
-            reference = replace(reference, audit=judging.audit(
-                "retrained", judging.federation.model_from(reference.model.state)))
-        log_on_forget_set(judging, reference, RETRAINED)
+            reference = replace(reference, audit=judging.audit("retrained", reference.model.state))
+        log_on_forget_set(scope.ws, batch.record, reference, RETRAINED, forget_size)
         reference_metrics = VersionMetrics.of(reference.evaluation, registered_cost(reference.model))
-    judged = judging_flops(judging)
+    judged = judging.flops()
     spent = batch_flops(escalated.attempts, escalated.cost.flops if is_exact_retrain(escalated.attempts[-1].method)
                         else None, judged.flops if judged else None)
     return BatchUnlearning(source.model.ref, VersionMetrics.of(source.evaluation, None), escalated.attempts,
                            escalated.certificate, escalated.cost,
-                           {str(c): len(ids) for c, ids in judging.setup.batch.forget_ids.items()},
+                           {str(c): len(ids) for c, ids in forget.forget_ids.items()},
                            reference.model.ref if reference else None, reference_metrics, source_gates,
                            batch_flops=spent)
 
 
-def log_on_forget_set(judging: Judging, judged: Judged, part: str) -> None:
+def log_on_forget_set(ws: Workspace, record: BatchRecord, judged: Judged, part: str, forget_size: int) -> None:
     """The batch's own measurement of its source or reference on its forget set, where ``compare``
     and MLflow's compare view read it beside the unlearned version's (no second evaluation)."""
-    log_forget_set(judging.ws, judging.scenario, judged.model.ref, judging.record.batch_id, part,
-                   figures(judged.evaluation, judged.audit), len(judging.kit.sets.forget), judged.audit.verdict)
+    log_forget_set(ws, record.scenario, judged.model.ref, record.batch_id, part,
+                   figures(judged.evaluation, judged.audit), forget_size, judged.audit.verdict)
 
 
 def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel, federation: Federation,
@@ -391,10 +418,8 @@ def register_attempt(ws: Workspace, record: BatchRecord, source: RegisteredModel
                                 else "pending"))
 
 
-def read_attempt(ws: Workspace, scenario: str, earlier: RegisteredAttempt) -> tuple[ModelRef, Outcome, Certificate]:
-    """An attempt as an earlier run registered it: its weights, cost and certificate. A resumed
-    batch judges this model, not a new one (a method with fresh noise would otherwise be judged on
-    weights nobody registered)."""
+def read_attempt(ws: Workspace, scenario: str, earlier: RegisteredAttempt) -> Candidate:
+    """An attempt as an earlier run registered it: its weights, cost and certificate."""
     version = earlier.ref
     registered = ws.registry.load(scenario, version.version)
     certificate = Certificate.from_json(ws.registry.text(version.run_id, "certificate.json"))
@@ -403,7 +428,7 @@ def read_attempt(ws: Workspace, scenario: str, earlier: RegisteredAttempt) -> tu
                       int(metrics.get("comm_bytes", 0) or 0))
     outcome = Outcome(registered.state, cost, notes={"resumed": f"registered as v{version.version} before the run "
                                                                 "was interrupted"})
-    return registered.ref, outcome, certificate
+    return Candidate(outcome, certificate, registered.ref)
 
 
 def tag_attempt(ws: Workspace, scenario: str, version: str, number: int) -> None:

@@ -29,7 +29,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-from fedunlearn.certify.gates import tier_reading
+from fedunlearn.certify.tiers import tier_reading
 from fedunlearn.certify.tiers import repay_now
 from fedunlearn.receipts import Receipt, owes_retrain, read_receipts
 from fedunlearn.requests.batch import BatchRecord, BatchStatus, load_records

@@ -321,11 +321,12 @@ def test_a_repayment_in_shards_keeps_nothing_from_a_current_moved_by_hand(traine
     trained = []
     monkeypatch.setattr(flows.debt, "train_model", lambda *args, **kwargs: trained.append(args))
     scope = ScenarioScope(Workspace.open(root), SCENARIO)
-    repayment = flows.debt.read_repayment(scope, torch.device("cpu"), "D", only_due=True)
+    repayment = flows.debt.read_repayment.fn(scope, only_due=True)
     before = snapshot(root)
     with pytest.raises(StateDamaged, match=f"repay-debt --scenario {SCENARIO}` refused: alias current is on "
                                            f"{SCENARIO} v1, which learnt the samples of"):
-        flows.debt.repay_shards(repayment, ShardRepayment(frozenset({0}), frozenset({1})))
+        flows.debt.repay_shards(scope, torch.device("cpu"), "D", repayment,
+                                ShardRepayment(frozenset({0}), frozenset({1})))
     assert trained == [] and snapshot(root) == before
 
 

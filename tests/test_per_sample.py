@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedunlearn.certify.gates import (PER_SAMPLE_CHECK, GateCheck, GateOutcome, PromotionGates, interim_judgement)
+from fedunlearn.certify.gates import PER_SAMPLE_CHECK, GateCheck, GateOutcome, PromotionGates
+from fedunlearn.certify.tiers import interim_judgement
 from fedunlearn.evaluation.audit import AuditResult
 from fedunlearn.evaluation.per_sample import (OVER_FORGOTTEN, REMEMBERED, UNMEASURED, WITHIN_RANGE, NeverSeen,
                                               holm, nearest, poisson_binomial_tail, sample_evidence)

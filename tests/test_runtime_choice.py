@@ -94,14 +94,15 @@ def test_the_default_chain_runs_on_flower_from_first_attempt_to_last_resort():
 
 
 def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns(monkeypatch):
-    """The attempt itself (``flows.unlearn.compute_attempt``) on a Flower runner: a method the app has
+    """The attempt itself (``flows.unlearn.attempt_outcome``) on a Flower runner: a method the app has
     goes through Flower; one it lacks runs in-process, and the batch logs a warning naming it."""
     import flows.unlearn as unlearn
 
     calls: list[str] = []
     monkeypatch.setattr(unlearn, "flower_methods", lambda: SUPPORTED)
-    monkeypatch.setattr(unlearn, "unlearn_through_flower", lambda *args: calls.append(f"flower {args[4]}"))
-    monkeypatch.setattr(unlearn, "unlearn_in_gpu_slot", lambda *args: calls.append(f"in-process {args[2]}"))
+    monkeypatch.setattr(unlearn, "unlearn_through_flower",
+                        lambda *args: calls.append(f"flower {args[4]}") or (None, None))
+    monkeypatch.setattr(unlearn, "unlearn_in_gpu_slot", lambda *args: calls.append(f"in-process {args[2]}") or (None, None))
     messages: list[str] = []
 
     class Logger:
@@ -109,15 +110,18 @@ def test_an_attempt_without_a_flower_version_runs_in_process_and_the_batch_warns
             messages.append(message % args)
 
     monkeypatch.setattr(unlearn, "get_run_logger", lambda: Logger())
-    ctx = argparse.Namespace(batch=argparse.Namespace(runtime=Runtime.flower), ws=None, record=None, setup=None,
-                             source=argparse.Namespace(model=argparse.Namespace(state={}),
-                                                       evaluation=argparse.Namespace(test_acc=0.9)))
-    unlearn.compute_attempt(ctx, Attempt(method="puf-special"), 0)
-    unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
+    batch = argparse.Namespace(runtime=Runtime.flower, record=argparse.Namespace(scenario="s"), registered={})
+    inputs = unlearn.Unlearning(source=argparse.Namespace(state={}), source_test_acc=0.9, setup=None)
+
+    def step(method: str, number: int):
+        return unlearn.Step(Attempt(method=method), number, 4)
+
+    unlearn.attempt_outcome(None, batch, inputs, step("puf-special", 0))
+    unlearn.attempt_outcome(None, batch, inputs, step("ga", 2))
     assert calls == ["flower puf-special", "in-process ga"]
     assert messages == ["attempt 3 (ga) runs in-process: ga has no Flower version (Flower engine deployment)"]
-    ctx.batch.runtime = Runtime.in_process
-    unlearn.compute_attempt(ctx, Attempt(method="ga"), 2)
+    batch.runtime = Runtime.in_process
+    unlearn.attempt_outcome(None, batch, inputs, step("ga", 2))
     assert calls[-1] == "in-process ga" and len(messages) == 1  # the in-process runner: nothing to warn of
 
 

@@ -1,5 +1,5 @@
 """The two tiers of forgetting without Prefect: the interim judgement beside the strict verdict
-(certify.gates.interim_judgement), which attempt serves under each policy (certify.tiers.serves),
+(certify.tiers.interim_judgement), which attempt serves under each policy (certify.tiers.serves),
 the tiers of the certificates, and when the exact retrain must start (latest_safe_time)."""
 
 from datetime import datetime, timedelta, timezone

@@ -12,107 +12,34 @@ accuracy, attack AUCs near chance, and a pass the source model gets too turned `
 The worst of the three membership attacks is reported, so each is judged at α/3 [1]_. A
 certificate that proves the forgetting needs no statistical evidence: only a ``fail`` holds it back.
 
-Two tiers (``certify.tiers``): under ``strict`` only a ``pass`` promotes; under ``interim``
-(``interim_judgement``, ``GateOutcome.interim``) a version serves at once when no check fails,
-utility holds, its certificate is not ``not certified`` and every inconclusive check is one the
-source model does not fail either, the per-example audit read as equivalence with never-seen
-samples [2]_. Every limit, class requests, backdoors and the interim rules in full: DESIGN.md §6
-and §8.
+This is the strict verdict; ``judge`` records the interim tier's reading of the same checks beside
+it, and that rule is ``certify.tiers``' (``interim_judgement``). Every limit, class requests and
+backdoors: DESIGN.md §6 and §8.
 
 References
 ----------
 .. [1] Dunn (1961), "Multiple Comparisons Among Means", JASA: the Bonferroni correction.
-.. [2] Schuirmann (1987), "A Comparison of the Two One-Sided Tests Procedure and the Power
-   Approach for Assessing the Equivalence of Average Bioavailability", Journal of
-   Pharmacokinetics and Biopharmaceutics.
 """
 
 from __future__ import annotations
 
-import math
 from enum import Enum
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, FORMAL, GUARANTEES, NOT_CERTIFIED
+from fedunlearn.certify.gate_records import (AUDIT_CHECK, NO_OP_CHECK, PER_SAMPLE_CHECK, POPULATION_MIA_CHECK,
+                                             WITH_REFERENCE, WITHOUT_REFERENCE, GateCheck, GateOutcome)
+from fedunlearn.certify.tiers import interim_judgement
 from fedunlearn.evaluation.records import Evaluation
-from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, WITHIN, Check, check_auc,
+from fedunlearn.evaluation.uncertainty import (DEFAULT_ALPHA, FAIL, INCONCLUSIVE, PASS, Check, check_auc,
                                                check_auc_gap, check_paired_proportion_gap, check_proportion,
                                                judge_at_most, paired_proportion_difference_interval,
                                                proportion_difference_interval)
 
 Guarantee = Enum("Guarantee", {g: g for g in GUARANTEES}, type=str)
 PROVEN = (FORMAL, EXACT_RETRAIN)  # certificates that prove the forgetting itself
-WITH_REFERENCE = "vs retrained reference"
-WITHOUT_REFERENCE = "without reference"
-POPULATION_MIA_CHECK = "mia_auc_minus_chance"
-
-
-class GateCheck(BaseModel):
-    """One check as the receipt records it; ``passed`` is ``verdict == "pass"``."""
-
-    name: str
-    value: float | str | None
-    limit: float | list[str] | None
-    passed: bool
-    verdict: str = PASS
-    interval: list[float] | None = None
-    n: int | None = None
-    alpha: float | None = None
-    rule_within: bool = Field(False, description="the check is |AUC − 0.5| ≤ limit (two-sided equivalence)")
-
-    @classmethod
-    def of(cls, check: Check) -> "GateCheck":
-        value = None if math.isnan(check.estimate) else check.estimate
-        return cls(name=check.name, value=value, limit=check.limit, passed=check.passed, verdict=check.verdict,
-                   interval=list(check.interval), n=check.n, alpha=check.alpha, rule_within=check.rule == WITHIN)
-
-
-class GateOutcome(BaseModel):
-    passed: bool
-    policy: str = Field(description=f"{WITH_REFERENCE!r} or {WITHOUT_REFERENCE!r}")
-    checks: list[GateCheck]
-    verdict: str = PASS
-    interim: bool | None = Field(None, description="may serve on the interim tier (module docstring); None: "
-                                                   "not judged")
-    unmeasured: list[str] = Field(default_factory=list, description="what could not be measured, and why")
-    held_back: list[str] = Field(default_factory=list, description="why the interim tier refused the version")
-    audit_equivalence: GateCheck | None = Field(None, description="the audit as the interim tier read it: "
-                                                "|AUC − 0.5| within a margin sized to its counts")
-    per_sample: GateCheck | None = Field(None, description="the audit per forget sample, as the interim tier read "
-                                         "it: no sample shown remembered or over-forgotten")
-
-    def interim_checks(self) -> list[GateCheck]:
-        """The checks as the interim tier read them — the reading that decided there: the audit as
-        equivalence in place of the one-sided reading, and the per-sample evidence after it."""
-        checks = [self.audit_equivalence.model_copy(update={"name": AUDIT_CHECK})
-                  if c.name == AUDIT_CHECK and self.audit_equivalence is not None else c for c in self.checks]
-        return checks + ([self.per_sample] if self.per_sample is not None else [])
-
-    def deciding_checks(self, interim_tier: bool) -> list[GateCheck]:
-        """The checks that decided: the interim tier's reading where it judged (``interim_tier``), else
-        the strict one."""
-        return self.interim_checks() if interim_tier and self.interim is not None else self.checks
-
-    @classmethod
-    def of(cls, policy: str, checks: list[GateCheck], proven: bool = False) -> "GateOutcome":
-        """``proven``: the certificate proves the forgetting, so only a ``fail`` holds the version back."""
-        verdicts = {c.verdict for c in checks}
-        verdict = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts and not proven else PASS
-        if proven and INCONCLUSIVE in verdicts and verdict == PASS:
-            policy += " (forgetting proven by the certificate: inconclusive checks do not hold it back)"
-        return cls(passed=verdict == PASS, policy=policy, checks=checks, verdict=verdict)
-
-
-def tier_reading(verdict: str, interim: bool | None, interim_tier: bool) -> str:
-    """What the gates said of an attempt, on the tier that decided: where the interim tier judged it
-    (``interim`` not None on an interim-tier batch), whether it serves there beside the strict verdict."""
-    if interim_tier and interim is not None:
-        return f"interim: {'serves' if interim else 'held back'}; strict: {verdict}"
-    return verdict
-
-
 class Gates(BaseModel):
     """Tolerances on the gaps to the retrained model; ``None`` switches a check off."""
 
@@ -261,11 +188,6 @@ def backdoor_check(candidate: Evaluation, gates: Gates) -> list[GateCheck]:
                                           alpha=gates.alpha))]
 
 
-NO_OP_CHECK = "power_vs_no_op"
-AUDIT_CHECK = "forget_audit"
-PER_SAMPLE_CHECK = "forget_audit_per_sample"
-
-
 def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, reference: Evaluation | None,
           gates: PromotionGates, audit: Check | None = None, source_audit: Check | None = None,
           audit_equivalence: Check | None = None, atypical: int = 0,
@@ -277,13 +199,12 @@ def judge(candidate: Evaluation, certificate: str, *, source: Evaluation, refere
     audit ``source_audit`` — is judged the same way, and if it passes too, the candidate's pass
     shows nothing (the model generalises to the forget set, or the sample is too small to see a
     difference): ``inconclusive``, check ``power_vs_no_op``. The interim judgement
-    (``interim_judgement``) is recorded beside the strict verdict; it reads the audit as
-    ``audit_equivalence`` (``AuditResult.equivalence_check``) where one is given. ``atypical``: how
+    (``tiers.interim_judgement``) is recorded beside the strict verdict, with ``audit_equivalence``
+    and ``per_sample``. ``atypical``: how
     many forget samples carry a label the audit's references reject (``AuditResult.atypical``:
     mislabelled rows, rare shapes); a population attack would compare them with typical non-members,
     so its check stays out of the verdict (the audit compares them with never-seen pairs of their
-    difficulty). ``per_sample``: the audit per forget sample
-    (``AuditResult.per_sample_check``), read by the interim tier only (``strict`` keeps its rule)."""
+    difficulty)."""
     outcome = _judged(candidate, certificate, source, reference, gates, audit, atypical)
     no_op = _judged(source, certificate, source, reference if _paired(source, reference) else None, gates,
                     source_audit, atypical)
@@ -316,89 +237,6 @@ def _paired(source: Evaluation, reference: Evaluation | None) -> bool:
     return all(len(mine.get(key, [])) == len(theirs.get(key, [])) for key in set(mine) | set(theirs))
 
 
-UTILITY_CHECKS = ("test_acc_drop_vs_source", "remaining_classes_test_acc_drop_vs_source", "abs_gap_test_acc",
-                  "abs_gap_remaining_classes_test_acc")
-
-
-def interim_judgement(outcome: GateOutcome, certificate: str, no_op: GateOutcome,
-                      audit_equivalence: Check | None = None, per_sample: Check | None = None) -> GateOutcome:
-    """``outcome`` with its interim judgement (module docstring): what holds the version back on
-    the interim tier, and what could not be measured. ``no_op``: the source model judged by the
-    same checks — a check it fails has power, so the candidate must not be inconclusive there.
-    ``audit_equivalence``: the audit read two-sidedly (``AuditResult.equivalence_check``); where
-    given, it stands in for the one-sided ``forget_audit`` check on this tier. ``per_sample``: the
-    audit per forget sample (``AuditResult.per_sample_check``): a sample shown remembered or
-    over-forgotten holds the version back, whatever the forget set's AUC averages; where it passes
-    (every sample the source remembered shown back), an inconclusive AUC does not hold it back — only
-    an AUC shown outside the band does."""
-    source_verdicts = {c.name: c.verdict for c in no_op.checks}
-    equivalence = GateCheck.of(audit_equivalence) if audit_equivalence is not None else None
-    sample_check = GateCheck.of(per_sample) if per_sample is not None else None
-    held_back, unmeasured = [], []
-    if certificate == NOT_CERTIFIED:
-        held_back.append("certificate 'not certified': an assumption of its claim failed")
-    read = outcome.model_copy(update={"audit_equivalence": equivalence, "per_sample": sample_check, "interim": False})
-    samples_back = sample_check is not None and sample_check.verdict == PASS
-    for check in read.interim_checks():
-        reason = _interim_reason(check, source_verdicts.get(check.name))
-        if samples_back and check.name == AUDIT_CHECK and check.verdict == INCONCLUSIVE and reason is not None:
-            # Each sample the source remembered is shown back among never-seen pairs: finer evidence
-            # than the forget set's AUC, whose band at this size cannot settle it either way.
-            reason = UNMEASURED + (f"{AUDIT_CHECK} inconclusive; the per-sample evidence shows every sample the "
-                                   "source remembered back among never-seen samples")
-        if reason is not None:
-            (unmeasured if reason.startswith(UNMEASURED) else held_back).append(reason.removeprefix(UNMEASURED))
-    return read.model_copy(update={"interim": not held_back, "held_back": held_back, "unmeasured": unmeasured})
-
-
-UNMEASURED = "unmeasured: "
-
-
-def _interim_reason(check: GateCheck, source_verdict: str | None) -> str | None:
-    """Why ``check`` holds a version back on the interim tier, or what it could not measure
-    (prefixed ``UNMEASURED``), or None."""
-    if check.name in UTILITY_CHECKS:
-        # Retrains differ from the source by their own seed's spread, which a paired interval on a
-        # small test set cannot always bound: utility holds back on evidence or an estimate beyond it.
-        if check.verdict == INCONCLUSIVE:
-            return (f"utility not shown: {check.name} inconclusive, its estimate beyond the limit {check.limit}"
-                    if _beyond_limit(check) else None)
-        return f"{check.name} fails" if check.verdict == FAIL else None
-    if check.name == PER_SAMPLE_CHECK:
-        return _per_sample_reason(check)
-    if check.verdict == FAIL:
-        if check.rule_within:
-            side = "above" if check.value > 0.5 else "below"
-            what = "remembered" if side == "above" else "over-forgotten: it stands out below never-seen samples"
-            return f"{check.name} fails: AUC {check.value:.3f} shown {side} 0.5 ± {check.limit:.3f} ({what})"
-        return f"{check.name} fails"
-    if check.verdict != INCONCLUSIVE:
-        return None
-    if source_verdict == FAIL:
-        return f"{check.name} inconclusive where the source model fails it (a measurable signal not shown gone)"
-    if check.name == NO_OP_CHECK:
-        return UNMEASURED + "no measurable membership signal: the source model passes the same checks"
-    return UNMEASURED + (f"{check.name} inconclusive; the source model does not fail it either (nothing "
-                         "measurable to remove)")
-
-
-def _per_sample_reason(check: GateCheck) -> str | None:
-    """The per-sample check on the interim tier: a flagged sample holds back; where the source
-    remembers no sample, there is nothing per sample to show gone (unmeasured)."""
-    if check.verdict == FAIL:
-        return (f"{PER_SAMPLE_CHECK} fails: {check.value:.0f} of {check.n} forget sample(s) shown remembered or "
-                "over-forgotten (each judged against never-seen samples)")
-    if check.verdict == INCONCLUSIVE:
-        return UNMEASURED + "no forget sample is shown remembered by the source model (nothing per sample to remove)"
-    return None
-
-
-def _beyond_limit(check: GateCheck) -> bool:
-    value = check.value if isinstance(check.value, float) else math.nan
-    return not math.isfinite(value) or abs(value) > check.limit if check.name.startswith("abs_gap") \
-        else not math.isfinite(value) or value > check.limit
-
-
 def _proven(certificate: str, gates: PromotionGates) -> bool:
     return certificate in PROVEN and certificate in [g.value for g in gates.allowed_certificates]
 
@@ -417,5 +255,5 @@ def _judged(candidate: Evaluation, certificate: str, source: Evaluation, referen
                           proven=_proven(certificate, gates))
 
 
-__all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "judge",
-           "judge_source", "interim_judgement"]
+__all__ = ["Gates", "GateCheck", "GateOutcome", "PromotionGates", "WITH_REFERENCE", "WITHOUT_REFERENCE", "NO_OP_CHECK",
+           "AUDIT_CHECK", "PER_SAMPLE_CHECK", "judge", "judge_source"]
