@@ -109,24 +109,24 @@ class ShardedFederation(FederatedState):
                               shard_seed(self.seed, self.count, index), self.device, self.num_classes,
                               self.map_updates, self.calibration)
 
-    def sizes(self, batch: ForgetSet | None = None) -> list[int]:
-        """The training samples each shard holds (less ``batch``'s): its weight in the ensemble."""
+    def sizes(self, forget_set: ForgetSet | None = None) -> list[int]:
+        """The training samples each shard holds (less ``forget_set``'s): its weight in the ensemble."""
         held = [sum(len(self.clients[c]) for c in self.members(k)) for k in range(self.count)]
-        for client, ids in (batch.forget_ids if batch is not None else {}).items():
+        for client, ids in (forget_set.forget_ids if forget_set is not None else {}).items():
             held[self.shard_of[client]] -= len(ids)
         return held
 
-    def touched(self, batch: ForgetSet) -> list[int]:
-        """The shards holding a sample ``batch`` deletes."""
-        return sorted({self.shard_of[c] for c in batch.forget_ids})
+    def touched(self, forget_set: ForgetSet) -> list[int]:
+        """The shards holding a sample ``forget_set`` deletes."""
+        return sorted({self.shard_of[c] for c in forget_set.forget_ids})
 
-    def shard_batch(self, batch: ForgetSet, index: int) -> ForgetSet:
-        """``batch``'s samples held in shard ``index``, keyed by the shard's local client index."""
+    def shard_batch(self, forget_set: ForgetSet, index: int) -> ForgetSet:
+        """``forget_set``'s samples held in shard ``index``, keyed by the shard's local client index."""
         local = {c: i for i, c in enumerate(self.members(index))}
-        clients = [local[c] for c in batch.clients or [] if c in local] or None
-        return ForgetSet(batch.kind, {local[c]: ids for c, ids in batch.forget_ids.items() if c in local},
-                             clients if batch.kind != "class" else batch.clients, batch.labels, batch.batch_id,
-                             batch.remembered)
+        clients = [local[c] for c in forget_set.clients or [] if c in local] or None
+        return ForgetSet(forget_set.kind, {local[c]: ids for c, ids in forget_set.forget_ids.items() if c in local},
+                             clients if forget_set.kind != "class" else forget_set.clients, forget_set.labels, forget_set.batch_id,
+                             forget_set.remembered)
 
     def digest(self, index: int) -> str:
         """What shard ``index``'s from-scratch training depends on, as a digest: its clients' data
@@ -141,20 +141,20 @@ class ShardedFederation(FederatedState):
             hasher.update(data.x.cpu().numpy().tobytes())
         return hasher.hexdigest()[:16]
 
-    def unlearn_by_shard(self, method: "UnlearningMethod", batch: ForgetSet) -> Outcome:
-        """``method`` on each shard ``batch`` touches, as a federation of that shard alone; every
+    def unlearn_by_shard(self, method: "UnlearningMethod", forget_set: ForgetSet) -> Outcome:
+        """``method`` on each shard ``forget_set`` touches, as a federation of that shard alone; every
         other shard model is kept as it is. The outcome's state is the new ensemble."""
         states, outcomes = self.shard_states(), dict[int, Outcome]()
         # Each shard weighs what it holds after the batch, as an exact retrain would weigh it; a shard
         # whose every sample is deleted (weight 0) has no model left to serve.
-        weights = [n if alive else 0 for n, alive in zip(self.sizes(batch), self.state["live"].tolist())]
+        weights = [n if alive else 0 for n, alive in zip(self.sizes(forget_set), self.state["live"].tolist())]
         if not any(weights):
-            raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
-        for index in self.touched(batch):
+            raise ValueError(f"{forget_set.batch_id} removes all training data; nothing would be retained")
+        for index in self.touched(forget_set):
             if weights[index] > 0:
-                outcomes[index] = method.unlearn(self.shard(index), self.shard_batch(batch, index))
+                outcomes[index] = method.unlearn(self.shard(index), self.shard_batch(forget_set, index))
                 states[index] = outcomes[index].state
-        return merged_outcome(join_states(states, weights), outcomes, self.touched(batch))
+        return merged_outcome(join_states(states, weights), outcomes, self.touched(forget_set))
 
 
 def merged_outcome(state: State, outcomes: Mapping[int, Outcome], touched: list[int]) -> Outcome:

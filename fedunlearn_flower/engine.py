@@ -63,9 +63,9 @@ def training_cost(scenario: Scenario, rounds: list[dict], state: State, seconds:
 
 
 def unlearn_with_flower(root: str | Path, scenario: str, out_dir: str | Path, state: State, method: str,
-                        params: dict, batch: ForgetSet, *, runner: str = "simulation",
+                        params: dict, forget_set: ForgetSet, *, runner: str = "simulation",
                         superlink: str | None = None) -> tuple[State, dict, str]:
-    """``state`` with ``batch`` forgotten by ``method`` through Flower: the model, the run's notes
+    """``state`` with ``forget_set`` forgotten by ``method`` through Flower: the model, the run's notes
     and its runtime tag."""
     if method not in ALGORITHMS:
         raise InputError(f"method {method!r} has no Flower version; choose one of {', '.join(ALGORITHMS)}")
@@ -73,6 +73,6 @@ def unlearn_with_flower(root: str | Path, scenario: str, out_dir: str | Path, st
     out.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in state.items()}, out / "initial.pt")
     job = Job(root=str(root), scenario=scenario, out_dir=str(out), rounds=0, state=str(out / "initial.pt"),
-              method=method, params=params, batch=batch.to_dict())
+              method=method, params=params, batch=forget_set.to_dict())
     result, runtime = run_flower(job, runner, superlink=superlink)
     return result.unlearned, result.notes.get("unlearning", {}), runtime

@@ -86,10 +86,10 @@ class FedQUIT:
             raise ValueError("fedquit over Flower: recovery_tolerance, and local_steps with recovery rounds, run "
                              "in-process only (use the in-process runtime, or recovery_rounds=0)")
 
-    def run(self, federation: Federation, state: State, batch: ForgetSet,
+    def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The unlearning rounds, then recovery; the unlearned model and what was run."""
-        source, forget, quitting = state, forget_lists(batch), quitting_lists(batch)
+        source, forget, quitting = state, forget_lists(forget_set), quitting_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         first = training.rounds  # the rounds after training: fresh shuffling seeds, as in-process
         config = {**_message_config(training), "method-params": json.dumps(self.method.get_params())}
@@ -125,10 +125,10 @@ class FedQUIT:
         return self._participants(federation, training, retained, quitting, round_idx)
 
 
-def quitting_lists(batch: ForgetSet) -> dict[int, list[str]]:
+def quitting_lists(forget_set: ForgetSet) -> dict[int, list[str]]:
     """Per client, the forget IDs the quitting term applies to: ``quitting_targets``' rule
     (``ForgetSet.is_remembered``) on the IDs; clients left none are left out."""
-    chosen = {c: ids[batch.is_remembered(ids)] for c, ids in batch.forget_ids.items()}
+    chosen = {c: ids[forget_set.is_remembered(ids)] for c, ids in forget_set.forget_ids.items()}
     return {c: [str(i) for i in ids.tolist()] for c, ids in chosen.items() if len(ids)}
 
 

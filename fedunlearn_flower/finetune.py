@@ -31,10 +31,10 @@ class FineTune:
         InProcessFineTune(rounds=rounds)  # its validation: one definition of what is accepted
         self.rounds = rounds
 
-    def run(self, federation: Federation, state: State, batch: ForgetSet,
+    def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """``rounds`` FedAvg rounds on the retained data; the model and what was run."""
-        forget = forget_lists(batch)
+        forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         state = training.run(federation, state, first_round=training.rounds, rounds=self.rounds, sizes=retained,
                              forget_ids=forget)

@@ -64,10 +64,10 @@ class GradientAscent:
                                               stop_loss=stop_loss, radius=radius, radius_fraction=radius_fraction,
                                               recovery_rounds=recovery_rounds)
 
-    def run(self, federation: Federation, state: State, batch: ForgetSet,
+    def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The reference, the targets' ascent, then recovery; the unlearned model and what was run."""
-        forget = forget_lists(batch)
+        forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         round_idx = training.rounds  # the round after training: fresh shuffling seeds, as in-process
         replayed = federation.train(state, round_idx, sorted(forget), subset="forget", forget_ids=forget,

@@ -68,9 +68,9 @@ class HFKCU:
         self.weights = weights
         self.finetune_rounds = finetune_rounds
 
-    def run(self, federation: Federation, state: State, batch: ForgetSet,
+    def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
-        forget = forget_lists(batch)
+        forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         model = federation.scenario.model_from(state)
         if self.hessian == "client":

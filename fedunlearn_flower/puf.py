@@ -44,20 +44,20 @@ class _PUF:
         self.max_recovery_rounds = max_recovery_rounds
         self.target_test_acc = target_test_acc
 
-    def step(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg) -> State:
+    def step(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg) -> State:
         """The unlearning round alone (Eq. 7–9): the model before recovery."""
         round_idx = training.rounds  # the round after training: fresh shuffling seeds, as in-process
-        forget = forget_lists(batch)
+        forget = forget_lists(forget_set)
         targets = federation.train(state, round_idx, sorted(forget), subset="forget", forget_ids=forget,
                                    **training.client_hyperparameters(self.unlearn_epochs))
-        remaining = self._remaining(federation, state, batch, training, round_idx)
+        remaining = self._remaining(federation, state, forget_set, training, round_idx)
         return puf_aggregate(state, remaining, targets, eta_u=self.eta_u, eta_r=self.eta_r)
 
-    def run(self, federation: Federation, state: State, batch: ForgetSet,
+    def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """The unlearning round, then recovery; the unlearned model and what was run."""
-        state = self.step(federation, state, batch, training)
-        forget = forget_lists(batch)
+        state = self.step(federation, state, forget_set, training)
+        forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         rounds, test = 0, None
         if self.target_test_acc is not None:
@@ -69,7 +69,7 @@ class _PUF:
         return state, {"target_clients": sorted(forget), "recovery_rounds": rounds, "eta_u": self.eta_u,
                        "unlearn_epochs": self.unlearn_epochs}
 
-    def _remaining(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg,
+    def _remaining(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:
         return []
 
@@ -123,19 +123,19 @@ class PUFRegular(_PUF):
                          target_test_acc=target_test_acc)
         self.eta_r = eta_r
 
-    def _remaining(self, federation: Federation, state: State, batch: ForgetSet, training: FedAvg,
+    def _remaining(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:
         """A FedAvg sample (``client_fraction``) of the clients without forget data, on all their data."""
-        sizes = {c: 0 if c in batch.forget_ids else n for c, n in federation.sizes.items()}
+        sizes = {c: 0 if c in forget_set.forget_ids else n for c, n in federation.sizes.items()}
         updates: list[ClientUpdate] = []
         training.run(federation, state, first_round=round_idx, rounds=1, sizes=sizes,
                      on_round=lambda result: updates.extend(result.updates))
         return updates
 
 
-def forget_lists(batch: ForgetSet) -> dict[int, list[str]]:
+def forget_lists(forget_set: ForgetSet) -> dict[int, list[str]]:
     """The batch's forget IDs per client, as a message's configuration carries them."""
-    return {int(c): [str(i) for i in ids.tolist()] for c, ids in batch.forget_ids.items()}
+    return {int(c): [str(i) for i in ids.tolist()] for c, ids in forget_set.forget_ids.items()}
 
 
 def held_out(federation: Federation) -> Tensors:

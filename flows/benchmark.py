@@ -79,7 +79,7 @@ def compare_methods(setup, scenario: str, spec, original, reused: bool, chosen: 
 
     def row(name: str, evaluation, cost, certificate, notes, retrain=(None, None)) -> ResultRow:
         return ResultRow(name, scenario, spec.text, evaluation, cost, certificate.guarantee,
-                         setup.batch.num_forget, *retrain, notes)
+                         setup.forget_set.num_forget, *retrain, notes)
 
     retrain_outcome, retrain_certificate = unlearn(setup, original.state, "retrain", None,
                                                    method_options.get("retrain", {}), yardstick.BENCHMARK_TIMINGS)
@@ -142,8 +142,8 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
         validate_partition(ws, scenario)
         dev = command_device(ws, device)
         setup = yardstick.build_setup(scenario, load_data(ws, scenario, dev), spec, backdoor=backdoor)
-        print(f"request {spec.text}: {setup.batch.num_forget} samples to forget at clients "
-              f"{setup.batch.affected_clients}; methods: retrain, {', '.join(chosen)}")
+        print(f"request {spec.text}: {setup.forget_set.num_forget} samples to forget at clients "
+              f"{setup.forget_set.affected_clients}; methods: retrain, {', '.join(chosen)}")
 
         original, reused = train_or_reuse_original(ws, setup, data_version, cfg.model)
         print(f"original model {'reused' if reused else 'trained'} ({original.cost.wall_seconds:.1f} s of training)")
@@ -155,7 +155,7 @@ def benchmark(scenario: str = "mnist5k-hfl", request: str = "client:largest", me
         add_ulira(setup, records[1:] if ulira_pairs else [], attacks, compared.retrain_test_acc, method_options,
                   ulira_pairs)
         header = {"scenario": scenario, "request": spec.text, "backdoor": backdoor, "device": str(dev),
-                  **protocol(cfg, data_version, ws.params.seed, setup.batch.num_forget, one_off),
+                  **protocol(cfg, data_version, ws.params.seed, setup.forget_set.num_forget, one_off),
                   "flow_seconds": round(time.perf_counter() - started, 1)}
         files = write_report(Path(out).resolve(), records, attacks, compared.histories, header,
                              compared.certificates)

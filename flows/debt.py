@@ -1,13 +1,14 @@
 """Flow ``repay-retrain-debt``: the exact retrain that repays approximate forgetting.
 
-    retrain debt (receipts forgotten only approximately) ─▶ none: nothing to do
+    read-repayment: the retrain debt (receipts forgotten only approximately), the batches applied
+    without unlearning, the latest safe start ─▶ the shards due (``shards_due``) ─▶ none owed: nothing to do
     ─▶ a federation in shards, only what is due (``only_due``): the shards due retrained, the others
        kept as they serve ─▶ alias current ─▶ the receipts record their shards retrained ─▶ retire
     ─▶ otherwise retrain-reference on the current data version ─▶ alias current ─▶ the receipts it covers
-    record when their requests were forgotten exactly ─▶ the retrain measured on each of their
-    batches' forget sets (beside each batch's source and unlearned version) ─▶ the versions that
-    learnt them retire (``tasks.retirement``) ─▶ the status and the receipts published as Prefect
-    artifacts, so that a monitor watching ``deletion-status-<scenario>`` sees the repayment
+    record when their requests were forgotten exactly ─▶ the versions that learnt them retire
+    (``tasks.retirement``) ─▶ the status and the receipts published as Prefect artifacts, so that a
+    monitor watching ``deletion-status-<scenario>`` sees the repayment ─▶ the retrain measured on each
+    repaid batch's forget set (``measure_repaid``: beside each batch's source and unlearned version)
 
 Deployed weekly by ``make serve`` (``repay-retrain-debt/weekly``); each interim batch schedules a
 run of it at the latest safe time before its requests' deadlines (``tasks.debt.schedule_repayment``);
@@ -117,7 +118,9 @@ def repay(scope: ScenarioScope, device: torch.device, data_version: str, only_du
     """The repayment itself (``repay_debt``), for a caller that holds the batch lock, on the device
     the command chose and the current data version it holds."""
     repayment = read_repayment(scope, only_due)
-    return repay_debt(scope, device, data_version, repayment, shards_due(repayment, utc_now()))
+    repaid = repay_debt(scope, device, data_version, repayment, shards_due(repayment, utc_now()))
+    measure_repaid(scope, repayment, repaid, device)
+    return repaid
 
 
 def repay_debt(scope: ScenarioScope, device: torch.device, data_version: str, repayment: Repayment,
@@ -143,8 +146,6 @@ def repay_debt(scope: ScenarioScope, device: torch.device, data_version: str, re
                                repayment.open)
               + mark_repaid(ws, scenario, reference.model_version, "repay-retrain-debt"))
     batch_ids = [r.batch_id for r in repaid]
-    measure_retrained(scope, reference.model_version, repayment.records_of(batch_ids),
-                      retrain_device(reference) or device)
     retired = retire_forgotten(ws, scenario)
     written = {**{r.batch_id: r for r in repaid}, **{b: r for b, r in retired.receipts.items() if b in batch_ids}}
     publish_status(scope)  # as a batch publishes its own: a monitor of the status sees the repayment
@@ -152,8 +153,20 @@ def repay_debt(scope: ScenarioScope, device: torch.device, data_version: str, re
         publish_receipt(receipt)
     print(f"{repayment.debt.line(ws.params.requests.max_retrain_debt)}: repaid by {scenario} "
           f"v{reference.model_version} (alias current)")
+    trained_on = retrain_device(reference)
     return RepayResult(scenario=scenario, repaid=batch_ids, version=reference.model_version,
-                       retired=list(retired.versions), receipts=list(written.values()))
+                       retired=list(retired.versions), receipts=list(written.values()),
+                       device=None if trained_on is None else str(trained_on))
+
+
+def measure_repaid(scope: ScenarioScope, repayment: Repayment, repaid: RepayResult, device: torch.device) -> None:
+    """The exact retrain measured on the forget set of each batch it repaid (``measure_retrained``), so
+    that ``compare`` puts it beside each batch's source and unlearned version; on the device it trained
+    on, else the command's. A repayment of some shards only is not one exact retrain: not measured."""
+    if repaid.version is None or not repaid.repaid or repaid.shards_retrained:
+        return
+    measure_retrained(scope, repaid.version, repayment.records_of(repaid.repaid),
+                      torch.device(repaid.device) if repaid.device else device)
 
 
 def repay_shards(scope: ScenarioScope, device: torch.device, data_version: str, repayment: Repayment,

@@ -23,12 +23,12 @@ from datetime import datetime
 
 from prefect import get_run_logger
 
-from fedunlearn.batch_decisions import DebtAction, debt_action, repaying_version
+from fedunlearn.retrain_debt import DebtAction, debt_action, repaying_version
 from fedunlearn.faults import failpoint
 from fedunlearn.receipts import Receipt
 from fedunlearn.requests.model import utc_now
 from flows.batch import Receipted, Settled
-from flows.debt import read_repayment, repay_debt, shards_due
+from flows.debt import measure_repaid, read_repayment, repay_debt, shards_due
 from runtime.events import announce_owed, announce_processed
 from stores.workspace import ScenarioScope
 from tasks.backup import sync_state
@@ -98,6 +98,7 @@ def settle_debt(scope: ScenarioScope, receipted: Receipted) -> tuple[Debt, str |
         repayment = replace(repayment, only_due=action is DebtAction.repay_due)
         repaid = repay_debt(scope, receipted.device, receipted.record.data_version_after, repayment,
                             shards_due(repayment, utc_now()))
+        measure_repaid(scope, repayment, repaid, receipted.device)
         return retrain_debt(ws, scenario), "repaid in this run", repaid.receipts
     if action is DebtAction.nothing:
         return debt, None, []

@@ -10,7 +10,7 @@ it that is shown to have forgotten them out, promoted to ``current``; a receipt 
                          is exact retrain)
     promote-and-receipt  alias current ─▶ erasure scan of every store ─▶ receipt
     finish-batch         repaid receipts marked ─▶ log leaves + signed head published ─▶ the retrain
-                         debt repaid, scheduled or left (``batch_decisions.debt_action``) ─▶ status
+                         debt repaid, scheduled or left (``retrain_debt.debt_action``) ─▶ status
                          ─▶ the batch recorded finished
 
 The flow opens the workspace and names the scenario once (``ScenarioScope``); the batch is one value

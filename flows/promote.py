@@ -1,5 +1,5 @@
 """Stage ``promote-and-receipt`` of ``process-deletions``: alias ``current`` to the attempt chosen,
-the erasure scan of every store, the receipt (assembled by ``fedunlearn.batch_decisions.receipt_for``).
+the erasure scan of every store, the receipt (assembled by ``fedunlearn.batch_receipts.receipt_for``).
 What the batch owes after its receipt — repaid receipts marked, the log's signed head, the debt —
 is stage ``finish-batch`` (``flows.finish``)."""
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from fedunlearn.batch_decisions import racing_retrain, receipt_for, tier_fields
+from fedunlearn.batch_receipts import receipt_for, tier_fields
+from fedunlearn.retrain_debt import racing_retrain
 from fedunlearn.certify.certificate import EXACT_RETRAIN
 from fedunlearn.certify.tiers import Tier
 from fedunlearn.faults import failpoint
@@ -28,7 +29,7 @@ from tasks.siblings import serving_siblings
 
 
 def exact_retrain_on(ws: Workspace, record: BatchRecord) -> ModelRef | None:
-    """``batch_decisions.racing_retrain`` among the retrained versions on the batch's data version."""
+    """``retrain_debt.racing_retrain`` among the retrained versions on the batch's data version."""
     found = {str(v.version): v for v in ws.registry.versions(record.scenario, role="retrained",
                                                              data_version=record.data_version_after)}
     racing = racing_retrain({k: v.tags.get("batch_id") for k, v in found.items()}, record.batch_id)

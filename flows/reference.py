@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from prefect import flow
 
-from fedunlearn.batch_decisions import reference_to_reuse, retrain_closes_open
+from fedunlearn.retrain_debt import reference_to_reuse, retrain_closes_open
 from fedunlearn.device import intra_op_threads
 from flows.forget_sets import measure_retrained, retrain_device
 from flows.results import ReferenceResult
@@ -57,7 +57,7 @@ def retrain_reference(scenario: str = "mnist5k-hfl", root: str = ".", device: st
 def reference_for(scope: ScenarioScope, device: torch.device, data_version: str,
                   batch_id: str | None = None) -> ReferenceResult:
     """The reference of ``data_version`` (the current one, which the caller holds): the one it already
-    has (``batch_decisions.reference_to_reuse``), else an exact retrain on ``device``, tagged with
+    has (``retrain_debt.reference_to_reuse``), else an exact retrain on ``device``, tagged with
     ``batch_id`` when a deletion batch asked for it."""
     ws, scenario = scope.ws, scope.scenario
     existing = ws.registry.versions(scenario, role="retrained", data_version=data_version)

@@ -100,6 +100,8 @@ class RepayResult(FlowResult):
     shards_waiting: list[int] = []
     # The receipts it wrote (repaid, or closed), for the caller that ran it; the serialised result names the batches.
     receipts: list[Receipt] = Field(default=[], exclude=True, repr=False)
+    # The device the exact retrain trained on (None: a reference reused), where its measurement runs.
+    device: str | None = Field(default=None, exclude=True, repr=False)
 
 
 class IngestResult(FlowResult):

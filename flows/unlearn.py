@@ -13,8 +13,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, batch_flops,
-                                        exact_certificate, metrics_of, receipt_without_model, route)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, RegisteredAttempt, Route, exact_certificate,
+                                        metrics_of, route)
+from fedunlearn.batch_receipts import batch_flops, receipt_without_model
 from fedunlearn.benchmark import yardstick
 from fedunlearn.certify.certificate import EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome, PromotionGates, judge_source

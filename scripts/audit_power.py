@@ -137,11 +137,11 @@ def canary_setup(params, scenario: str, root: Path) -> list[str]:
     return canary_ids(read_manifest(scenario, root))
 
 
-def weak_unlearning(federation, state: dict, batch: ForgetSet, epochs: int, seed: int):
+def weak_unlearning(federation, state: dict, forget_set: ForgetSet, epochs: int, seed: int):
     """A too-weak method: the source model fine-tuned for ``epochs`` epochs on the retained data only,
     centrally (SGD at the scenario's lr, momentum and batch size): it keeps most of what it memorised."""
     model = federation.model_from(state)
-    retained = federation.retained_clients(batch)
+    retained = federation.retained_clients(forget_set)
     data = Tensors(torch.cat([c.x for c in retained]), torch.cat([c.y for c in retained]),
                    np.concatenate([c.sample_ids for c in retained]))
     config = federation.train_config
@@ -150,15 +150,15 @@ def weak_unlearning(federation, state: dict, batch: ForgetSet, epochs: int, seed
     return model
 
 
-def over_forgetting(federation, state: dict, batch: ForgetSet, epochs: int, seed: int, margin: float = 30.0):
+def over_forgetting(federation, state: dict, forget_set: ForgetSet, epochs: int, seed: int, margin: float = 30.0):
     """An over-forgetting stand-in: the exact retrain trained ``epochs`` more epochs on the retained
     data (the scenario's SGD) while every step also pushes each forget sample's labelled-class
     logit ``margin`` below its best other class (a hinge that does not fade as the probability
     falls), so that the forget set scores well *below* never-seen samples while utility holds —
     what an over-eager method shows."""
     model = federation.model_from(state)
-    forget, config = federation.forget_data(batch), federation.train_config
-    retained = federation.retained_clients(batch)
+    forget, config = federation.forget_data(forget_set), federation.train_config
+    retained = federation.retained_clients(forget_set)
     x, y = torch.cat([c.x for c in retained]), torch.cat([c.y for c in retained])
     optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(seed)

@@ -21,7 +21,6 @@ the certificates — and writes every run to ``--out`` (JSON) when given.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -48,7 +47,7 @@ def one_seed(args, seed: int, threads: int, settings: dict[str, dict]) -> list[d
     federation = load_federation(args.scenario, params, args.root, torch.device("cpu"))
     setup = yardstick.build_setup(args.scenario, federation, parse_request(args.request))
     original = train(setup.fed_state).state
-    kind, setting = setup.batch.kind, setup.fed_state.setting
+    kind, setting = setup.forget_set.kind, setup.fed_state.setting
     retrain = yardstick.run_method(setup, original, get_method("retrain", setting=setting, kind=kind),
                                 timings=yardstick.BENCHMARK_TIMINGS)
     rows = []
@@ -68,8 +67,8 @@ def measure(setup: yardstick.BenchmarkSetup, state) -> dict:
     model = setup.fed_state.model_from(state)
     test = correctness(model, setup.sets.test)
     figures = {"forget_acc": float(correctness(model, setup.sets.forget).mean()), "test_acc": float(test.mean())}
-    if setup.batch.labels:
-        forgotten = np.isin(setup.sets.test.y.cpu().numpy(), setup.batch.labels)
+    if setup.forget_set.labels:
+        forgotten = np.isin(setup.sets.test.y.cpu().numpy(), setup.forget_set.labels)
         figures["forgotten_classes_test_acc"] = float(test[forgotten].mean())
     return figures
 

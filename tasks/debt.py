@@ -16,7 +16,8 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Scheduled
 
-from fedunlearn.batch_decisions import late_start, receipt_closed_by_retrain
+from fedunlearn.batch_receipts import receipt_closed_by_retrain
+from fedunlearn.retrain_debt import late_start
 from fedunlearn.certify.tiers import exact_due, latest_safe_time
 from fedunlearn.receipts import (ExactForgetting, ModelRef, Receipt, owes_retrain, read_receipt, read_receipts,
                                  write_receipt)
@@ -94,7 +95,7 @@ def repayment_time(ws: Workspace, scenario: str, debt: Debt) -> datetime | None:
 
 
 def late_repayment(ws: Workspace, scenario: str, now: datetime | None = None) -> datetime | None:
-    """``batch_decisions.late_start`` of ``scenario``'s retrain debt as the receipts record it."""
+    """``retrain_debt.late_start`` of ``scenario``'s retrain debt as the receipts record it."""
     return late_start(repayment_time(ws, scenario, retrain_debt(ws, scenario)), now or utc_now())
 
 

@@ -27,13 +27,13 @@ SHADOW_DIR = "shadow-models"
 
 @task(name="build-evaluator", cache_policy=NO_CACHE)
 @core_compute
-def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch: ForgetSet,
+def build_evaluator(ws: Workspace, scenario: str, federation: Federation, forget_set: ForgetSet,
                     backdoor: bool = False, sets: EvaluationSets | None = None) -> Evaluator:
     """The batch's evaluator, its shadow model read from the workspace's cache when one was trained
     on the same rows and settings before (``evaluator.shadow_key``), else trained and kept there.
     Only the current key of a scenario is kept: a shadow model trained on a held-out row that a
     request deleted since is removed with the first batch after it."""
-    sets = sets or evaluation_sets(federation, batch)
+    sets = sets or evaluation_sets(federation, forget_set)
     key = shadow_key(federation, sets.shadow_in)
     folder = ws.cache_dir / SHADOW_DIR
     path = folder / f"{scenario}-{key}.pt"
@@ -50,7 +50,7 @@ def build_evaluator(ws: Workspace, scenario: str, federation: Federation, batch:
     for stale in folder.glob(f"{scenario}-*.pt"):
         if stale != path:
             stale.unlink()
-    return Evaluator(federation, batch, backdoor=backdoor, sets=sets, shadow_model=shadow)
+    return Evaluator(federation, forget_set, backdoor=backdoor, sets=sets, shadow_model=shadow)
 
 
 @core_compute

@@ -48,7 +48,7 @@ def build_method(name: str, setting: str, kind: str, target_test_acc: float | No
 def unlearn(setup: yardstick.BenchmarkSetup, original: dict, name: str, target_test_acc: float | None,
             options: dict[str, Any], timings: int = 1) -> tuple[Outcome, Certificate]:
     """``timings``: see ``yardstick.run_method`` (the benchmark times short runs several times)."""
-    method = build_method(name, setup.fed_state.setting, setup.batch.kind, target_test_acc, options)
+    method = build_method(name, setup.fed_state.setting, setup.forget_set.kind, target_test_acc, options)
     outcome = yardstick.run_method(setup, original, method, timings)
     failpoint("during-unlearning")
     return outcome, yardstick.method_certificate(setup, method, outcome)
@@ -109,8 +109,8 @@ def unlearn_through_flower(ws: Workspace, record: BatchRecord, setup: yardstick.
         shutil.copyfile(Path(ws.root) / "params.yaml", root / "params.yaml")
         start = time.perf_counter()
         state, notes, runtime = unlearn_with_flower(root, record.scenario, Path(tmp) / "run", original, name,
-                                                    params, setup.batch, runner=engine)
+                                                    params, setup.forget_set, runner=engine)
     outcome = Outcome(state, Cost(wall_seconds=time.perf_counter() - start, flops=float("nan")),
                       notes={**notes, "runtime": runtime})
-    method = build_method(name, setup.fed_state.setting, setup.batch.kind, target_test_acc, options)
+    method = build_method(name, setup.fed_state.setting, setup.forget_set.kind, target_test_acc, options)
     return outcome, yardstick.method_certificate(setup, method, outcome)

@@ -50,8 +50,8 @@ def sample_batch(root: Path, client: int = 1, count: int = 10) -> ForgetSet:
     return ForgetSet("sample", {client: np.asarray(ids)})
 
 
-def unlearned_in_process(fed: FederatedState, batch: ForgetSet, method: str, **params) -> dict:
-    return get_method(method, **params).unlearn(fed, batch).state
+def unlearned_in_process(fed: FederatedState, forget_set: ForgetSet, method: str, **params) -> dict:
+    return get_method(method, **params).unlearn(fed, forget_set).state
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -93,8 +93,8 @@ class LoopbackGrid:
 
 
 def unlearned_on_loopback(root: Path, out: Path, state: dict, method: str, params: dict,
-                          batch: ForgetSet) -> tuple[dict, dict, list[str]]:
-    """``state`` with ``batch`` forgotten by the Flower app's ``method`` on a ``LoopbackGrid``: the
+                          forget_set: ForgetSet) -> tuple[dict, dict, list[str]]:
+    """``state`` with ``forget_set`` forgotten by the Flower app's ``method`` on a ``LoopbackGrid``: the
     model, the ServerApp's notes and the message types it sent."""
     from fedunlearn_flower.partition import Scenario
     from fedunlearn_flower.server_app import UNLEARNED, Job, run_job
@@ -103,5 +103,5 @@ def unlearned_on_loopback(root: Path, out: Path, state: dict, method: str, param
     torch.save(state, out / "initial.pt")
     grid = LoopbackGrid(Scenario.load(root, SCENARIO).num_clients)
     status = run_job(grid, Job(root=str(root), scenario=SCENARIO, out_dir=str(out), rounds=0,
-                               state=str(out / "initial.pt"), method=method, params=params, batch=batch.to_dict()))
+                               state=str(out / "initial.pt"), method=method, params=params, batch=forget_set.to_dict()))
     return torch.load(out / UNLEARNED, weights_only=True), status["unlearning"], grid.sent

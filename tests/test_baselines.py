@@ -49,8 +49,8 @@ def spying(fed_state: FederatedState) -> tuple[FederatedState, list[tuple[int, n
     return FederatedState(**{**vars(fed_state), "map_updates": map_updates}), seen
 
 
-def all_forget_ids(batch: ForgetSet) -> set[str]:
-    return set(np.concatenate(list(batch.forget_ids.values())).tolist())
+def all_forget_ids(forget_set: ForgetSet) -> set[str]:
+    return set(np.concatenate(list(forget_set.forget_ids.values())).tolist())
 
 
 def distance(a, b) -> float:

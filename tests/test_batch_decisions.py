@@ -9,12 +9,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, DebtAction, NoModelFits, Owed, OwedFacts,
-                                        RegisteredAttempt, Route,
-                                        certificate_record, debt_action, exact_certificate, late_start, metrics_of,
-                                        owed, racing_retrain, receipt_closed_by_retrain, receipt_for,
-                                        receipt_without_model, recorded_source, reference_to_reuse,
-                                        retrain_closes_open, route, speedup, tier_fields)
+from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, NoModelFits, Owed, OwedFacts, RegisteredAttempt,
+                                        Route, exact_certificate, metrics_of, owed, recorded_source, route)
+from fedunlearn.batch_receipts import (certificate_record, receipt_closed_by_retrain, receipt_for,
+                                       receipt_without_model, speedup, tier_fields)
+from fedunlearn.retrain_debt import (DebtAction, debt_action, late_start, racing_retrain, reference_to_reuse,
+                                     retrain_closes_open)
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certificate
 from fedunlearn.certify.gates import GateOutcome
 from fedunlearn.certify.tiers import stops
@@ -262,6 +262,6 @@ def served(method: str, current: str = "5", exactly_by: str | None = None, outco
     (served("retrain", outcome=NO_MODEL), None, None),            # nothing serves
 ], ids=["own-retrain", "retrain-meanwhile", "interim", "repaid-later", "moved-on", "no-model"])
 def test_the_version_a_receipted_batch_repays_earlier_batches_with(receipt, current, repays):
-    from fedunlearn.batch_decisions import repaying_version
+    from fedunlearn.retrain_debt import repaying_version
 
     assert repaying_version(receipt, current) == repays

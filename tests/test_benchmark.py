@@ -133,13 +133,13 @@ def test_every_setting_runs_through_the_same_benchmark_core(workspace, scenario,
     evaluator = setup.evaluator()
     before = evaluator.evaluate(setup.fed_state.model_from(original.state))
     for name, guarantee in expected.items():
-        method = build_method(name, fed_state.setting, setup.batch.kind, None, {})
+        method = build_method(name, fed_state.setting, setup.forget_set.kind, None, {})
         outcome = yardstick.run_method(setup, original.state, method)
         after = evaluator.evaluate(setup.fed_state.model_from(outcome.state))
         assert yardstick.method_certificate(setup, method, outcome).guarantee == guarantee
         assert set(after.evidence.attacks) == {"confidence", "loss", "shadow"}
         assert outcome.cost.wall_seconds > 0 and after.test_acc > 0.5
-    if setup.batch.labels:  # class removal: the forgotten class is no longer recognised
+    if setup.forget_set.labels:  # class removal: the forgotten class is no longer recognised
         assert before.extra["forgotten_classes_test_acc"] > 0.8 > after.extra["forgotten_classes_test_acc"]
 
 
@@ -160,11 +160,11 @@ def test_short_runs_are_timed_several_times_and_report_the_median_with_the_first
         def __init__(self, seconds):
             self.seconds, self.calls = list(seconds), 0
 
-        def unlearn(self, fed_state, batch):
+        def unlearn(self, fed_state, forget_set):
             self.calls += 1
             return Outcome({"call": self.calls}, Cost(wall_seconds=self.seconds[self.calls - 1]))
 
-    setup = type("Setup", (), {"fed_state": Federation({}), "batch": None})()
+    setup = type("Setup", (), {"fed_state": Federation({}), "forget_set": None})()
     fast = Timed([0.09, 0.03, 0.02, 0.5, 0.025])
     outcome = run_method(setup, {}, fast, timings=5)
     assert fast.calls == 5 and outcome.state == {"call": 1} and outcome.cost.wall_seconds == 0.03

@@ -1,4 +1,4 @@
-"""Where a batch's FLOPs go (fedunlearn/evaluation/judging_cost.py, batch_decisions.batch_flops,
+"""Where a batch's FLOPs go (fedunlearn/evaluation/judging_cost.py, batch_receipts.batch_flops,
 Cost.parts): judging a candidate counted as forward passes over the rows it scores; an attempt's
 split keeps the method's own parts beside its evaluation and audit; a batch's total adds every
 attempt and the source's judging, and says "not counted" (None) rather than a partial sum."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedunlearn.batch_decisions import batch_flops
+from fedunlearn.batch_receipts import batch_flops
 from fedunlearn.evaluation.evaluator import EvaluationSets
 from fedunlearn.evaluation.judging_cost import JudgingCost, cost_split, judging_cost
 from fedunlearn.federation.cost import Cost

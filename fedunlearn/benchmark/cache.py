@@ -26,7 +26,7 @@ def original_key(setup: BenchmarkSetup, data_version: str, model: str) -> str:
     parts = [setup.scenario, data_version, model, fed_state.train_config.model_dump_json(), str(fed_state.seed),
              str(fed_state.device.type)]
     if setup.backdoor:  # the poisoned samples are part of the training data
-        parts.append(json.dumps(setup.batch.to_dict()["forget_ids"], sort_keys=True))
+        parts.append(json.dumps(setup.forget_set.to_dict()["forget_ids"], sort_keys=True))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

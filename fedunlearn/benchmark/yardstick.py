@@ -33,7 +33,7 @@ class BenchmarkSetup:
     scenario: str
     request: str  # the SPEC, or what the batch is ("batch <id>")
     fed_state: Federation  # the original clients' data (triggered forget samples with --backdoor)
-    batch: ForgetSet
+    forget_set: ForgetSet
     backdoor: bool
     sets: EvaluationSets
 
@@ -42,7 +42,7 @@ class BenchmarkSetup:
         return self.fed_state.seed
 
     def evaluator(self) -> Evaluator:
-        return Evaluator(self.fed_state, self.batch, backdoor=self.backdoor, sets=self.sets)
+        return Evaluator(self.fed_state, self.forget_set, backdoor=self.backdoor, sets=self.sets)
 
 
 def build_setup(scenario: str, fed_state: Federation, request: RequestSpec | ForgetSet, *,
@@ -67,7 +67,7 @@ def build_setup(scenario: str, fed_state: Federation, request: RequestSpec | For
 def train_original(setup: BenchmarkSetup) -> TrainedModel:
     """The original federated training on all data (forget samples included), costed like retrain;
     its history records test and forget accuracy after every round."""
-    monitor = Monitor(setup.fed_state, setup.batch)
+    monitor = Monitor(setup.fed_state, setup.forget_set)
     model = train(setup.fed_state, on_round=lambda r: monitor.record("train", r.round, r.state,
                                                                        train_loss=r.train_loss))
     model.history = monitor.history
@@ -86,11 +86,11 @@ def run_method(setup: BenchmarkSetup, original: State, method: UnlearningMethod,
     there are that many timings; the first run's outcome is kept, its wall time becomes their
     median and ``notes["wall_seconds_runs"]`` lists them. Retrain follows the same rule, so
     speed-ups compare like with like."""
-    outcome = method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch)
+    outcome = method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.forget_set)
     if timings <= 1 or outcome.cost.wall_seconds >= SHORT_RUN_SECONDS:
         return outcome
     runs = [outcome.cost.wall_seconds] + [
-        method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.batch).cost.wall_seconds
+        method.unlearn(dataclasses.replace(setup.fed_state, state=original), setup.forget_set).cost.wall_seconds
         for _ in range(timings - 1)]
     outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=float(np.median(runs)))
     outcome.notes = {**outcome.notes, "wall_seconds_runs": [round(t, 4) for t in runs]}
@@ -106,8 +106,8 @@ def ulira(setup: BenchmarkSetup, make_method: Callable[[], UnlearningMethod], nu
     if not isinstance(base, FederatedState):
         raise ValueError("the U-LiRA audit rebuilds the clients' data sets: HFL/DFL scenarios only")
     candidates = setup.sets.forget
-    retained = base.retained_clients(setup.batch)
-    forget_by_client = base.forget_by_client(setup.batch)
+    retained = base.retained_clients(setup.forget_set)
+    forget_by_client = base.forget_by_client(setup.forget_set)
 
     def train_then_unlearn(include_mask: np.ndarray, seed: int) -> nn.Module:
         included = candidates.sample_ids[include_mask]
@@ -115,8 +115,8 @@ def ulira(setup: BenchmarkSetup, make_method: Callable[[], UnlearningMethod], nu
                                                                              included))])
                    if i in forget_by_client else retained[i] for i in range(len(retained))]
         shadow = dataclasses.replace(base, clients=clients, seed=seed, state={})
-        batch = ForgetSet.for_sample_ids(included, clients)
-        outcome = make_method().unlearn(dataclasses.replace(shadow, state=train(shadow).state), batch)
+        forget_set = ForgetSet.for_sample_ids(included, clients)
+        outcome = make_method().unlearn(dataclasses.replace(shadow, state=train(shadow).state), forget_set)
         return shadow.model_from(outcome.state)
 
     return ulira_audit(train_then_unlearn, candidates, num_pairs, seed=setup.seed)
@@ -124,12 +124,12 @@ def ulira(setup: BenchmarkSetup, make_method: Callable[[], UnlearningMethod], nu
 
 def original_certificate(setup: BenchmarkSetup) -> Certificate:
     return Certificate(method="original", guarantee=NOT_CERTIFIED, claimed=NOT_CERTIFIED, scenario=setup.scenario,
-                       request={"spec": setup.request}, batch_id=setup.batch.batch_id,
+                       request={"spec": setup.request}, batch_id=setup.forget_set.batch_id,
                        notes=["the original model: nothing has been unlearned"])
 
 
 def method_certificate(setup: BenchmarkSetup, method: UnlearningMethod, outcome: Outcome) -> Certificate:
     return certificate_for(method, outcome, scenario=setup.scenario,
-                           request={"spec": setup.request, "kind": setup.batch.kind,
-                                    "forget_samples": setup.batch.num_forget},
-                           batch_id=setup.batch.batch_id)
+                           request={"spec": setup.request, "kind": setup.forget_set.kind,
+                                    "forget_samples": setup.forget_set.num_forget},
+                           batch_id=setup.forget_set.batch_id)

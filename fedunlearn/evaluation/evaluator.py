@@ -52,7 +52,7 @@ class EvaluationSets:
     shadow_out: Tensors
 
 
-def evaluation_sets(federation: Federation, batch: ForgetSet, *,
+def evaluation_sets(federation: Federation, forget_set: ForgetSet, *,
                     clean_forget_labels: np.ndarray | None = None) -> EvaluationSets:
     """The batch's sets from ``federation``'s data (the data before the batch: the forget samples
     are still in it). ``clean_forget_labels``, when the forget samples carry the backdoor trigger
@@ -63,7 +63,7 @@ def evaluation_sets(federation: Federation, batch: ForgetSet, *,
     order = np.random.default_rng([seed, 7]).permutation(len(test))
     pool = test.select(np.isin(np.arange(len(test)), order[: len(order) // 2]))
     shadow = test.select(np.isin(np.arange(len(test)), order[len(order) // 2:]))
-    forget = federation.forget_data(batch)
+    forget = federation.forget_data(forget_set)
     match_on = forget.y.cpu().numpy() if clean_forget_labels is None else np.asarray(clean_forget_labels)
     rows = label_matched_nonmembers(match_on, pool.y.cpu().numpy(), seed)
     index = torch.as_tensor(rows, device=device)
@@ -71,7 +71,7 @@ def evaluation_sets(federation: Federation, batch: ForgetSet, *,
     if clean_forget_labels is not None:
         matched = triggered(matched)
     shadow_half = np.arange(len(shadow)) < len(shadow) // 2
-    return EvaluationSets(test=test, retained=concat(federation.retained_clients(batch)), forget=forget,
+    return EvaluationSets(test=test, retained=concat(federation.retained_clients(forget_set)), forget=forget,
                           nonmembers=matched, shadow_in=shadow.select(shadow_half),
                           shadow_out=shadow.select(~shadow_half))
 
@@ -114,10 +114,10 @@ class Evaluator:
     """Evaluates models of one batch. ``shadow_model``: the population attacks' shadow model
     (``train_shadow_model`` on ``sets.shadow_in``), trained here when not given."""
 
-    def __init__(self, federation: Federation, batch: ForgetSet, *, backdoor: bool = False,
+    def __init__(self, federation: Federation, forget_set: ForgetSet, *, backdoor: bool = False,
                  sets: EvaluationSets | None = None, shadow_model: nn.Module | None = None):
-        self.federation, self.batch, self.backdoor = federation, batch, backdoor
-        self.sets = sets or evaluation_sets(federation, batch)
+        self.federation, self.forget_set, self.backdoor = federation, forget_set, backdoor
+        self.sets = sets or evaluation_sets(federation, forget_set)
         self.shadow_model = shadow_model or train_shadow_model(federation, self.sets.shadow_in)
 
     def evaluate(self, model: nn.Module, reference: nn.Module | None = None) -> Evaluation:
@@ -129,8 +129,8 @@ class Evaluator:
         extra = attack_metrics(attacks)
         mia_auc = extra.pop("mia_auc")
         hits = backdoor_hits(model, sets.test) if self.backdoor else None
-        if self.batch.labels:  # class removal: utility on the other classes, forgetting on these
-            forgotten = np.isin(sets.test.y.cpu().numpy(), self.batch.labels)
+        if self.forget_set.labels:  # class removal: utility on the other classes, forgetting on these
+            forgotten = np.isin(sets.test.y.cpu().numpy(), self.forget_set.labels)
             correct["remaining_classes_test"] = correct["test"][~forgotten]
             correct["forgotten_classes_test"] = correct["test"][forgotten]
             extra["remaining_classes_test_acc"] = _mean(correct["remaining_classes_test"])

@@ -508,29 +508,29 @@ class VerticalState:
     def model_from(self, state: dict[str, PartyState]) -> VerticalModel:
         return self.federation.as_module(state)
 
-    def forget_masks(self, batch: ForgetSet) -> dict[int, np.ndarray]:
+    def forget_masks(self, forget_set: ForgetSet) -> dict[int, np.ndarray]:
         """{0: mask over the aligned samples}; checks the batch's key and that every ID is shared."""
-        if set(batch.forget_ids) != {0}:
-            raise ValueError(f"{batch.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
-                             f"got keys {sorted(batch.forget_ids)}")
-        ids = batch.forget_ids[0]
+        if set(forget_set.forget_ids) != {0}:
+            raise ValueError(f"{forget_set.batch_id}: a VFL batch holds its IDs under key 0 (all parties), "
+                             f"got keys {sorted(forget_set.forget_ids)}")
+        ids = forget_set.forget_ids[0]
         mask = np.zeros(self.federation.num_samples, dtype=bool)
         mask[self.federation.positions_of(ids).cpu().numpy()] = True
         return {0: mask}
 
-    def positions(self, batch: ForgetSet) -> tuple[torch.Tensor, torch.Tensor]:
+    def positions(self, forget_set: ForgetSet) -> tuple[torch.Tensor, torch.Tensor]:
         """(forget, retained) aligned positions."""
-        mask = torch.as_tensor(self.forget_masks(batch)[0], device=self.device)
+        mask = torch.as_tensor(self.forget_masks(forget_set)[0], device=self.device)
         return torch.nonzero(mask).flatten(), torch.nonzero(~mask).flatten()
 
-    def forget_data(self, batch: ForgetSet) -> Tensors:
-        return self.samples.select(self.forget_masks(batch)[0])
+    def forget_data(self, forget_set: ForgetSet) -> Tensors:
+        return self.samples.select(self.forget_masks(forget_set)[0])
 
-    def forget_by_client(self, batch: ForgetSet) -> dict[int, Tensors]:
-        return {0: self.forget_data(batch)}
+    def forget_by_client(self, forget_set: ForgetSet) -> dict[int, Tensors]:
+        return {0: self.forget_data(forget_set)}
 
-    def retained_clients(self, batch: ForgetSet) -> list[Tensors]:
-        return [self.samples.select(~self.forget_masks(batch)[0])]
+    def retained_clients(self, forget_set: ForgetSet) -> list[Tensors]:
+        return [self.samples.select(~self.forget_masks(forget_set)[0])]
 
     def class_fraction_ids(self, labels: Sequence[int], fraction: float, seed: int = 0) -> np.ndarray:
         """A seeded ``fraction`` (at least one sample) of the samples of each class in ``labels``:

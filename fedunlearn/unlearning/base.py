@@ -3,7 +3,7 @@
 A method is configured with keyword hyperparameters and then applied to a trained federation:
 
     method = get_method("ga", recovery_rounds=2)
-    outcome = method.unlearn(fed_state, batch)
+    outcome = method.unlearn(fed_state, forget_set)
 
 * ``ForgetSet`` — which sample IDs to forget at which client (resolved from client IDs,
   class labels, explicit sample IDs or a seeded fraction of chosen clients' samples).
@@ -82,28 +82,28 @@ class FederatedState:
         """Training FLOPs (forward + backward) of one sample, the F of PUF Appendix B."""
         return flops_per_sample(self.model_fn().to(self.device), tuple(self.test.x.shape[1:]))
 
-    def forget_masks(self, batch: ForgetSet) -> dict[int, np.ndarray]:
+    def forget_masks(self, forget_set: ForgetSet) -> dict[int, np.ndarray]:
         """Per affected client, a boolean mask over its samples; checks every ID is held there."""
         masks = {}
-        for client, ids in batch.forget_ids.items():
+        for client, ids in forget_set.forget_ids.items():
             held = self.clients[check_client_index(client, self.clients)].sample_ids
             masks[client] = np.isin(held, ids)
             if masks[client].sum() != len(np.unique(ids)):
                 missing = np.setdiff1d(ids, held)[:5].tolist()
-                raise ValueError(f"{batch.batch_id}: client {client} does not hold sample ID(s) {missing}")
+                raise ValueError(f"{forget_set.batch_id}: client {client} does not hold sample ID(s) {missing}")
         return masks
 
-    def retained_clients(self, batch: ForgetSet) -> list[Tensors]:
+    def retained_clients(self, forget_set: ForgetSet) -> list[Tensors]:
         """Every client minus its forget IDs (a fully removed client becomes empty)."""
-        masks = self.forget_masks(batch)
+        masks = self.forget_masks(forget_set)
         return [c.select(~masks[i]) if i in masks else c for i, c in enumerate(self.clients)]
 
-    def forget_by_client(self, batch: ForgetSet) -> dict[int, Tensors]:
-        return {i: self.clients[i].select(mask) for i, mask in self.forget_masks(batch).items()}
+    def forget_by_client(self, forget_set: ForgetSet) -> dict[int, Tensors]:
+        return {i: self.clients[i].select(mask) for i, mask in self.forget_masks(forget_set).items()}
 
-    def forget_data(self, batch: ForgetSet) -> Tensors:
+    def forget_data(self, forget_set: ForgetSet) -> Tensors:
         """All forget samples, concatenated in client order."""
-        parts = list(self.forget_by_client(batch).values())
+        parts = list(self.forget_by_client(forget_set).values())
         return Tensors(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
                        np.concatenate([p.sample_ids for p in parts]))
 
@@ -154,10 +154,10 @@ class Climb(Generic[Rung]):
         return self.climbed[-1]
 
 
-def calibrated_forget(fed_state: FederatedState, batch: ForgetSet, max_doublings: int) -> Tensors | None:
+def calibrated_forget(fed_state: FederatedState, forget_set: ForgetSet, max_doublings: int) -> Tensors | None:
     """The forget samples a ladder is judged on, or None where there is no ladder to climb: no
     calibration rows, or ``max_doublings=0`` (the chosen strength, unjudged)."""
-    return fed_state.forget_data(batch) if fed_state.calibration is not None and max_doublings > 0 else None
+    return fed_state.forget_data(forget_set) if fed_state.calibration is not None and max_doublings > 0 else None
 
 
 def climb_ladder(fed_state: FederatedState, forget: Tensors | None, rungs: Iterable[Rung],
@@ -194,9 +194,9 @@ class Monitor:
     """Records test and forget accuracy along the way. Its own time is kept so that ``unlearn``
     can leave it out of the method's wall time: watching a method is not part of its cost."""
 
-    def __init__(self, fed_state: FederatedState, batch: ForgetSet):
+    def __init__(self, fed_state: FederatedState, forget_set: ForgetSet):
         self.fed_state = fed_state
-        self.forget = fed_state.forget_data(batch)
+        self.forget = fed_state.forget_data(forget_set)
         self.history: list[dict[str, Any]] = []
         self.seconds = 0.0
 
@@ -282,20 +282,20 @@ class UnlearningMethod(ABC):
                              f"it supports settings {sorted(cls.settings)} and request kinds "
                              f"{sorted(cls.request_kinds)}")
 
-    def unlearn(self, fed_state: FederatedState, batch: ForgetSet) -> Outcome:
-        self.check_supported(fed_state.setting, batch.kind)
-        if batch.num_forget >= sum(len(c) for c in fed_state.clients):
-            raise ValueError(f"{batch.batch_id} removes all training data; nothing would be retained")
+    def unlearn(self, fed_state: FederatedState, forget_set: ForgetSet) -> Outcome:
+        self.check_supported(fed_state.setting, forget_set.kind)
+        if forget_set.num_forget >= sum(len(c) for c in fed_state.clients):
+            raise ValueError(f"{forget_set.batch_id} removes all training data; nothing would be retained")
         by_shard = getattr(fed_state, "unlearn_by_shard", None)  # a federation in shards: each touched shard alone
         if by_shard is not None:
-            return by_shard(self, batch)
-        monitor = Monitor(fed_state, batch)  # also checks that every forget ID is held where the batch says
+            return by_shard(self, forget_set)
+        monitor = Monitor(fed_state, forget_set)  # also checks that every forget ID is held where the batch says
         start = time.perf_counter()
-        outcome = self._unlearn(fed_state, batch, monitor)
+        outcome = self._unlearn(fed_state, forget_set, monitor)
         outcome.cost = dataclasses.replace(outcome.cost, wall_seconds=time.perf_counter() - start - monitor.seconds)
         outcome.history = monitor.history
         return outcome
 
     @abstractmethod
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         """The method itself: return the new state, its comm/FLOP cost and certificate inputs."""

@@ -376,24 +376,24 @@ class CertifiedDFU(UnlearningMethod):
                       f"a value where σ = (Δ/ε)·√(2 ln(1.25/δ)) is (ε, δ)-private at δ = {delta} (exact δ "
                       f"{classical_delta(epsilon, delta):.2e}; lower ε)")
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         fed_state = as_decentralized(fed_state)
         problem = FlatObjective(fed_state.model_fn, fed_state.device)
         convex = problem.is_logreg and problem.lam > 0
         if self.calibration == "paper" and not convex:
             raise ValueError(f"{self.name}: calibration 'paper' needs a λ-strongly convex model "
                              f"(LogisticRegression with l2 > 0), got {type(problem.model).__name__}")
-        retained = fed_state.retained_clients(batch)
+        retained = fed_state.retained_clients(forget_set)
         engine = fed_state.dpsgd()  # its graph of the nodes holding data, checked connected: floods reach all
         before, after = engine.active_topology(fed_state.clients), engine.active_topology(retained)
         per_sample = fed_state.flops_per_sample()
-        numbers = self._calibration_numbers(problem, fed_state, batch)
+        numbers = self._calibration_numbers(problem, fed_state, forget_set)
         statistics, precomputed, statistics_seconds = self._statistics(fed_state, problem)
         budgeted = convex and self.calibration == "residual"
         residual = self._residual(fed_state)
         start = problem.flatten(average_state(fed_state.nodes()))
         # With the budget the steps aim at what is left of it: the bound is charged on top of the sum.
-        step = self._newton(problem, start, statistics, fed_state.forget_by_client(batch), retained, per_sample,
+        step = self._newton(problem, start, statistics, fed_state.forget_by_client(forget_set), retained, per_sample,
                             residual.left if budgeted else numbers["sensitivity"])
         cost = self._step_cost(step, before, after, problem.num_params)
         if not precomputed:  # Step 4 happens now: every node computes its statistic and floods it
@@ -411,9 +411,9 @@ class CertifiedDFU(UnlearningMethod):
             cost += retrain_cost + self._step_cost(step, after, after, problem.num_params) \
                 + self._statistics_cost(after, sum(len(c) for c in retained), problem.num_params, per_sample)
         if budgeted:
-            residual = residual.charge(batch.batch_id, step.residual_bound, action, triggering_bound)
+            residual = residual.charge(forget_set.batch_id, step.residual_bound, action, triggering_bound)
         sigma = numbers["sigma"] if self.noise else 0.0
-        noise = self._noise(problem.num_params, sigma, len(after), batch.batch_id)
+        noise = self._noise(problem.num_params, sigma, len(after), forget_set.batch_id)
         released = problem.unflatten(step.theta + noise.to(step.theta.device), fed_state.state)
         monitor.record("unlearn", 1, released, residual_bound=step.residual_bound)
         nodes = [released if len(c) else None for c in retained]
@@ -523,16 +523,16 @@ class CertifiedDFU(UnlearningMethod):
         return ResidualBudget(self.residual_budget)
 
     def _calibration_numbers(self, problem: FlatObjective, fed_state: DecentralizedState,
-                             batch: ForgetSet) -> dict[str, Any]:
+                             forget_set: ForgetSet) -> dict[str, Any]:
         """σ and what it rests on: the sensitivity Δ (B, or the paper's ΔF) and the constants."""
         radius = max(float(c.x.flatten(1).norm(dim=1).max()) for c in fed_state.clients if len(c))
         constants = logreg_constants(problem.lam, radius) if problem.lam > 0 else {"lambda": 0.0, "R": radius}
         if self.calibration == "residual":
             sensitivity = self.residual_budget
         else:
-            ratios = {c: len(ids) / len(fed_state.clients[c]) for c, ids in batch.forget_ids.items()}
+            ratios = {c: len(ids) / len(fed_state.clients[c]) for c, ids in forget_set.forget_ids.items()}
             worst = max(ratios, key=ratios.get)
-            m, n = len(batch.forget_ids[worst]), len(fed_state.clients[worst])
+            m, n = len(forget_set.forget_ids[worst]), len(fed_state.clients[worst])
             sensitivity = paper_sensitivity(constants["L"], constants["M"], problem.lam, m, n)
             constants = {**constants, "delta_F": sensitivity, "m": m, "n": n}
         sigma = gaussian_sigma(sensitivity, self.epsilon, self.delta)

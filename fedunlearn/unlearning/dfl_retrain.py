@@ -86,10 +86,10 @@ class DecentralizedState(FederatedState):
         states = self.node_states or [self.state] * len(self.clients)
         return [s if len(c) else None for s, c in zip(states, self.clients)]
 
-    def advanced(self, batch: ForgetSet, outcome: Outcome) -> "DecentralizedState":
-        """The federation after ``outcome`` unlearned ``batch``: the retained data, the new models,
+    def advanced(self, forget_set: ForgetSet, outcome: Outcome) -> "DecentralizedState":
+        """The federation after ``outcome`` unlearned ``forget_set``: the retained data, the new models,
         and what the outcome carries forward (statistics, residual budget) for the next batch."""
-        return dataclasses.replace(self, clients=self.retained_clients(batch), state=outcome.state,
+        return dataclasses.replace(self, clients=self.retained_clients(forget_set), state=outcome.state,
                                    node_states=getattr(outcome, "node_states", None),
                                    statistics=getattr(outcome, "statistics", None) or {},
                                    budget=getattr(outcome, "budget", None))
@@ -136,9 +136,9 @@ class DecentralizedRetrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         fed_state = as_decentralized(fed_state)
-        retained = fed_state.retained_clients(batch)
+        retained = fed_state.retained_clients(forget_set)
         rounds = fed_state.train_config.rounds
         nodes, cost = dpsgd_rounds(fed_state, retained, state=None, rounds=rounds, first_round=0, phase="unlearn",
                                    monitor=monitor)
@@ -146,7 +146,7 @@ class DecentralizedRetrain(UnlearningMethod):
         return DecentralizedOutcome(average_state(nodes), cost,
                                     certificate_inputs={"rounds": rounds, "nodes": active,
                                                         "retained_samples": sum(len(c) for c in retained),
-                                                        "forget_samples": batch.num_forget},
+                                                        "forget_samples": forget_set.num_forget},
                                     notes={"rounds": rounds, "nodes": active}, node_states=nodes)
 
 

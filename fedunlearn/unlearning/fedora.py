@@ -284,11 +284,11 @@ class FedORA(UnlearningMethod):
         self._require(isinstance(patience, int) and patience >= 0, "patience", "an integer >= 0")
         self._require(class_margin is None or class_margin >= 0, "class_margin", ">= 0 or None")
 
-    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         federation.load_state(fed_state.state)
         before = federation.meter()
-        forget, retained = fed_state.positions(batch)
+        forget, retained = fed_state.positions(forget_set)
         config = fed_state.train_config
         batch_size = self.batch_size or config.batch_size
         substeps = math.ceil(self.delta * len(retained) / batch_size)  # R = ⌈δ|D_r|/B⌉
@@ -316,8 +316,8 @@ class FedORA(UnlearningMethod):
                 satisfied_at = k
             # Stop before updating, at a model that meets the constraint once a class request's
             # forgotten classes are settled (``_shift``): the model returned is the one just measured.
-            seen["shift"] = self._shift(seen, batch.labels, fed_state.num_classes)
-            settled = float(uncertainty_loss(lowered(seen["logits"], batch.labels, seen["shift"]), self.omega))
+            seen["shift"] = self._shift(seen, forget_set.labels, fed_state.num_classes)
+            settled = float(uncertainty_loss(lowered(seen["logits"], forget_set.labels, seen["shift"]), self.omega))
             stopped = (settled >= gamma * len(forget) and satisfied_at is not None
                        and k - satisfied_at >= self.patience)
             if stopped or k > self.iterations:
@@ -332,7 +332,7 @@ class FedORA(UnlearningMethod):
             trajectory.append({"iteration": k, "L_u": l_u * len(forget), "delta_theta": change, "tau": steps[0],
                                "sigma": steps[1]})
             monitor.record("unlearn", k, federation.state, L_u=l_u * len(forget), tau=steps[0], sigma=steps[1])
-        forgotten = self._settle_classes(federation, forget, batch.labels, seen) if batch.labels else None
+        forgotten = self._settle_classes(federation, forget, forget_set.labels, seen) if forget_set.labels else None
         final = float(uncertainty_loss(seen["logits"], self.omega))
         numbers = self._numbers(final, gamma, len(forget), fed_state.num_classes,
                                 (len(trajectory), satisfied_at, substeps, stopped), forgotten, dual.statistics(),

@@ -81,12 +81,12 @@ def virtual_teacher(logits: torch.Tensor, labels: torch.Tensor, suppress: str) -
     return torch.where(labelled, fill[:, None], logits)
 
 
-def quitting_targets(forget: dict[int, Tensors], batch: ForgetSet) -> dict[int, Tensors]:
+def quitting_targets(forget: dict[int, Tensors], forget_set: ForgetSet) -> dict[int, Tensors]:
     """Per client, the forget samples the quitting term applies to: those the batch's per-sample
     evidence calls remembered (all of them where nothing was measured). A forget sample the source
     does not remember is left to what the retained data teaches, as a retrain leaves it: pushing its
     labelled logit down would mark it wrong where a retrain keeps it right (docs/methods.md)."""
-    targets = {c: data.select(batch.is_remembered(data.sample_ids)) for c, data in forget.items()}
+    targets = {c: data.select(forget_set.is_remembered(data.sample_ids)) for c, data in forget.items()}
     return {c: data for c, data in targets.items() if len(data)}
 
 
@@ -229,9 +229,9 @@ class FedQUIT(UnlearningMethod):
             return self.recovery_rounds
         return 0 if solver == "edit" else STEPS_RECOVERY_ROUNDS
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
-        forget = quitting_targets(fed_state.forget_by_client(batch), batch)
-        retained = fed_state.retained_clients(batch)
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
+        forget = quitting_targets(fed_state.forget_by_client(forget_set), forget_set)
+        retained = fed_state.retained_clients(forget_set)
         unsupported = None
         if self.solver == "edit":
             try:
@@ -241,13 +241,13 @@ class FedQUIT(UnlearningMethod):
             except EditUnsupported as why:
                 unsupported = f"{why}: the steps ran instead"
             else:
-                return self._unlearn_by_edit(fed_state, batch, forget, retained, layers, monitor)
-        outcome = self._unlearn_by_steps(fed_state, batch, forget, retained, monitor)
+                return self._unlearn_by_edit(fed_state, forget_set, forget, retained, layers, monitor)
+        outcome = self._unlearn_by_steps(fed_state, forget_set, forget, retained, monitor)
         if unsupported:
             outcome.notes["solver"] = unsupported
         return outcome
 
-    def _unlearn_by_edit(self, fed_state: FederatedState, batch: ForgetSet, forget: dict[int, Tensors],
+    def _unlearn_by_edit(self, fed_state: FederatedState, forget_set: ForgetSet, forget: dict[int, Tensors],
                          retained: list[Tensors], layers: EditLayers, monitor: Monitor) -> Outcome:
         """The edit (``layer_edit``): every client's retained factor, each holder's edit for its
         targets, their sum; then ``recovery_for("edit")`` rounds. Nothing to edit (no target): no
@@ -280,7 +280,7 @@ class FedQUIT(UnlearningMethod):
         notes = {"solver": "edit", "edited_layer": layers.hidden, "target_clients": sorted(forget),
                  "participants_per_round": [len(factors)], "retained_rows": int(len(stacked)),
                  "recovery_rounds_run": recovered, "distance": "squared logits, solved on the hidden layer"}
-        numbers = {**self.get_params(), "forget_samples": batch.num_forget,
+        numbers = {**self.get_params(), "forget_samples": forget_set.num_forget,
                    "quitting_samples": sum(len(t) for t in forget.values()), **notes}
         return Outcome(state, cost + recovery, certificate_inputs=numbers, notes=notes)
 
@@ -313,7 +313,7 @@ class FedQUIT(UnlearningMethod):
             edit_size * len(edits)
         return Cost(flops=float(sum(parts.values())), comm_bytes=int(4 * floats), parts=parts)
 
-    def _unlearn_by_steps(self, fed_state: FederatedState, batch: ForgetSet, forget: dict[int, Tensors],
+    def _unlearn_by_steps(self, fed_state: FederatedState, forget_set: ForgetSet, forget: dict[int, Tensors],
                           retained: list[Tensors], monitor: Monitor) -> Outcome:
         """The paper's protocol: ``rounds`` FedAvg rounds with the quitting term, then recovery."""
         state, first = fed_state.state, fed_state.train_config.rounds  # fresh shuffling seeds after training
@@ -329,7 +329,7 @@ class FedQUIT(UnlearningMethod):
         state, recovery, recovered = self._recover(fed_state, retained, state, first + self.rounds, monitor,
                                                    self.recovery_for("steps"))
         quit_samples = sum(len(t) for t in forget.values())
-        numbers = {**self.get_params(), "target_clients": sorted(forget), "forget_samples": batch.num_forget,
+        numbers = {**self.get_params(), "target_clients": sorted(forget), "forget_samples": forget_set.num_forget,
                    "quitting_samples": quit_samples, "participants_per_round": participants,
                    "recovery_rounds_run": recovered}
         return Outcome(state, cost + recovery, certificate_inputs=numbers,

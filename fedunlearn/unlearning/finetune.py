@@ -32,8 +32,8 @@ class FineTune(UnlearningMethod):
         self.rounds = rounds
         self._require(isinstance(rounds, int) and rounds >= 1, "rounds", "an integer >= 1")
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
-        state, cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=fed_state.state,
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
+        state, cost = fedavg_rounds(fed_state, fed_state.retained_clients(forget_set), state=fed_state.state,
                                     rounds=self.rounds, first_round=fed_state.train_config.rounds,
                                     phase="unlearn", monitor=monitor)
         return Outcome(state, cost, certificate_inputs={"rounds": self.rounds}, notes={"rounds": self.rounds})

@@ -87,16 +87,16 @@ class GradientAscent(UnlearningMethod):
         self._require(isinstance(recovery_rounds, int) and recovery_rounds >= 0, "recovery_rounds",
                       "an integer >= 0")
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         trained = fed_state.state
-        forget = fed_state.forget_by_client(batch)
+        forget = fed_state.forget_by_client(forget_set)
         reference = self._reference(fed_state, forget)
         radius = self.projection_radius(fed_state.engine().initial_state(), reference)
         jobs = [{"fed_state": fed_state, "reference": reference, "radius": radius, "data": data, "client": c}
                 for c, data in forget.items()]
         updates: list[AscentUpdate] = fed_state.map_updates(self._ascend, jobs)
         unlearned = aggregate(trained, updates)  # server_lr 1: the server adopts the ascended models
-        forget_all = fed_state.forget_data(batch)
+        forget_all = fed_state.forget_data(forget_set)
         numbers = {"radius": radius, "reference_distance": _distance(trained, reference),
                    "unlearned_distance": _distance(unlearned, reference),
                    "forget_loss_before": _loss(fed_state, trained, forget_all),
@@ -105,11 +105,11 @@ class GradientAscent(UnlearningMethod):
                    "early_stopped_clients": sum(u.early_stopped for u in updates),
                    "recovery_rounds": self.recovery_rounds}
         monitor.record("unlearn", 1, unlearned, forget_loss=numbers["forget_loss_after"])
-        state, recovery_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=unlearned,
+        state, recovery_cost = fedavg_rounds(fed_state, fed_state.retained_clients(forget_set), state=unlearned,
                                              rounds=self.recovery_rounds,
                                              first_round=fed_state.train_config.rounds,
                                              phase="recovery", monitor=monitor)
-        return Outcome(state, _ascent_cost(fed_state, batch, updates) + recovery_cost, certificate_inputs=numbers,
+        return Outcome(state, _ascent_cost(fed_state, forget_set, updates) + recovery_cost, certificate_inputs=numbers,
                        notes={"target_clients": list(forget), "reference": "replayed forget-data update"})
 
     @staticmethod
@@ -177,10 +177,10 @@ def reference_model(trained: State, replayed: list[ClientUpdate], total_samples:
     return aggregate(trained, replayed, server_lr=-n_forget / (total_samples - n_forget))
 
 
-def _ascent_cost(fed_state: FederatedState, batch: ForgetSet, updates: list[AscentUpdate]) -> Cost:
+def _ascent_cost(fed_state: FederatedState, forget_set: ForgetSet, updates: list[AscentUpdate]) -> Cost:
     """Replayed reference updates + the ascent steps taken; one download + upload per target client."""
     per_sample = fed_state.flops_per_sample()
-    replay = training_flops(per_sample, batch.num_forget, fed_state.train_config.local_epochs)
+    replay = training_flops(per_sample, forget_set.num_forget, fed_state.train_config.local_epochs)
     ascent = training_flops(per_sample, sum(u.samples_processed for u in updates), epochs=1)
     return Cost(flops=replay + ascent, comm_bytes=communication_bytes(num_params(fed_state.state), len(updates)))
 

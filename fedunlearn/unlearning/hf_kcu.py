@@ -137,9 +137,9 @@ class HFKCU(UnlearningMethod):
                       "an integer >= 0")
         self._require(isinstance(max_doublings, int) and max_doublings >= 0, "max_doublings", "an integer >= 0")
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
-        forget = calibrated_forget(fed_state, batch, self.max_doublings)
-        climb = climb_ladder(fed_state, forget, self._rungs(fed_state, batch, forget is not None),
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
+        forget = calibrated_forget(fed_state, forget_set, self.max_doublings)
+        climb = climb_ladder(fed_state, forget, self._rungs(fed_state, forget_set, forget is not None),
                              state_of=lambda removal: removal.state,
                              describe=lambda removal: {"cg_iterations": removal.cg_iterations,
                                                        "damping": removal.damping})
@@ -148,7 +148,7 @@ class HFKCU(UnlearningMethod):
         # Training on the retained data brings the forget loss back down: a ladder that never reached
         # the level stops here, as PUF stops before recovery, and costs its rungs only.
         rounds = 0 if climb.reached is False else self.finetune_rounds
-        state, finetune_cost = fedavg_rounds(fed_state, fed_state.retained_clients(batch), state=removal.state,
+        state, finetune_cost = fedavg_rounds(fed_state, fed_state.retained_clients(forget_set), state=removal.state,
                                              rounds=rounds, first_round=fed_state.train_config.rounds,
                                              phase="finetune", monitor=monitor)
         cost = sum((r.cost for r in climb.climbed), Cost()) + finetune_cost
@@ -156,7 +156,7 @@ class HFKCU(UnlearningMethod):
                        notes={"target_clients": removal.clients, "hessian": self.hessian, "finetune_rounds": rounds,
                               "strength": climb.ladder})
 
-    def _rungs(self, fed_state: FederatedState, batch: ForgetSet, climbing: bool) -> Iterator["Removal"]:
+    def _rungs(self, fed_state: FederatedState, forget_set: ForgetSet, climbing: bool) -> Iterator["Removal"]:
         """The removal at each rung, cheapest first: rung r takes 2^r·k CG steps at damping λ/2^r,
         each rung nearer the undamped Newton step for twice the products. Each is computed afresh
         from the trained state (λ changes the operator: nothing carries over); without
@@ -165,12 +165,12 @@ class HFKCU(UnlearningMethod):
             method = self if r == 0 else type(self)(**{**self.get_params(), "max_doublings": 0,
                                                         "cg_iterations": self.cg_iterations * 2 ** r,
                                                         "damping": self.damping / 2 ** r})
-            yield method._removal(fed_state, batch)
+            yield method._removal(fed_state, forget_set)
 
-    def _removal(self, fed_state: FederatedState, batch: ForgetSet) -> "Removal":
+    def _removal(self, fed_state: FederatedState, forget_set: ForgetSet) -> "Removal":
         """Algorithm 1 at this method's (k, λ): every affected client's step, combined and applied."""
-        retained = fed_state.retained_clients(batch)
-        forget = fed_state.forget_by_client(batch)
+        retained = fed_state.retained_clients(forget_set)
+        forget = fed_state.forget_by_client(forget_set)
         n_retained = sum(len(c) for c in retained)
         if self.hessian == "client":
             # A client-level request leaves the client no retained samples: its own data D_i then (line 5).
@@ -188,7 +188,7 @@ class HFKCU(UnlearningMethod):
         model = fed_state.model_from(fed_state.state)
         unlearned = add_to_parameters(fed_state.state, model, delta)
         hessian_clients = sum(1 for c in retained if len(c))
-        return Removal(unlearned, self._cost(fed_state, batch, steps, hessian_clients),
+        return Removal(unlearned, self._cost(fed_state, forget_set, steps, hessian_clients),
                        self._numbers(steps, causal, delta), [s.client for s in steps], self.cg_iterations,
                        self.damping)
 
@@ -274,7 +274,7 @@ class HFKCU(UnlearningMethod):
             scale = torch.where(v_norm > 0, torch.clamp(self.beta * theta.norm() / v_norm, max=1.0), scale)
         return KrylovStep(client, scale * v, g.norm(), scale, cg, residual, curvature_samples)
 
-    def _cost(self, fed_state: FederatedState, batch: ForgetSet, steps: list[KrylovStep],
+    def _cost(self, fed_state: FederatedState, forget_set: ForgetSet, steps: list[KrylovStep],
               hessian_clients: int) -> Cost:
         """Per affected client k CG products and one for the true residual; the Lanczos products, if
         it ran, once per operator: each client's own, or the federation's shared one (each of whose
@@ -290,7 +290,7 @@ class HFKCU(UnlearningMethod):
             products = rounds * steps[0].curvature_samples
             exchanges += [hessian_clients] * rounds
         per_sample = fed_state.flops_per_sample()
-        flops = training_flops(per_sample, batch.num_forget, epochs=1) + \
+        flops = training_flops(per_sample, forget_set.num_forget, epochs=1) + \
             HVP_OVER_TRAINING_STEP * training_flops(per_sample, products, epochs=1)
         return Cost(flops=flops, comm_bytes=communication_bytes(dim, exchanges))
 

@@ -98,7 +98,7 @@ class _PUF(UnlearningMethod):
         self._require(isinstance(self.max_doublings, int) and self.max_doublings >= 0, "max_doublings",
                       "an integer >= 0")
 
-    def _remaining_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> list[ClientUpdate]:
+    def _remaining_updates(self, fed_state: FederatedState, forget_set: ForgetSet, round_idx: int) -> list[ClientUpdate]:
         """S⁺: the remaining clients' updates in the unlearning round (PUF-Special: none)."""
         return []
 
@@ -106,10 +106,10 @@ class _PUF(UnlearningMethod):
                      eta_u: float) -> State:
         return puf_aggregate(state, remaining, targets, eta_u=eta_u)
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         round_idx = fed_state.train_config.rounds  # the round after training: fresh shuffling seeds
         start, watched = time.perf_counter(), monitor.seconds
-        step = self._unlearning_step(fed_state, batch, round_idx)
+        step = self._unlearning_step(fed_state, forget_set, round_idx)
         unlearn_cost = dataclasses.replace(step.cost, wall_seconds=_seconds_since(start, watched, monitor))
         monitor.record("unlearn", 1, step.state)
 
@@ -117,7 +117,7 @@ class _PUF(UnlearningMethod):
         if step.declined:
             state, recovery_cost, rounds, reached = step.state, Cost(), 0, None
         else:
-            state, recovery_cost, rounds, reached = self._recover(fed_state, batch, step.state, round_idx + 1, monitor,
+            state, recovery_cost, rounds, reached = self._recover(fed_state, forget_set, step.state, round_idx + 1, monitor,
                                                                   step.ladder)
         recovery_cost = dataclasses.replace(recovery_cost, wall_seconds=_seconds_since(start, watched, monitor))
 
@@ -137,16 +137,16 @@ class _PUF(UnlearningMethod):
         return [(self.unlearn_epochs * 2 ** j, self.eta_u * 2 ** i) for j in range(doublings + 1)
                 for i in range(doublings + 1)]
 
-    def _unlearning_step(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> "_Step":
+    def _unlearning_step(self, fed_state: FederatedState, forget_set: ForgetSet, round_idx: int) -> "_Step":
         """The unlearning round at the first rung that reaches the calibration level (the chosen
         strength without calibration rows); ``declined`` when none does. Its cost is every rung's."""
-        climb = climb_ladder(fed_state, calibrated_forget(fed_state, batch, self.max_doublings),
-                             self._rounds(fed_state, batch, round_idx), state_of=lambda step: step.state,
+        climb = climb_ladder(fed_state, calibrated_forget(fed_state, forget_set, self.max_doublings),
+                             self._rounds(fed_state, forget_set, round_idx), state_of=lambda step: step.state,
                              describe=lambda step: {"unlearn_epochs": step.epochs, "eta_u": step.eta_u})
         cost = sum((step.cost for step in climb.climbed), Cost())
         return dataclasses.replace(climb.chosen, cost=cost, ladder=climb.ladder, declined=climb.reached is False)
 
-    def _rounds(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> Iterator["_Step"]:
+    def _rounds(self, fed_state: FederatedState, forget_set: ForgetSet, round_idx: int) -> Iterator["_Step"]:
         """The unlearning round at each rung, cheapest first, each with what it adds to the cost: the
         targets' updates are recomputed (and paid for) only when E_u changes, the remaining clients'
         computed once; a larger η_u is the server step alone."""
@@ -155,21 +155,21 @@ class _PUF(UnlearningMethod):
         for epochs, eta_u in self._rungs(fed_state):
             cost = Cost()
             if epochs != computed_for:
-                targets, computed_for = self._target_updates(fed_state, batch, round_idx, epochs), epochs
+                targets, computed_for = self._target_updates(fed_state, forget_set, round_idx, epochs), epochs
                 first = remaining is None
                 if first:
-                    remaining = self._remaining_updates(fed_state, batch, round_idx)
+                    remaining = self._remaining_updates(fed_state, forget_set, round_idx)
                 cost = self._round_cost(fed_state, remaining if first else [], targets, epochs, 0.0)
             unlearned = self._server_step(fed_state.state, remaining, targets, eta_u)
             yield _Step(unlearned, targets, remaining, cost, epochs, eta_u, [], declined=False)
 
-    def _target_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int,
+    def _target_updates(self, fed_state: FederatedState, forget_set: ForgetSet, round_idx: int,
                         epochs: int) -> list[ClientUpdate]:
         """S⁻: each target client trains ``epochs`` (E_u) epochs from the global model on its forget data only."""
         config = fed_state.train_config.model_copy(update={"local_epochs": epochs})
         engine = FedAvg(fed_state.model_fn, config, fed_state.seed, fed_state.device)
         jobs = [{"global_state": fed_state.state, "data": data, "client": c, "round_idx": round_idx}
-                for c, data in fed_state.forget_by_client(batch).items()]
+                for c, data in fed_state.forget_by_client(forget_set).items()]
         return fed_state.map_updates(engine.local_update, jobs)
 
     def _round_cost(self, fed_state: FederatedState, remaining: list[ClientUpdate], targets: list[ClientUpdate],
@@ -180,15 +180,15 @@ class _PUF(UnlearningMethod):
         comm = communication_bytes(num_params(fed_state.state), len(remaining) + len(targets))
         return Cost(seconds, flops, comm)
 
-    def _recover(self, fed_state: FederatedState, batch: ForgetSet, state: State, first_round: int,
+    def _recover(self, fed_state: FederatedState, forget_set: ForgetSet, state: State, first_round: int,
                  monitor: Monitor, ladder: list[dict] | None = None) -> tuple[State, Cost, int, bool | None]:
         """FedAvg on the retained data, one round at a time, until the target accuracy or the budget.
         With a calibration ``ladder``, recovery also stops once the forget set's loss falls back
         below the calibration rows' (what the step removed is coming back: a memorised sample the
         negated update did not reach), and the ladder records it (``fell_back``).
         Returns the state, the cost, the rounds run and whether the target was reached (None: no target)."""
-        retained = fed_state.retained_clients(batch)
-        forget = fed_state.forget_data(batch) if ladder else None
+        retained = fed_state.retained_clients(forget_set)
+        forget = fed_state.forget_data(forget_set) if ladder else None
         cost, rounds = Cost(), 0
         reached = self._reached(fed_state, state)
         while not reached and rounds < self.max_recovery_rounds:
@@ -309,10 +309,10 @@ class PUFRegular(_PUF):
         self._check_common()
         self._require(eta_r > 0, "eta_r", "> 0")
 
-    def _remaining_updates(self, fed_state: FederatedState, batch: ForgetSet, round_idx: int) -> list[ClientUpdate]:
+    def _remaining_updates(self, fed_state: FederatedState, forget_set: ForgetSet, round_idx: int) -> list[ClientUpdate]:
         """A FedAvg sample (``client_fraction``) of the clients without forget data, on all their data."""
         engine = fed_state.engine()
-        others = [c.select(np.zeros(len(c), dtype=bool)) if i in batch.forget_ids else c
+        others = [c.select(np.zeros(len(c), dtype=bool)) if i in forget_set.forget_ids else c
                   for i, c in enumerate(fed_state.clients)]
         jobs = [{"global_state": fed_state.state, "data": others[c], "client": c, "round_idx": round_idx}
                 for c in engine.select_clients(round_idx, others)]

@@ -23,13 +23,13 @@ class Retrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class", "client"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: FederatedState, batch: ForgetSet, monitor: Monitor) -> Outcome:
-        retained = fed_state.retained_clients(batch)
+    def _unlearn(self, fed_state: FederatedState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
+        retained = fed_state.retained_clients(forget_set)
         rounds = fed_state.train_config.rounds
         state, cost = fedavg_rounds(fed_state, retained, state=None, rounds=rounds, first_round=0,
                                     phase="unlearn", monitor=monitor)
         retained_samples = sum(len(c) for c in retained)
         return Outcome(state, cost,
                        certificate_inputs={"rounds": rounds, "retained_samples": retained_samples,
-                                           "forget_samples": batch.num_forget},
+                                           "forget_samples": forget_set.num_forget},
                        notes={"rounds": rounds})

@@ -50,17 +50,17 @@ class VerticalRetrain(UnlearningMethod):
     request_kinds = frozenset({"sample", "class"})
     guarantee = EXACT_RETRAIN
 
-    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         before = federation.meter()
-        _, retained = fed_state.positions(batch)
+        _, retained = fed_state.positions(forget_set)
         result = federation.fit(retained, state=None,
                                 on_epoch=lambda epoch, state, loss: monitor.record("unlearn", epoch, state,
                                                                                    train_loss=loss))
         epochs = fed_state.train_config.rounds
         return Outcome(result.state, fed_state.cost_since(before),
                        certificate_inputs={"epochs": epochs, "retained_samples": len(retained),
-                                           "forget_samples": batch.num_forget},
+                                           "forget_samples": forget_set.num_forget},
                        notes={"epochs": epochs})
 
 
@@ -92,10 +92,10 @@ class VerticalGradientAscent(UnlearningMethod):
         self._require(isinstance(recovery_epochs, int) and recovery_epochs >= 0, "recovery_epochs",
                       "an integer >= 0")
 
-    def _unlearn(self, fed_state: VerticalState, batch: ForgetSet, monitor: Monitor) -> Outcome:
+    def _unlearn(self, fed_state: VerticalState, forget_set: ForgetSet, monitor: Monitor) -> Outcome:
         federation = fed_state.federation
         before = federation.meter()
-        forget, retained = fed_state.positions(batch)
+        forget, retained = fed_state.positions(forget_set)
         rounds = fed_state.train_config.rounds
         stop_loss = self.stop_loss if self.stop_loss is not None else math.log(fed_state.num_classes)
         loss_before = _forget_loss(fed_state, fed_state.state, forget)
