@@ -6,8 +6,10 @@ The receipt itself, its fields and its reading are ``fedunlearn.receipts``'.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -36,16 +38,31 @@ def certificate_record(certificate: Certificate | None) -> dict[str, Any]:
     return json.loads(certificate.to_json())
 
 
+@dataclass(frozen=True)
+class TierFields:
+    """The receipt's tier fields: the tier the chosen version forgets on (``forgetting``), the policy
+    the batch ran under, each request's deadline and, on the interim tier, when exact forgetting is
+    due and the latest safe time to start it."""
+
+    forgetting: str
+    policy: str
+    deadlines: dict[str, datetime]
+    exact_due: datetime | None = None
+    exact_start_by: datetime | None = None
+
+    @property
+    def interim(self) -> bool:
+        return self.forgetting == Tier.interim.value
+
+
 def tier_fields(deadlines: dict[str, datetime], certificate: str | None, forgetting: ForgettingPolicy,
-                start_by: Callable[[datetime], datetime]) -> dict:
-    """The receipt's tier fields: the tier the chosen version forgets on, each request's deadline and,
-    on the interim tier, when exact forgetting is due and the latest safe time to start it."""
+                start_by: Callable[[datetime], datetime]) -> TierFields:
+    """``TierFields`` of a version with ``certificate`` (``start_by``: a due time's latest safe start)."""
     tier = tier_of(certificate)
-    fields = {"forgetting": tier.value, "policy": forgetting.value, "deadlines": deadlines}
-    if tier is Tier.interim:
-        due = exact_due(deadlines.values())
-        fields.update(exact_due=due, exact_start_by=start_by(due))
-    return fields
+    if tier is not Tier.interim:
+        return TierFields(tier.value, forgetting.value, deadlines)
+    due = exact_due(deadlines.values())
+    return TierFields(tier.value, forgetting.value, deadlines, exact_due=due, exact_start_by=start_by(due))
 
 
 def speedup(reference_seconds: float | None, chosen_seconds: float | None) -> float | None:
@@ -83,7 +100,7 @@ def batch_flops(attempts: list[EscalationStep], exact_flops: float | None, sourc
 
 
 def receipt_for(record: BatchRecord, unlearning: BatchUnlearning, aliases: dict[str, ModelRef | None],
-                erasure: dict, tier: dict, batch_record: str) -> Receipt:
+                erasure: dict, tier: TierFields, batch_record: str) -> Receipt:
     """The receipt of a batch whose chosen attempt now serves. ``aliases``: ``original`` and
     ``current`` as the registry has them after the promotion."""
     chosen = unlearning.chosen
@@ -99,7 +116,7 @@ def receipt_for(record: BatchRecord, unlearning: BatchUnlearning, aliases: dict[
                                       "current": aliases.get("current")},
         certificate=certificate_record(unlearning.certificate), gates=chosen.gates, attempts=unlearning.attempts,
         promoted=True, metrics=metrics, costs=_costs(unlearning), erasure=erasure,
-        source_gates=unlearning.source_gates, **tier, batch_record=batch_record)
+        source_gates=unlearning.source_gates, **dataclasses.asdict(tier), batch_record=batch_record)
 
 
 def receipt_closed_by_retrain(record: BatchRecord, retrain: ModelRef, original: ModelRef | None, erasure: dict,
@@ -135,5 +152,5 @@ def receipt_without_model(record: BatchRecord, source: ModelRef, original: Model
         promoted=False, metrics={}, costs={}, erasure=erasure, batch_record=batch_record)
 
 
-__all__ = ["certificate_record", "tier_fields", "speedup", "batch_flops", "receipt_for", "receipt_closed_by_retrain",
+__all__ = ["certificate_record", "TierFields", "tier_fields", "speedup", "batch_flops", "receipt_for", "receipt_closed_by_retrain",
            "receipt_without_model"]

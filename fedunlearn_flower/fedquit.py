@@ -26,63 +26,29 @@ import json
 from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import aggregate
 from fedunlearn.federation.local import State
+from fedunlearn.unlearning.fedquit import EDIT_SETTINGS
 from fedunlearn.unlearning.fedquit import FedQUIT as InProcessFedQUIT
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
 from fedunlearn_flower.puf import forget_lists
 from fedunlearn_flower.records import TEACHER
+from fedunlearn_flower.wrapping import OverFlower
 
 
-class FedQUIT:
-    """FedQUIT strategy on a ``Federation``: sample and client requests.
+class FedQUIT(OverFlower):
+    """FedQUIT strategy on a ``Federation``: sample and client requests. Its settings are
+    ``fedunlearn.unlearning.fedquit.FedQUIT``'s, with the paper's FedAvg rounds (``solver="steps"``)
+    pinned: the closed-form edit and its own settings (``EDIT_SETTINGS``) run in-process only.
+    Refused here too: ``recovery_tolerance``, and ``local_steps`` with recovery rounds (recovery is
+    the training's unchecked FedAvg rounds: the server holds no test rows)."""
 
-    Parameters
-    ----------
-    solver : str (default: "steps")
-        The paper's FedAvg rounds; the in-process method's closed-form ``"edit"`` has no Flower
-        version yet and is refused here (run it with the in-process runtime).
-    rounds : int (default: 5)
-        R, unlearning rounds, each a FedAvg round with the distillation term on the quitting targets.
-    local_epochs : int (default: 1)
-        Local epochs per round over each client's retained data.
-    forget_weight : float (default: 0.1)
-        λ, the weight of the distillation term (sized for the squared logit distance).
-    suppress : str (default: "min")
-        The labelled logit's value in the virtual teacher: "min" or "mean" of the other logits.
-    temperature : float | None (default: None)
-        None for the logit distance ``distance``; T > 0 for T²·KL at temperature T (T = 1: the paper's loss).
-    lr : float | None (default: None)
-        Local step size (None: the training's; momentum and batch size are always the training's).
-    recovery_rounds : int | None (default: None)
-        FedAvg rounds on the retained data afterwards, without the distillation term (None: the
-        in-process method's default after the steps).
-    distance : str (default: "squared")
-        "squared" or "huber", the logit distance when ``temperature`` is None.
-    clip_norm : float | None (default: 5.0)
-        The local steps' gradient norm is clipped to this (None: no clipping).
-    participants, local_steps, retained_batch, anchor, target_test_acc, recovery_tolerance
-        As the in-process method's (its docstring). Refused here: ``recovery_tolerance`` and
-        ``local_steps`` with recovery rounds (recovery is the training's unchecked FedAvg rounds).
-    """
+    in_process = InProcessFedQUIT
+    pinned = {"solver": "steps", **{name: InProcessFedQUIT.defaults()[name] for name in EDIT_SETTINGS}}
 
-    def __init__(self, *, solver: str = "steps", rounds: int = 5, local_epochs: int = 1, forget_weight: float = 0.1, suppress: str = "min",
-                 temperature: float | None = None, lr: float | None = None, recovery_rounds: int | None = None,
-                 distance: str = "squared", clip_norm: float | None = 5.0, participants: str = "all",
-                 local_steps: int | None = None, retained_batch: int | None = None,
-                 target_test_acc: float | None = None, recovery_tolerance: float | None = None,
-                 anchor: str = "labels"):
-        # The in-process method validates them, and its clients' code runs them: one definition of both.
-        if solver != "steps":
-            raise ValueError(f"fedquit over Flower: solver {solver!r} runs in-process only (use the in-process "
-                             "runtime, or solver='steps')")
-        self.method = InProcessFedQUIT(solver="steps", rounds=rounds, local_epochs=local_epochs, forget_weight=forget_weight,
-                                       suppress=suppress, temperature=temperature, lr=lr,
-                                       recovery_rounds=recovery_rounds, distance=distance, clip_norm=clip_norm,
-                                       participants=participants, local_steps=local_steps,
-                                       retained_batch=retained_batch, target_test_acc=target_test_acc,
-                                       recovery_tolerance=recovery_tolerance, anchor=anchor)
-        # Recovery here is the training's FedAvg rounds, unchecked: the server holds no test rows.
-        if recovery_tolerance is not None or (local_steps is not None and self.method.recovery_for("steps") > 0):
+    def __init__(self, **params):
+        super().__init__(**params)
+        if self.method.recovery_tolerance is not None or (self.method.local_steps is not None
+                                                          and self.method.recovery_for("steps") > 0):
             raise ValueError("fedquit over Flower: recovery_tolerance, and local_steps with recovery rounds, run "
                              "in-process only (use the in-process runtime, or recovery_rounds=0)")
 

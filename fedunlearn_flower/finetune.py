@@ -16,26 +16,20 @@ from fedunlearn.unlearning.finetune import FineTune as InProcessFineTune
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
 from fedunlearn_flower.puf import forget_lists
+from fedunlearn_flower.wrapping import OverFlower
 
 
-class FineTune:
-    """Fine-tuning strategy on a ``Federation``: sample, class and client requests.
+class FineTune(OverFlower):
+    """Fine-tuning strategy on a ``Federation``: sample, class and client requests. Its settings
+    are ``fedunlearn.unlearning.finetune.FineTune``'s (``rounds``)."""
 
-    Parameters
-    ----------
-    rounds : int (default: 5)
-        FedAvg rounds on the retained data (PUF lets "Natural" run as many rounds as the others' recovery).
-    """
-
-    def __init__(self, *, rounds: int = 5):
-        InProcessFineTune(rounds=rounds)  # its validation: one definition of what is accepted
-        self.rounds = rounds
+    in_process = InProcessFineTune
 
     def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         """``rounds`` FedAvg rounds on the retained data; the model and what was run."""
         forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
-        state = training.run(federation, state, first_round=training.rounds, rounds=self.rounds, sizes=retained,
+        state = training.run(federation, state, first_round=training.rounds, rounds=self.method.rounds, sizes=retained,
                              forget_ids=forget)
-        return state, {"target_clients": sorted(forget), "rounds": self.rounds}
+        return state, {"target_clients": sorted(forget), "rounds": self.method.rounds}

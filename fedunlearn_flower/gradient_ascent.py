@@ -30,39 +30,15 @@ from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
 from fedunlearn_flower.puf import forget_lists
 from fedunlearn_flower.records import REFERENCE
+from fedunlearn_flower.wrapping import OverFlower
 
 
-class GradientAscent:
+class GradientAscent(OverFlower):
     """Projected gradient ascent strategy on a ``Federation``: sample, class and client requests.
+    Its settings are ``fedunlearn.unlearning.gradient_ascent.GradientAscent``'s (the step size, epochs,
+    batch size, clipping, τ, the radius δ or its fraction, the recovery rounds)."""
 
-    Parameters
-    ----------
-    lr : float | None (default: None)
-        Ascent step size (None: the training's local step size).
-    epochs : int (default: 5)
-        Local unlearning epochs over the forget data (the paper's value).
-    batch_size : int (default: 512)
-        Mini-batch size of the ascent (the paper's value).
-    clip_norm : float (default: 5.0)
-        Gradient-norm clipping threshold (the paper's value).
-    stop_loss : float (default: 2.2)
-        τ, the ascent stops once a forget mini-batch loss exceeds it (just below ln 10, a uniform
-        guess over 10 classes).
-    radius : float | None (default: None)
-        δ, the projection radius around w_ref (None: ``radius_fraction`` · ‖w_ref − w_random‖).
-    radius_fraction : float (default: 1/3)
-        δ's share of the distance from w_ref to the training's seeded initial model (Halimi et al.'s).
-    recovery_rounds : int (default: 2)
-        FedAvg rounds on the retained data after the ascent.
-    """
-
-    def __init__(self, *, lr: float | None = None, epochs: int = 5, batch_size: int = 512, clip_norm: float = 5.0,
-                 stop_loss: float = 2.2, radius: float | None = None, radius_fraction: float = 1 / 3,
-                 recovery_rounds: int = 2):
-        # The in-process method validates them, and its clients' code runs them: one definition of both.
-        self.method = InProcessGradientAscent(lr=lr, epochs=epochs, batch_size=batch_size, clip_norm=clip_norm,
-                                              stop_loss=stop_loss, radius=radius, radius_fraction=radius_fraction,
-                                              recovery_rounds=recovery_rounds)
+    in_process = InProcessGradientAscent
 
     def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:

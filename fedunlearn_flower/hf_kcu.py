@@ -24,75 +24,50 @@ import torch
 
 from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.local import State
+from fedunlearn.unlearning.hf_kcu import HFKCU as InProcessHFKCU
 from fedunlearn.unlearning.krylov import add_to_parameters, conjugate_gradient, flatten_parameters
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
 from fedunlearn_flower.puf import forget_lists
+from fedunlearn_flower.wrapping import OverFlower
 
 
-class HFKCU:
+class HFKCU(OverFlower):
     """HF-KCU strategy on a ``Federation``; the Hessian is the federation's retained Hessian H_r.
+    Its settings are ``fedunlearn.unlearning.hf_kcu.HFKCU``'s (k, λ, β, where the curvature is
+    computed and on how many rows, the clients' weights, the fine-tuning rounds); the step's
+    calibration ladder and its Lanczos bound (``max_doublings``, ``lanczos_steps``,
+    ``residual_tolerance``) are the in-process method's only."""
 
-    Parameters
-    ----------
-    cg_iterations : int (default: 10)
-        k, CG steps per affected client (the paper's value); each is one ``query.hvp`` exchange.
-    damping : float (default: 0.01)
-        λ in H + λI (the paper's value).
-    beta : float | None (default: 0.01)
-        β of the adaptive scale min(1, β‖θ‖/‖v‖) (the paper's value); None switches it off.
-    hessian : str (default: "client")
-        "client": each affected client's own curvature, the whole step computed there in one
-        ``query.krylov`` message (the paper's line 5); "federation": H_r, every product a
-        ``query.hvp`` exchange with every client holding retained data.
-    hessian_batch : int | None (default: None)
-        Curvature on a seeded mini-batch of this many retained samples per client (None: all).
-    weights : str (default: "sum")
-        "sum" adds the affected clients' steps; "causal" weighs them by α_i = ‖g_i‖/Σ‖g_j‖ (Eq. 7).
-    finetune_rounds : int (default: 0)
-        FedAvg rounds on the retained data after the step.
-    """
-
-    def __init__(self, *, cg_iterations: int = 10, damping: float = 0.01, beta: float | None = 0.01,
-                 hessian: str = "client", hessian_batch: int | None = None, weights: str = "sum",
-                 finetune_rounds: int = 0):
-        if weights not in ("sum", "causal"):
-            raise ValueError(f"weights must be 'sum' or 'causal', not {weights!r}")
-        if hessian not in ("client", "federation"):
-            raise ValueError(f"hessian must be 'client' or 'federation', not {hessian!r}")
-        self.hessian = hessian
-        self.cg_iterations = cg_iterations
-        self.damping = damping
-        self.beta = beta
-        self.hessian_batch = hessian_batch
-        self.weights = weights
-        self.finetune_rounds = finetune_rounds
+    in_process = InProcessHFKCU
+    pinned = {name: InProcessHFKCU.defaults()[name] for name in ("max_doublings", "lanczos_steps",
+                                                                 "residual_tolerance")}
 
     def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
         forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         model = federation.scenario.model_from(state)
-        if self.hessian == "client":
+        if self.method.hessian == "client":
             steps, norms, exchanges = self._client_steps(federation, state, forget, retained, training.rounds)
         else:
             steps, norms, exchanges = self._federation_steps(federation, state, forget, retained, training.rounds,
                                                              flatten_parameters(model))
         norms_t = torch.stack(norms)
         causal = norms_t / norms_t.sum().clamp_min(torch.finfo(norms_t.dtype).tiny)  # Eq. 7
-        weights = causal if self.weights == "causal" else torch.ones_like(causal)
+        weights = causal if self.method.weights == "causal" else torch.ones_like(causal)
         unlearned = add_to_parameters(state, model, sum(w * s for w, s in zip(weights, steps)))
-        unlearned = training.run(federation, unlearned, first_round=training.rounds, rounds=self.finetune_rounds,
+        unlearned = training.run(federation, unlearned, first_round=training.rounds, rounds=self.method.finetune_rounds,
                                  sizes=retained, forget_ids=forget)
-        return unlearned, {"target_clients": sorted(forget), "hessian": self.hessian, "hvp_exchanges": exchanges,
+        return unlearned, {"target_clients": sorted(forget), "hessian": self.method.hessian, "hvp_exchanges": exchanges,
                            "causal_weights": dict(zip(sorted(forget), causal.tolist()))}
 
     def _client_steps(self, federation: Federation, state: State, forget: dict[int, list[str]],
                       retained: dict[int, int], round_idx: int) -> tuple[list, list, int]:
         """One ``query.krylov`` message per affected client: it runs the whole step on its own data."""
         config = {"subset": "forget", "round": round_idx, "n-retained": sum(retained.values()),
-                  "cg-iterations": self.cg_iterations, "damping": self.damping, "beta": self.beta or 0.0,
-                  "hessian-batch": self.hessian_batch or 0}
+                  "cg-iterations": self.method.cg_iterations, "damping": self.method.damping, "beta": self.method.beta or 0.0,
+                  "hessian-batch": self.method.hessian_batch or 0}
         replies = federation.vectors("query.krylov", state, {c: {**config, "forget-ids": ids}
                                                              for c, ids in forget.items()}, "hf-kcu-krylov")
         norms = [torch.tensor(metrics["gradient-norm"], dtype=step.dtype) for step, metrics in replies.values()]
@@ -107,11 +82,11 @@ class HFKCU:
         operator, products = self._operator(federation, state, forget, retained, round_idx)
         steps, norms = [], []
         for g, _ in gradients.values():
-            v = conjugate_gradient(operator, g / n_retained, self.cg_iterations).solution
+            v = conjugate_gradient(operator, g / n_retained, self.method.cg_iterations).solution
             scale = torch.ones_like(theta[0])
-            if self.beta is not None:
+            if self.method.beta is not None:
                 v_norm = v.norm()
-                scale = torch.where(v_norm > 0, torch.clamp(self.beta * theta.norm() / v_norm, max=1.0), scale)
+                scale = torch.where(v_norm > 0, torch.clamp(self.method.beta * theta.norm() / v_norm, max=1.0), scale)
             steps.append(scale * v)
             norms.append(g.norm())
         return steps, norms, products[0]
@@ -122,12 +97,12 @@ class HFKCU:
         n_retained = sum(retained.values())
         holders = [c for c in sorted(retained) if retained[c] > 0]
         jobs = {c: {"subset": "retained", "forget-ids": forget.get(c, []), "round": round_idx,
-                    "hessian-batch": self.hessian_batch or 0} for c in holders}
+                    "hessian-batch": self.method.hessian_batch or 0} for c in holders}
         count = [0]
 
         def apply(direction: torch.Tensor) -> torch.Tensor:
             count[0] += 1
             products = federation.vectors("query.hvp", state, jobs, f"hf-kcu-hvp-{count[0]}", vector=direction)
-            return sum((retained[c] / n_retained) * products[c][0] for c in holders) + self.damping * direction
+            return sum((retained[c] / n_retained) * products[c][0] for c in holders) + self.method.damping * direction
 
         return apply, count

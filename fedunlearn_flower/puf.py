@@ -13,7 +13,7 @@ FedAvg rounds on the retained data (subset ``retained``) until the test accuracy
 ``target_test_acc`` or ``max_recovery_rounds`` have run.
 
 The strength is the chosen one, as in the paper: the calibration ladder of the in-process method
-(``max_doublings``) is not offered here.
+(``max_doublings``) is not offered here (``OverFlower.pinned``).
 """
 
 from __future__ import annotations
@@ -26,32 +26,29 @@ from fedunlearn.data.store import PARTITIONS_DIR
 from fedunlearn.federation.forget_set import ForgetSet
 from fedunlearn.federation.fedavg import ClientUpdate
 from fedunlearn.federation.local import State, Tensors, accuracy
+from fedunlearn.unlearning.puf import PUFRegular as InProcessPUFRegular
+from fedunlearn.unlearning.puf import PUFSpecial as InProcessPUFSpecial
 from fedunlearn.unlearning.puf import puf_aggregate
 from fedunlearn_flower.fedavg import FedAvg
 from fedunlearn_flower.federation import Federation
 from fedunlearn_flower.partition import CPU
+from fedunlearn_flower.wrapping import OverFlower
 
 
-class _PUF:
-    """What both modes share; subclasses say who else trains in the unlearning round."""
+class _PUF(OverFlower):
+    """What both modes share; subclasses say who else trains in the unlearning round. The settings
+    are the in-process method's; its calibration ladder (``max_doublings``) is not offered here."""
 
-    eta_r = 1.0
-
-    def __init__(self, *, eta_u: float, unlearn_epochs: int = 1, max_recovery_rounds: int = 10,
-                 target_test_acc: float | None = None):
-        self.eta_u = eta_u
-        self.unlearn_epochs = unlearn_epochs
-        self.max_recovery_rounds = max_recovery_rounds
-        self.target_test_acc = target_test_acc
+    pinned = {"max_doublings": 0}
 
     def step(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg) -> State:
         """The unlearning round alone (Eq. 7–9): the model before recovery."""
         round_idx = training.rounds  # the round after training: fresh shuffling seeds, as in-process
         forget = forget_lists(forget_set)
         targets = federation.train(state, round_idx, sorted(forget), subset="forget", forget_ids=forget,
-                                   **training.client_hyperparameters(self.unlearn_epochs))
+                                   **training.client_hyperparameters(self.method.unlearn_epochs))
         remaining = self._remaining(federation, state, forget_set, training, round_idx)
-        return puf_aggregate(state, remaining, targets, eta_u=self.eta_u, eta_r=self.eta_r)
+        return puf_aggregate(state, remaining, targets, eta_u=self.method.eta_u, eta_r=self._eta_r())
 
     def run(self, federation: Federation, state: State, forget_set: ForgetSet,
             training: FedAvg) -> tuple[State, dict]:
@@ -60,68 +57,43 @@ class _PUF:
         forget = forget_lists(forget_set)
         retained = {c: n - len(forget.get(c, [])) for c, n in federation.sizes.items()}
         rounds, test = 0, None
-        if self.target_test_acc is not None:
+        if self.method.target_test_acc is not None:
             test = held_out(federation)
-        while not self._reached(federation, state, test) and rounds < self.max_recovery_rounds:
+        while not self._reached(federation, state, test) and rounds < self.method.max_recovery_rounds:
             state = training.run(federation, state, first_round=training.rounds + 1 + rounds, rounds=1,
                                  sizes=retained, forget_ids=forget)
             rounds += 1
-        return state, {"target_clients": sorted(forget), "recovery_rounds": rounds, "eta_u": self.eta_u,
-                       "unlearn_epochs": self.unlearn_epochs}
+        return state, {"target_clients": sorted(forget), "recovery_rounds": rounds, "eta_u": self.method.eta_u,
+                       "unlearn_epochs": self.method.unlearn_epochs}
 
     def _remaining(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:
         return []
 
+    def _eta_r(self) -> float:
+        return 1.0  # no other client trains in PUF-Special's unlearning round
+
     def _reached(self, federation: Federation, state: State, test: Tensors | None) -> bool:
         if test is None:
             return False
-        return accuracy(federation.scenario.model_from(state), test) >= self.target_test_acc
+        return accuracy(federation.scenario.model_from(state), test) >= self.method.target_test_acc
 
 
 class PUFSpecial(_PUF):
-    """PUF-Special: a dedicated round in which only the target clients train (Eq. 9).
+    """PUF-Special: a dedicated round in which only the target clients train (Eq. 9). Settings:
+    ``fedunlearn.unlearning.puf.PUFSpecial``'s (η_u, E_u, the recovery's budget and target)."""
 
-    Parameters
-    ----------
-    eta_u : float (default: 2.0)
-        η_u, scale of the negated target update (the paper's value).
-    unlearn_epochs : int (default: 1)
-        E_u, local epochs of the target clients in the unlearning round.
-    max_recovery_rounds : int (default: 10)
-        Round budget of the recovery phase.
-    target_test_acc : float | None (default: None)
-        Recovery stops once the test accuracy reaches it (None: always ``max_recovery_rounds``).
-    """
-
-    def __init__(self, *, eta_u: float = 2.0, unlearn_epochs: int = 1, max_recovery_rounds: int = 10,
-                 target_test_acc: float | None = None):
-        super().__init__(eta_u=eta_u, unlearn_epochs=unlearn_epochs, max_recovery_rounds=max_recovery_rounds,
-                         target_test_acc=target_test_acc)
+    in_process = InProcessPUFSpecial
 
 
 class PUFRegular(_PUF):
     """PUF-Regular: a normal FedAvg round with the targets' aggregated update negated (Eq. 7–8).
+    Settings: ``fedunlearn.unlearning.puf.PUFRegular``'s (η_u, η_r, E_u, the recovery's budget and target)."""
 
-    Parameters
-    ----------
-    eta_u : float (default: 20.0)
-        η_u, scale of the negated target update (the paper's value).
-    eta_r : float (default: 1.0)
-        η_r, scale of the remaining clients' update.
-    unlearn_epochs : int (default: 1)
-        E_u, local epochs of the target clients in the unlearning round.
-    max_recovery_rounds : int (default: 10)
-        Round budget of the recovery phase.
-    target_test_acc : float | None (default: None)
-        Recovery stops once the test accuracy reaches it (None: always ``max_recovery_rounds``).
-    """
+    in_process = InProcessPUFRegular
 
-    def __init__(self, *, eta_u: float = 20.0, eta_r: float = 1.0, unlearn_epochs: int = 1,
-                 max_recovery_rounds: int = 10, target_test_acc: float | None = None):
-        super().__init__(eta_u=eta_u, unlearn_epochs=unlearn_epochs, max_recovery_rounds=max_recovery_rounds,
-                         target_test_acc=target_test_acc)
-        self.eta_r = eta_r
+    def _eta_r(self) -> float:
+        return self.method.eta_r
 
     def _remaining(self, federation: Federation, state: State, forget_set: ForgetSet, training: FedAvg,
                    round_idx: int) -> list[ClientUpdate]:

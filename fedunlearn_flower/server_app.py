@@ -31,8 +31,9 @@ from fedunlearn_flower.hf_kcu import HFKCU
 from fedunlearn_flower.partition import Scenario
 from fedunlearn_flower.puf import PUFRegular, PUFSpecial
 
-ALGORITHMS = {"puf-special": PUFSpecial, "puf-regular": PUFRegular, "hf-kcu": HFKCU, "ga": GradientAscent,
-              "finetune": FineTune, "fedquit": FedQUIT}
+# Named as the registry names the in-process methods they wrap (``OverFlower.in_process``).
+ALGORITHMS = {strategy.in_process.name: strategy
+              for strategy in (PUFSpecial, PUFRegular, HFKCU, GradientAscent, FineTune, FedQUIT)}
 STATUS, TRAINED, UNLEARNED, STEP = "status.json", "trained.pt", "unlearned.pt", "step.pt"
 ROUND = "round-{}.pt"  # the global model after training round n (from 1), for the caller's per-round metrics
 

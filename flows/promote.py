@@ -11,7 +11,6 @@ from prefect.cache_policies import NO_CACHE
 from fedunlearn.batch_receipts import receipt_for, tier_fields
 from fedunlearn.retrain_debt import racing_retrain
 from fedunlearn.certify.certificate import EXACT_RETRAIN
-from fedunlearn.certify.tiers import Tier
 from fedunlearn.faults import failpoint
 from fedunlearn.receipts import ExactForgetting, ModelRef, read_receipt
 from fedunlearn.requests.batch import BatchRecord, record_path
@@ -51,11 +50,11 @@ def promote_and_receipt(scope: ScenarioScope, unlearned: Unlearned) -> Receipted
     sync_state(ws.root, f"{batch_id}: before alias current moves")
     deadlines = record.deadlines(ws.params.requests.deadline_days)
     tier = tier_fields(deadlines, chosen.certificate, forgetting, lambda due: safe_start(ws, scenario, due))
-    tag_version(ws, scenario, chosen.version.version, FORGETTING_TAG, tier["forgetting"])
-    exact = exact_retrain_on(ws, record) if tier["forgetting"] == Tier.interim.value else None
+    tag_version(ws, scenario, chosen.version.version, FORGETTING_TAG, tier.forgetting)
+    exact = exact_retrain_on(ws, record) if tier.interim else None
     if exact is not None:
         tier = tier_fields(deadlines, EXACT_RETRAIN, forgetting, lambda due: safe_start(ws, scenario, due))
-        tag_version(ws, scenario, exact.version, FORGETTING_TAG, tier["forgetting"])
+        tag_version(ws, scenario, exact.version, FORGETTING_TAG, tier.forgetting)
         get_run_logger().warning("%s v%s, an exact retrain on the batch's data version %s, was registered while the "
                                  "batch ran: it serves instead of the interim v%s", scenario, exact.version,
                                  record.data_version_after, chosen.version.version)

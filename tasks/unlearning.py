@@ -89,7 +89,7 @@ def _gpu_limited() -> bool:
 
 def flower_methods() -> dict[str, set[str]]:
     """The methods the Flower app runs, each with the options its Flower version accepts."""
-    return {name: set(inspect.signature(cls).parameters) for name, cls in ALGORITHMS.items()}
+    return {name: cls.options() for name, cls in ALGORITHMS.items()}
 
 
 @task(name="unlearn-through-flower", cache_policy=NO_CACHE, task_run_name="unlearn-{name}-through-flower")

@@ -12,7 +12,7 @@ import pytest
 from fedunlearn.batch_decisions import (UNCHANGED, BatchUnlearning, NoModelFits, Owed, OwedFacts, RegisteredAttempt,
                                         Route, exact_certificate, metrics_of, owed, recorded_source, route)
 from fedunlearn.batch_receipts import (certificate_record, receipt_closed_by_retrain, receipt_for,
-                                       receipt_without_model, speedup, tier_fields)
+                                       receipt_without_model, speedup, tier_fields, TierFields)
 from fedunlearn.retrain_debt import (DebtAction, debt_action, late_start, racing_retrain, reference_to_reuse,
                                      retrain_closes_open)
 from fedunlearn.certify.certificate import EMPIRICAL_ONLY, EXACT_RETRAIN, Certificate
@@ -140,13 +140,13 @@ def test_with_an_exact_retrain_in_hand_only_a_pass_ends_the_escalation():
 def test_tier_fields_on_the_interim_tier_say_when_exact_forgetting_is_due_and_when_to_start():
     deadlines = {"r0": DUE, "r1": DUE + timedelta(days=3)}
     fields = tier_fields(deadlines, "empirical", ForgettingPolicy.interim, lambda due: due - timedelta(hours=8))
-    assert fields["forgetting"] == "interim" and fields["policy"] == "interim"
-    assert fields["exact_due"] == DUE and fields["exact_start_by"] == DUE - timedelta(hours=8)
+    assert fields.forgetting == "interim" and fields.policy == "interim" and fields.interim
+    assert fields.exact_due == DUE and fields.exact_start_by == DUE - timedelta(hours=8)
 
 
 def test_tier_fields_of_an_exact_retrain_owe_nothing():
     fields = tier_fields({"r0": DUE}, EXACT_RETRAIN, ForgettingPolicy.strict, lambda due: pytest.fail("not owed"))
-    assert fields == {"forgetting": "exact", "policy": "strict", "deadlines": {"r0": DUE}}
+    assert fields == TierFields("exact", "strict", {"r0": DUE}) and not fields.interim
 
 
 @pytest.mark.parametrize("reference, chosen, expected", [
@@ -170,7 +170,7 @@ def outcome(method: str, with_reference: bool) -> BatchUnlearning:
 def test_the_receipt_names_the_chosen_attempt_every_model_and_the_cost_against_retraining():
     receipt = receipt_for(record(), outcome("puf-regular", True),
                           {"original": ref("3", "original"), "current": ref("5", "unlearned")},
-                          {"verified": True}, {"forgetting": "interim", "policy": "interim"}, "batches/b1.json")
+                          {"verified": True}, TierFields("interim", "interim", {}), "batches/b1.json")
     assert receipt.method == "puf-regular" and receipt.promoted and receipt.request_ids == ["r0", "r1"]
     assert receipt.deleted_samples == 2 and receipt.forgotten_per_client == {"0": 1, "2": 1}
     assert receipt.models["unlearned"].version == "5" and receipt.models["retrained"].version == "6"
@@ -181,11 +181,14 @@ def test_the_receipt_names_the_chosen_attempt_every_model_and_the_cost_against_r
     assert receipt.forgetting == "interim" and receipt.data_version_after == "v1"
 
 
+STRICT_EXACT = TierFields("exact", "strict", {})
+
+
 def test_a_receipt_without_a_reference_claims_no_speedup_and_an_exact_retrain_is_its_own_reference():
-    unreferenced = receipt_for(record(), outcome("puf-regular", False), {}, {}, {}, "b")
+    unreferenced = receipt_for(record(), outcome("puf-regular", False), {}, {}, STRICT_EXACT, "b")
     assert unreferenced.costs["speedup_vs_retrain"] is None and unreferenced.models["retrained"] is None
     assert "retrained" not in unreferenced.costs and "retrained" not in unreferenced.metrics
-    retrained = receipt_for(record(), outcome("retrain", False), {}, {}, {}, "b")
+    retrained = receipt_for(record(), outcome("retrain", False), {}, {}, STRICT_EXACT, "b")
     assert retrained.models["retrained"].version == "5"
 
 

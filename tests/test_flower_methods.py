@@ -81,24 +81,31 @@ def _predictions(fed, state: dict, data) -> torch.Tensor:
         return model(data.x).argmax(dim=1)
 
 
-def test_the_flower_methods_keep_the_in_process_defaults():
-    """Every hyperparameter of a Flower version has the in-process method's name and default."""
-    import inspect
-
-    from fedunlearn.unlearning.fedquit import EDIT_SETTINGS
+def test_the_flower_methods_wrap_the_registry_methods_with_their_defaults():
+    """Every Flower version wraps the registry's in-process method under its name: the same
+    settings and defaults, but those its protocol pins (FedQUIT's steps, PUF's and HF-KCU's ladder)."""
     from fedunlearn.unlearning.registry import get_method_class
     from fedunlearn_flower.server_app import ALGORITHMS
 
+    assert set(ALGORITHMS) == {"puf-special", "puf-regular", "hf-kcu", "ga", "finetune", "fedquit"}
     for name, flower in ALGORITHMS.items():
-        ours = {p.name: p.default for p in inspect.signature(get_method_class(name, "hfl")).parameters.values()}
-        theirs = {p.name: p.default for p in inspect.signature(flower).parameters.values()}
-        # FedQUIT's closed-form edit has no Flower version: there the steps are the default, and the
-        # edit's own settings are not taken.
-        differs = {"solver": "steps"} if name == "fedquit" else {}
-        edit_only = set(EDIT_SETTINGS) if name == "fedquit" else set()
-        assert {k: differs.get(k, ours[k]) for k in theirs} == theirs, name
-        if name in ("ga", "finetune", "fedquit"):
-            assert {k: v for k, v in {**ours, **differs}.items() if k not in edit_only} == theirs, name
+        ours = get_method_class(name, "hfl")
+        assert flower.in_process is ours, name
+        assert flower().method.get_params() == {**ours.defaults(), **flower.pinned}, name
+    assert ALGORITHMS["fedquit"].pinned["solver"] == "steps"
+
+
+def test_a_pinned_setting_is_refused_over_flower():
+    from fedunlearn_flower.server_app import ALGORITHMS
+
+    for name, setting, value in (("fedquit", "solver", "edit"), ("fedquit", "retained_rows", 10),
+                                 ("puf-special", "max_doublings", 2), ("hf-kcu", "lanczos_steps", 5)):
+        with pytest.raises(ValueError, match="runs in-process only"):
+            ALGORITHMS[name](**{setting: value})
+    assert ALGORITHMS["puf-regular"](eta_r=0.5).method.eta_r == 0.5
+    # What the runtime lets a batch name on Flower: a pinned setting only where it departs from the default.
+    assert "solver" in ALGORITHMS["fedquit"].options() and "retained_rows" not in ALGORITHMS["fedquit"].options()
+    assert "max_doublings" not in ALGORITHMS["puf-special"].options() and "eta_u" in ALGORITHMS["puf-special"].options()
 
 
 def test_a_flower_method_refuses_what_the_in_process_method_refuses():

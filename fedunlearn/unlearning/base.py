@@ -263,6 +263,12 @@ class UnlearningMethod(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each hyperparameter's default, read from ``__init__``'s signature."""
+        return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
     def _require(self, ok: bool, hyperparameter: str, expectation: str) -> None:
         if not ok:
             raise ValueError(f"{self.name}: {hyperparameter} must be {expectation}, "
