@@ -36,12 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from audit_power import build_setup, fmt_rate, seeded_partition  # noqa: E402
-from per_sample_rates import ground_truth, missed_by, restriction  # noqa: E402
+from audit_power import fmt_rate  # noqa: E402
+from per_sample_frontier import world_rows  # noqa: E402
 
 from fedunlearn.config import load_params  # noqa: E402
-from fedunlearn.device import resolve_device  # noqa: E402
-from fedunlearn.federation.forget_set import ForgetSet  # noqa: E402
 from fedunlearn.federation.local import predict_logits  # noqa: E402
 from fedunlearn.training import train  # noqa: E402
 
@@ -93,16 +91,9 @@ def _p(null: np.ndarray, d: float, suffix: str) -> dict[str, float]:
 
 def run_world(args: argparse.Namespace, params, root: Path, world: int) -> dict[str, list[dict[str, float]]]:
     with tempfile.TemporaryDirectory(prefix="leave-out-references-") as scratch:
-        setup = build_setup(args, seeded_partition(args, params, root, world, Path(scratch)), Path(scratch),
-                            resolve_device("cpu"))
-        federation = setup.federation
-        remembered, others = ground_truth(setup, restriction(args, setup))
-        ordinary = np.random.default_rng([world, 0x0D]).choice(others, size=min(args.ordinary, len(others)),
-                                                                replace=False)
-        pool = ForgetSet.for_sample_ids(np.concatenate([remembered, ordinary]), federation.clients)
-        retrained = federation.model_from(train(dataclasses.replace(
-            federation, clients=federation.retained_clients(pool), state={})).state)
-        remembered = missed_by(retrained, federation, remembered)
+        rows = world_rows(args, params, root, world, Path(scratch))
+        setup, federation = rows.setup, rows.setup.federation
+        remembered, ordinary, retrained = rows.remembered, rows.ordinary, rows.retrained
         t = time.perf_counter()
         references = leave_out_models(federation)
         seconds = time.perf_counter() - t

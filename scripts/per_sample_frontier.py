@@ -53,24 +53,39 @@ def readings(model, data, references) -> list[dict[str, Any]]:
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class World:
+    """A world's setup, its remembered rows (ground truth), a seeded draw of ordinary rows, and the
+    exact retrain trained without both."""
+
+    setup: Any
+    remembered: np.ndarray
+    ordinary: np.ndarray
+    retrained: torch.nn.Module
+
+
+def world_rows(args: argparse.Namespace, params, root: Path, world: int, scratch: Path) -> World:
+    setup = build_setup(args, seeded_partition(args, params, root, world, scratch), scratch, resolve_device("cpu"))
+    federation = setup.federation
+    remembered, others = ground_truth(setup, restriction(args, setup))
+    ordinary = np.random.default_rng([world, 0x0D]).choice(others, size=min(args.ordinary, len(others)),
+                                                            replace=False)
+    pool = ForgetSet.for_sample_ids(np.concatenate([remembered, ordinary]), federation.clients)
+    retrained = federation.model_from(train(dataclasses.replace(
+        federation, clients=federation.retained_clients(pool), state={})).state)
+    return World(setup, missed_by(retrained, federation, remembered), ordinary, retrained)
+
+
 def run_world(args: argparse.Namespace, params, root: Path, world: int) -> dict[str, list[dict[str, Any]]]:
     with tempfile.TemporaryDirectory(prefix="per-sample-frontier-") as scratch:
-        setup = build_setup(args, seeded_partition(args, params, root, world, Path(scratch)), Path(scratch),
-                            resolve_device("cpu"))
-        federation = setup.federation
-        remembered, others = ground_truth(setup, restriction(args, setup))
-        ordinary = np.random.default_rng([world, 0x0D]).choice(others, size=min(args.ordinary, len(others)),
-                                                                replace=False)
-        pool = ForgetSet.for_sample_ids(np.concatenate([remembered, ordinary]), federation.clients)
-        retrained = federation.model_from(train(dataclasses.replace(
-            federation, clients=federation.retained_clients(pool), state={})).state)
-        remembered = missed_by(retrained, federation, remembered)
+        rows = world_rows(args, params, root, world, Path(scratch))
+        setup, federation = rows.setup, rows.setup.federation
         data = {kind: federation.forget_data(ForgetSet.for_sample_ids(ids, federation.clients))
-                for kind, ids in (("remembered", remembered), ("ordinary", ordinary))}
+                for kind, ids in (("remembered", rows.remembered), ("ordinary", rows.ordinary))}
         source = federation.model_from(setup.original.state)
-        print(f"world {world}: {len(remembered)} remembered, {len(ordinary)} ordinary rows", flush=True)
+        print(f"world {world}: {len(rows.remembered)} remembered, {len(rows.ordinary)} ordinary rows", flush=True)
         return {"noop": readings(source, data["remembered"], setup.references),
-                "retrain": readings(retrained, data["ordinary"], setup.references)}
+                "retrain": readings(rows.retrained, data["ordinary"], setup.references)}
 
 
 def flagged(row: dict[str, Any], threshold: float | None) -> bool:
