@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -38,7 +37,7 @@ def certificate_record(certificate: Certificate | None) -> dict[str, Any]:
     return json.loads(certificate.to_json())
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TierFields:
     """The receipt's tier fields: the tier the chosen version forgets on (``forgetting``), the policy
     the batch ran under, each request's deadline and, on the interim tier, when exact forgetting is
