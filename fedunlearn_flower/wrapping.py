@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedunlearn.unlearning.base import UnlearningMethod
+from fedunlearn.unlearning.registry import get_method
 
 
 class OverFlower:
@@ -26,7 +27,8 @@ class OverFlower:
             if params.get(name, value) != value:
                 raise ValueError(f"{self.in_process.name} over Flower: {name}={params[name]!r} runs in-process only "
                                  f"(use the in-process runtime, or {name}={value!r})")
-        self.method = self.in_process(**{**params, **self.pinned})
+        # The registry's constructor: an unknown setting is named with the ones the method accepts.
+        self.method = get_method(self.in_process.name, setting="hfl", **{**params, **self.pinned})
 
     @classmethod
     def options(cls) -> set[str]:
